@@ -1,0 +1,380 @@
+"""The stream catalog: a declarative list of streams, validated on load.
+
+Each stream names its source (with a declared schema), its transform, its Delta sink, its checkpoint, its cron
+schedule, its trigger limits and its alert thresholds. Every validation failure raises :class:`CatalogError`
+with the stream and the dotted field in the message.
+
+The default catalog is ``include/sluice/streams.yaml``; ``SLUICE_CATALOG`` points elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from croniter import croniter
+
+from sluice.constants import DeltaEngine, FileFormat, SinkMode, SourceType
+from sluice.errors import CatalogError
+from sluice.paths import Roots, check_relative_path, join
+from sluice.schema import Schema, parse_schema
+from sluice.transforms import TRANSFORMS
+
+DEFAULT_CATALOG = Path(__file__).with_name("streams.yaml")
+_STREAM_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+
+# Spark file-source options a catalog may set, per format. Anything else is a typo or belongs elsewhere
+# (trigger limits live under `trigger`, the schema under `schema`, the path under `path`).
+_COMMON_FILE_OPTIONS = frozenset(
+    {"pathGlobFilter", "recursiveFileLookup", "maxFileAge", "latestFirst", "fileNameOnly", "encoding",
+     "timestampFormat", "dateFormat", "timeZone", "modifiedAfter", "modifiedBefore"}
+)
+_FORMAT_OPTIONS = {
+    FileFormat.JSON: _COMMON_FILE_OPTIONS | {"multiLine", "allowComments", "allowSingleQuotes", "lineSep"},
+    FileFormat.CSV: _COMMON_FILE_OPTIONS
+    | {"header", "sep", "delimiter", "quote", "escape", "comment", "nullValue", "emptyValue", "multiLine",
+       "lineSep", "ignoreLeadingWhiteSpace", "ignoreTrailingWhiteSpace"},
+    FileFormat.PARQUET: _COMMON_FILE_OPTIONS | {"mergeSchema", "datetimeRebaseMode", "int96RebaseMode"},
+}
+
+
+class _Section:
+    """A mapping from the catalog being read: typed access by key, and a refusal of keys nobody asked for."""
+
+    def __init__(self, raw: object, *, stream: str | None, path: str) -> None:
+        if not isinstance(raw, Mapping):
+            raise CatalogError(f"expected a mapping, got {type(raw).__name__}", stream=stream, field=path or None)
+        self.raw = raw
+        self.stream = stream
+        self.path = path
+        self.allowed: set[str] = set()
+
+    def field(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def error(self, key: str, message: str) -> CatalogError:
+        return CatalogError(message, stream=self.stream, field=self.field(key))
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = None, *, required: bool = False) -> Any:
+        self.allowed.add(key)
+        if key not in self.raw or self.raw[key] is None:
+            if required:
+                raise self.error(key, "is required")
+            return default
+        value = self.raw[key]
+        # bool is an int in Python; a catalog that says `max_files_per_trigger: true` is wrong.
+        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+            raise self.error(key, f"expected {_kind_name(kind)}, got a boolean")
+        if not isinstance(value, kind):
+            raise self.error(key, f"expected {_kind_name(kind)}, got {type(value).__name__} {value!r}")
+        return value
+
+    def section(self, key: str, *, required: bool = False) -> _Section:
+        raw = self.get(key, Mapping, {}, required=required)
+        return _Section(raw, stream=self.stream, path=self.field(key))
+
+    def positive_int(self, key: str) -> int | None:
+        value = self.get(key, int)
+        if value is not None and value <= 0:
+            raise self.error(key, f"must be a positive integer, got {value}")
+        return value
+
+    def enum(self, key: str, kind: type[Any], default: Any = None, *, required: bool = False) -> Any:
+        value = self.get(key, str, None, required=required)
+        if value is None:
+            return default
+        try:
+            return kind(value)
+        except ValueError:
+            choices = ", ".join(member.value for member in kind)
+            raise self.error(key, f"unknown value {value!r}; expected one of {choices}") from None
+
+    def done(self) -> None:
+        unknown = sorted(str(key) for key in self.raw if key not in self.allowed)
+        if unknown:
+            allowed = ", ".join(sorted(self.allowed))
+            raise CatalogError(
+                f"unknown key(s) {', '.join(unknown)}; allowed here: {allowed}",
+                stream=self.stream,
+                field=self.path or None,
+            )
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    names = {Mapping: "a mapping", str: "a string", int: "an integer", list: "a list", bool: "a boolean"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """A file landing zone read with a declared schema."""
+
+    type: SourceType
+    format: FileFormat
+    path: str
+    schema: Schema
+    options: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SinkSpec:
+    """A Delta table written exactly once per micro-batch."""
+
+    path: str
+    partition_by: tuple[str, ...] = ()
+    mode: SinkMode = SinkMode.APPEND
+    engine: DeltaEngine = DeltaEngine.AUTO
+
+
+@dataclass(frozen=True)
+class TriggerSpec:
+    """Per-micro-batch admission limits. Spark refuses both at once for the file source, so the catalog does too."""
+
+    max_files_per_trigger: int | None = None
+    max_bytes_per_trigger: int | None = None
+
+
+@dataclass(frozen=True)
+class AlertSpec:
+    """Thresholds for the lag sensors and the staleness check; WARN must not exceed CRITICAL."""
+
+    stale_after_seconds: int | None = None
+    warn_files: int | None = None
+    critical_files: int | None = None
+    warn_bytes: int | None = None
+    critical_bytes: int | None = None
+    warn_seconds: int | None = None
+    critical_seconds: int | None = None
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """One catalog stream: everything the runner, the DAG factory and the checks need to know about it."""
+
+    name: str
+    description: str
+    source: SourceSpec
+    transform: str
+    sink: SinkSpec
+    dead_letter_path: str
+    checkpoint: str
+    schedule: str
+    trigger: TriggerSpec
+    alerts: AlertSpec
+    owner: str = "data-eng"
+    tags: tuple[str, ...] = ()
+
+    def source_path(self, roots: Roots) -> str:
+        return join(roots.landing, self.source.path)
+
+    def sink_path(self, roots: Roots) -> str:
+        return join(roots.lake, self.sink.path)
+
+    def dead_letter_table_path(self, roots: Roots) -> str:
+        return join(roots.lake, self.dead_letter_path)
+
+    def checkpoint_path(self, roots: Roots) -> str:
+        return join(roots.checkpoints, self.checkpoint)
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """All streams, by name, in catalog order."""
+
+    streams: Mapping[str, StreamSpec]
+    source_file: str | None = None
+
+    def __iter__(self) -> Iterator[StreamSpec]:
+        return iter(self.streams.values())
+
+    def __len__(self) -> int:
+        return len(self.streams)
+
+    def get(self, name: str) -> StreamSpec:
+        try:
+            return self.streams[name]
+        except KeyError:
+            known = ", ".join(self.streams) or "none"
+            raise CatalogError(f"unknown stream {name!r}; the catalog has: {known}") from None
+
+    def select(self, names: list[str]) -> list[StreamSpec]:
+        if not names:
+            raise CatalogError("no stream named; pass at least one stream")
+        return [self.get(name) for name in names]
+
+
+def _parse_source(stream: str, section: _Section) -> SourceSpec:
+    source_type = section.enum("type", SourceType, required=True)
+    file_format = section.enum("format", FileFormat, required=True)
+    path = check_relative_path(section.get("path", str, required=True), stream=stream, field=section.field("path"))
+    if "schema" not in section.raw or section.raw["schema"] is None:
+        raise section.error("schema", f"a {file_format.value} file source needs a declared schema; "
+                                      "inferring one from whatever files arrive first is not reproducible")
+    schema = parse_schema(section.get("schema", Mapping), stream=stream, field=section.field("schema"))
+    options_section = section.section("options")
+    allowed = _FORMAT_OPTIONS[file_format]
+    options: dict[str, str] = {}
+    for key, value in options_section.raw.items():
+        if key not in allowed:
+            raise options_section.error(
+                str(key), f"not a supported {file_format.value} source option; allowed: {', '.join(sorted(allowed))}"
+            )
+        if isinstance(value, Mapping | list):
+            raise options_section.error(str(key), "expected a scalar value")
+        options[str(key)] = str(value).lower() if isinstance(value, bool) else str(value)
+        options_section.allowed.add(key)
+    options_section.done()
+    section.done()
+    return SourceSpec(type=source_type, format=file_format, path=path, schema=schema, options=options)
+
+
+def _parse_sink(stream: str, section: _Section) -> SinkSpec:
+    sink_format = section.get("format", str, "delta")
+    if sink_format != "delta":
+        raise section.error("format", f"unknown sink format {sink_format!r}; expected delta")
+    path = check_relative_path(section.get("path", str, required=True), stream=stream, field=section.field("path"))
+    partition_by = section.get("partition_by", list, [])
+    for column in partition_by:
+        if not isinstance(column, str) or not column:
+            raise section.error("partition_by", f"expected column names, got {column!r}")
+    if len(set(partition_by)) != len(partition_by):
+        raise section.error("partition_by", f"lists a column twice: {partition_by}")
+    mode = section.enum("mode", SinkMode, SinkMode.APPEND)
+    engine = section.enum("engine", DeltaEngine, DeltaEngine.AUTO)
+    section.done()
+    return SinkSpec(path=path, partition_by=tuple(partition_by), mode=mode, engine=engine)
+
+
+def _parse_trigger(section: _Section) -> TriggerSpec:
+    trigger = TriggerSpec(
+        max_files_per_trigger=section.positive_int("max_files_per_trigger"),
+        max_bytes_per_trigger=section.positive_int("max_bytes_per_trigger"),
+    )
+    section.done()
+    if trigger.max_files_per_trigger and trigger.max_bytes_per_trigger:
+        raise section.error("max_bytes_per_trigger", "set max_files_per_trigger or max_bytes_per_trigger, not both")
+    return trigger
+
+
+def _parse_alerts(section: _Section) -> AlertSpec:
+    alerts = AlertSpec(**{name: section.positive_int(name) for name in AlertSpec.__dataclass_fields__})
+    section.done()
+    for measure in ("files", "bytes", "seconds"):
+        warn, critical = getattr(alerts, f"warn_{measure}"), getattr(alerts, f"critical_{measure}")
+        if warn is not None and critical is not None and warn > critical:
+            raise section.error(f"warn_{measure}", f"WARN threshold {warn} exceeds CRITICAL threshold {critical}")
+    return alerts
+
+
+def _check_transform(stream: str, name: str, source: SourceSpec, sink: SinkSpec) -> None:
+    spec = TRANSFORMS.get(name)
+    if spec is None:
+        raise CatalogError(f"unknown transform {name!r}; known transforms: {', '.join(sorted(TRANSFORMS))}",
+                           stream=stream, field="transform")
+    missing = [column for column in spec.required_columns if column not in source.schema.names]
+    if missing:
+        raise CatalogError(f"transform {name!r} needs column(s) {', '.join(missing)}, which the source schema "
+                           "does not declare", stream=stream, field="transform")
+    output_columns = set(source.schema.names) | set(spec.adds_columns)
+    unknown_partitions = [column for column in sink.partition_by if column not in output_columns]
+    if unknown_partitions:
+        raise CatalogError(f"partition column(s) {', '.join(unknown_partitions)} are not produced by transform "
+                           f"{name!r}; output columns: {', '.join(sorted(output_columns))}",
+                           stream=stream, field="sink.partition_by")
+
+
+def parse_stream(raw: object, *, index: int) -> StreamSpec:
+    """Validate one catalog entry."""
+    if not isinstance(raw, Mapping):
+        raise CatalogError(f"expected a mapping, got {type(raw).__name__}", field=f"streams[{index}]")
+    name = raw.get("name")
+    if not isinstance(name, str) or not _STREAM_NAME.match(name):
+        raise CatalogError(f"name must match {_STREAM_NAME.pattern} (it becomes a DAG id and a lock name), "
+                           f"got {name!r}", field=f"streams[{index}].name")
+    top = _Section(raw, stream=name, path="")
+    top.get("name", str)
+    description = top.get("description", str, "")
+    source = _parse_source(name, top.section("source", required=True))
+    transform = top.get("transform", str, "identity")
+    sink = _parse_sink(name, top.section("sink", required=True))
+    _check_transform(name, transform, source, sink)
+    dead_letter = top.section("dead_letter")
+    dead_letter_path = check_relative_path(
+        dead_letter.get("path", str, f"{sink.path}_dead_letter"), stream=name, field="dead_letter.path"
+    )
+    dead_letter.done()
+    checkpoint = check_relative_path(top.get("checkpoint", str, name), stream=name, field="checkpoint")
+    schedule = top.get("schedule", str, required=True)
+    if not croniter.is_valid(schedule):
+        raise top.error("schedule", f"{schedule!r} is not a valid cron expression (five fields, e.g. '*/5 * * * *')")
+    trigger = _parse_trigger(top.section("trigger"))
+    alerts = _parse_alerts(top.section("alerts"))
+    owner = top.get("owner", str, "data-eng")
+    tags = top.get("tags", list, [])
+    if not all(isinstance(tag, str) and tag for tag in tags):
+        raise top.error("tags", f"expected a list of strings, got {tags!r}")
+    top.done()
+    return StreamSpec(
+        name=name,
+        description=description,
+        source=source,
+        transform=transform,
+        sink=sink,
+        dead_letter_path=dead_letter_path,
+        checkpoint=checkpoint,
+        schedule=schedule,
+        trigger=trigger,
+        alerts=alerts,
+        owner=owner,
+        tags=tuple(tags),
+    )
+
+
+def _claim(owners: dict[str, str], key: str, stream: str, what: str, field_name: str) -> None:
+    normalized = os.path.normpath(key)
+    if normalized in owners:
+        raise CatalogError(f"{what} {key!r} is already used by stream '{owners[normalized]}'; each stream needs "
+                           f"its own", stream=stream, field=field_name)
+    owners[normalized] = stream
+
+
+def parse_catalog(raw: object, *, source_file: str | None = None) -> Catalog:
+    """Validate a whole catalog document, including what streams must not share."""
+    top = _Section(raw, stream=None, path="")
+    version = top.get("version", int, 1)
+    if version != 1:
+        raise top.error("version", f"unsupported catalog version {version}; this Sluice reads version 1")
+    entries = top.get("streams", list, required=True)
+    top.done()
+    streams: dict[str, StreamSpec] = {}
+    checkpoints: dict[str, str] = {}
+    tables: dict[str, str] = {}
+    for index, entry in enumerate(entries):
+        stream = parse_stream(entry, index=index)
+        if stream.name in streams:
+            raise CatalogError("is defined twice", stream=stream.name, field="name")
+        _claim(checkpoints, stream.checkpoint, stream.name, "checkpoint", "checkpoint")
+        _claim(tables, stream.sink.path, stream.name, "sink table", "sink.path")
+        _claim(tables, stream.dead_letter_path, stream.name, "dead-letter table", "dead_letter.path")
+        streams[stream.name] = stream
+    return Catalog(streams=streams, source_file=source_file)
+
+
+def load_catalog(path: str | os.PathLike[str] | None = None) -> Catalog:
+    """Load and validate a catalog file (default: ``SLUICE_CATALOG`` or the bundled ``streams.yaml``)."""
+    catalog_path = Path(path or os.environ.get("SLUICE_CATALOG") or DEFAULT_CATALOG)
+    try:
+        text = catalog_path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CatalogError(f"cannot read catalog {catalog_path}: {exc.strerror or exc}") from exc
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CatalogError(f"catalog {catalog_path} is not valid YAML: {exc}") from exc
+    return parse_catalog(raw, source_file=str(catalog_path))

@@ -1,0 +1,46 @@
+"""Enums and constants shared by the catalog, the Spark apps and the Airflow plugins."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class SourceType(str, Enum):
+    FILES = "files"
+    RATE = "rate"
+
+
+class FileFormat(str, Enum):
+    JSON = "json"
+    CSV = "csv"
+    PARQUET = "parquet"
+
+
+class SinkMode(str, Enum):
+    APPEND = "append"
+
+
+class DeltaEngine(str, Enum):
+    """How the Delta sink is written: delta-spark's JVM connector, Sluice's delta-rs data source, or whichever loads."""
+
+    AUTO = "auto"
+    JVM = "jvm"
+    RS = "rs"
+
+
+# Columns the bronze layer adds to every good row.
+INGEST_TIME_COLUMN = "_ingested_at"
+SOURCE_FILE_COLUMN = "_source_file"
+
+# Dead-letter table columns: the raw record as it arrived, why it was rejected, where it came from, and when.
+DEAD_LETTER_COLUMNS = ("raw_record", "reason", "source_file", "ingested_at", "stream", "batch_id")
+
+# The marker in front of the run summary JSON line on the driver's stdout.
+SUMMARY_MARKER = "SLUICE_RUN_SUMMARY "
+
+# Delta commit info keys.
+COMMIT_INFO_STREAM = "sluice.stream"
+COMMIT_INFO_BATCH = "sluice.batchId"
+COMMIT_INFO_QUERY = "sluice.queryId"
+
+DEFAULT_CHECKPOINT_INTERVAL = 10

@@ -1,0 +1,114 @@
+"""Delta table helpers on delta-rs: no JVM, usable from Airflow workers, the runner's driver and tests."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sluice.constants import DEFAULT_CHECKPOINT_INTERVAL
+from sluice.errors import SluiceError
+
+
+class DeltaSchemaMismatch(SluiceError):
+    """An existing table's schema is not the one the stream writes."""
+
+
+def table_version(path: str) -> int | None:
+    """The table's current version, or None when there is no Delta table at ``path``."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        return DeltaTable(path).version()
+    except TableNotFoundError:
+        return None
+
+
+def ensure_table(path: str, schema: Any, partition_by: Iterable[str], *, name: str, description: str = "") -> bool:
+    """Create an empty Delta table with ``schema`` (an Arrow schema) unless one exists. True when created.
+
+    An existing table must have the same column names and types; a mismatch is refused with both schemas.
+    """
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    partitions = list(partition_by)
+    try:
+        existing = DeltaTable(path)
+    except TableNotFoundError:
+        DeltaTable.create(
+            path,
+            schema=schema,
+            partition_by=partitions or None,
+            name=name,
+            description=description or None,
+            configuration={"delta.checkpointInterval": str(DEFAULT_CHECKPOINT_INTERVAL)},
+        )
+        return True
+    import pyarrow as pa
+
+    current = pa.schema(existing.schema().to_arrow())
+    wanted = {field.name: str(field.type) for field in schema}
+    have = {field.name: str(field.type) for field in current}
+    if wanted != have:
+        raise DeltaSchemaMismatch(
+            f"Delta table {path} has schema {have}, but the stream writes {wanted}. Evolve the table or point the "
+            "stream at a new table"
+        )
+    if list(existing.metadata().partition_columns) != partitions:
+        raise DeltaSchemaMismatch(
+            f"Delta table {path} is partitioned by {existing.metadata().partition_columns}, the catalog says "
+            f"{partitions}"
+        )
+    return False
+
+
+@dataclass(frozen=True)
+class BatchCommit:
+    """A Delta commit made by a stream's micro-batch."""
+
+    version: int
+    query_id: str
+    batch_id: int
+    rows: int
+
+
+def batch_commits(path: str, *, query_id: str, since_version: int | None, extra: int = 2) -> list[BatchCommit]:
+    """The commits of query ``query_id`` after ``since_version``, plus up to ``extra`` earlier ones.
+
+    The extra commits cover a batch that a crashed run committed and the current run replayed.
+    """
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        table = DeltaTable(path)
+    except TableNotFoundError:
+        return []
+    current = table.version()
+    start = -1 if since_version is None else since_version
+    limit = max(current - start, 0) + extra
+    commits = []
+    for info in table.history(limit=limit):
+        commit = _batch_commit(info)
+        if commit is not None and commit.query_id == query_id:
+            commits.append(commit)
+    return sorted(commits, key=lambda c: c.version)
+
+
+def _batch_commit(info: dict[str, Any]) -> BatchCommit | None:
+    if "sluice.queryId" in info:  # written by the rs engine
+        return BatchCommit(int(info["version"]), str(info["sluice.queryId"]), int(info["sluice.batchId"]),
+                           int(info.get("sluice.numRecords", 0)))
+    user_metadata = info.get("userMetadata")  # written by delta-spark with the jvm engine
+    if isinstance(user_metadata, str) and user_metadata.startswith("{"):
+        try:
+            meta = json.loads(user_metadata)
+        except json.JSONDecodeError:
+            return None
+        if "sluice.queryId" in meta:
+            rows = int((info.get("operationMetrics") or {}).get("numOutputRows", 0))
+            return BatchCommit(int(info["version"]), str(meta["sluice.queryId"]), int(meta["sluice.batchId"]), rows)
+    return None

@@ -1,0 +1,81 @@
+"""The run summary: what one availableNow run of a stream did, as the runner prints it and the operator reads it.
+
+The runner prints one line per application, ``SLUICE_RUN_SUMMARY {json}``, on stdout and writes the same JSON to
+a file. The operator takes it from either and pushes it to XCom.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sluice.constants import SUMMARY_MARKER
+from sluice.errors import StreamRunError
+
+
+@dataclass
+class StreamRunSummary:
+    """The numbers of one stream's run. Rows in always equal rows out plus dead-letter rows."""
+
+    stream: str
+    query_id: str | None = None
+    run_id: str | None = None
+    status: str = "pending"
+    batches: int = 0
+    input_rows: int = 0
+    output_rows: int = 0
+    dead_letter_rows: int = 0
+    duration_seconds: float = 0.0
+    delta_version_before: int | None = None
+    delta_version_after: int | None = None
+    dead_letter_version_before: int | None = None
+    dead_letter_version_after: int | None = None
+    engine: str | None = None
+    error: str | None = None
+    batch_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class RunSummary:
+    """Every stream of one Spark application."""
+
+    app_id: str | None
+    streams: list[StreamRunSummary]
+
+    @property
+    def ok(self) -> bool:
+        return all(stream.status == "succeeded" for stream in self.streams)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, default=str)
+
+    def to_line(self) -> str:
+        return SUMMARY_MARKER + self.to_json()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunSummary:
+        if not isinstance(data, dict) or not isinstance(data.get("streams"), list):
+            raise StreamRunError(f"run summary has no 'streams' list: {data!r}")
+        known = StreamRunSummary.__dataclass_fields__
+        streams = [StreamRunSummary(**{k: v for k, v in item.items() if k in known}) for item in data["streams"]]
+        return cls(app_id=data.get("app_id"), streams=streams)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunSummary:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise StreamRunError(f"run summary is not valid JSON: {exc}") from exc
+        return cls.from_dict(data)
+
+
+def find_summary_line(lines: Iterable[str]) -> RunSummary | None:
+    """The last run summary among log lines (a log prefix before the marker is allowed), or None."""
+    found: RunSummary | None = None
+    for line in lines:
+        position = line.find(SUMMARY_MARKER)
+        if position >= 0:
+            found = RunSummary.from_json(line[position + len(SUMMARY_MARKER):].strip())
+    return found

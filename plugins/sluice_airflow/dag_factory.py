@@ -1,0 +1,52 @@
+"""Build one ingest DAG per catalog stream. DAG files call :func:`ingest_dags`; they hold no logic of their own."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pendulum
+from airflow.sdk import DAG, Asset
+
+from sluice.catalog import Catalog, StreamSpec, load_catalog
+from sluice.paths import Roots
+from sluice_airflow.operators import StreamRunOperator
+
+START_DATE = pendulum.datetime(2026, 1, 1, tz="UTC")
+
+
+def table_asset(stream: StreamSpec, roots: Roots) -> Asset:
+    """The Asset a stream's DAG produces: its Delta table, so downstream DAGs can be scheduled on it."""
+    path = stream.sink_path(roots)
+    uri = path if "://" in path else Path(path).absolute().as_uri()
+    return Asset(name=f"sluice.{stream.name}", uri=uri, group="delta")
+
+
+def ingest_dag(stream: StreamSpec, roots: Roots, *, doc: str = "") -> DAG:
+    """The scheduled DAG of one stream: an availableNow run of the stream on its cron."""
+    with DAG(
+        dag_id=f"ingest_{stream.name}",
+        description=(stream.description.strip() or f"Ingest {stream.name}")[:200],
+        schedule=stream.schedule,
+        start_date=START_DATE,
+        catchup=False,
+        max_active_runs=1,
+        default_args={"owner": stream.owner, "retries": 2, "retry_delay": timedelta(minutes=1)},
+        tags=["sluice", "ingest", *stream.tags],
+        doc_md=f"{doc}\n\n### Stream `{stream.name}`\n\n{stream.description}".strip(),
+    ) as dag:
+        StreamRunOperator(
+            task_id="run_stream",
+            streams=[stream.name],
+            catalog=None,
+            outlets=[table_asset(stream, roots)],
+            execution_timeout=timedelta(hours=2),
+        )
+    return dag
+
+
+def ingest_dags(catalog: Catalog | None = None, *, doc: str = "") -> dict[str, DAG]:
+    """Every stream's DAG, by dag id."""
+    catalog = catalog or load_catalog()
+    roots = Roots.from_env()
+    return {dag.dag_id: dag for dag in (ingest_dag(stream, roots, doc=doc) for stream in catalog)}

@@ -1,0 +1,75 @@
+"""Sluice's spark-submit hook: the Spark provider's ``SparkSubmitHook`` with three additions.
+
+- A local default: when the Airflow connection is not defined, Sluice runs on ``local[*]`` instead of the
+  provider's fallback to YARN, which would fail on a laptop with an unrelated error.
+- The run summary line the runner prints is captured from the driver log as it streams by.
+- spark-submit runs in its own process group, so killing the task kills the driver, its Python process and its
+  Python workers, not just the launcher.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from typing import Any
+
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+from sluice.constants import SUMMARY_MARKER
+from sluice.summary import RunSummary, find_summary_line
+
+DEFAULT_LOCAL_MASTER = "local[*]"
+_KILL_GRACE_SECONDS = 10
+
+
+class SluiceSparkSubmitHook(SparkSubmitHook):
+    """Submits the Sluice runner and keeps what it reports."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.summary_lines: list[str] = []
+        super().__init__(*args, **kwargs)
+
+    def _resolve_connection(self) -> dict[str, Any]:
+        data = super()._resolve_connection()
+        try:
+            self.get_connection(self._conn_id)
+        except Exception:  # not found: AirflowNotFoundException on workers, other types in some contexts
+            self.log.info("Spark connection %r is not defined; running on %s", self._conn_id, DEFAULT_LOCAL_MASTER)
+            data["master"] = DEFAULT_LOCAL_MASTER
+            data["deploy_mode"] = None
+        return data
+
+    @property
+    def master(self) -> str:
+        return str(self._connection["master"])
+
+    def submit(self, application: str = "", **kwargs: Any) -> str | None:
+        kwargs.setdefault("start_new_session", True)
+        return super().submit(application, **kwargs)
+
+    def _process_spark_submit_log(self, itr: Any) -> None:
+        def watch(lines: Any) -> Any:
+            for line in lines:
+                if SUMMARY_MARKER in line:
+                    self.summary_lines.append(line)
+                yield line
+
+        super()._process_spark_submit_log(watch(itr))
+
+    @property
+    def run_summary(self) -> RunSummary | None:
+        return find_summary_line(self.summary_lines)
+
+    def on_kill(self) -> None:
+        process: subprocess.Popen[str] | None = self._submit_sp
+        if process is not None and process.poll() is None:
+            self.log.info("Stopping spark-submit process group %s", process.pid)
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+                process.wait(timeout=_KILL_GRACE_SECONDS)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        super().on_kill()

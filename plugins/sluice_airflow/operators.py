@@ -1,0 +1,165 @@
+"""``StreamRunOperator``: run catalog streams with availableNow through spark-submit and push their summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from importlib.util import find_spec
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow.exceptions import AirflowException
+from airflow.sdk import BaseOperator
+
+from sluice.catalog import DEFAULT_CATALOG
+from sluice.paths import Roots
+from sluice.summary import RunSummary
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from sluice_airflow.hooks import SluiceSparkSubmitHook
+
+DEFAULT_SPARK_CONN_ID = "sluice_spark"
+
+
+def default_application() -> str:
+    """The runner's path: ``SLUICE_SPARK_APP``, else ``stream_runner.py`` beside the ``sluice_spark`` package."""
+    override = os.environ.get("SLUICE_SPARK_APP")
+    if override:
+        return override
+    spec = find_spec("sluice_spark")
+    if spec is None or spec.origin is None:
+        raise AirflowException("cannot locate the sluice_spark package; install the project or set SLUICE_SPARK_APP")
+    return str(Path(spec.origin).parent.parent / "stream_runner.py")
+
+
+class StreamRunOperator(BaseOperator):
+    """Run one or more catalog streams to the end of their available input in one Spark application.
+
+    The task log holds the driver log; the run summary (batches, rows in, rows out, dead-letter rows, Delta
+    versions, query ids) is the task's XCom return value. The task fails when Spark fails or any stream fails,
+    and killing the task stops the Spark application.
+
+    :param streams: catalog stream names (templated)
+    :param catalog: path of the stream catalog; default ``SLUICE_CATALOG`` or the bundled catalog (templated)
+    :param conn_id: Airflow Spark connection; when it is not defined the run uses ``local[*]``
+    :param landing_root: root of relative source paths; default from ``SLUICE_*`` environment (templated)
+    :param lake_root: root of relative Delta table paths (templated)
+    :param checkpoint_root: root of relative checkpoint paths (templated)
+    :param engine: override every stream's Delta engine: ``auto``, ``jvm`` or ``rs``
+    :param conf: extra Spark configuration (templated)
+    :param env_vars: extra environment for spark-submit (templated)
+    :param spark_submit_kwargs: further ``SparkSubmitHook`` arguments (jars, packages, executor sizes, ...)
+    """
+
+    template_fields: Sequence[str] = ("streams", "catalog", "landing_root", "lake_root", "checkpoint_root", "conf",
+                                      "env_vars")
+    template_fields_renderers = {"conf": "json", "env_vars": "json"}
+    ui_color = "#d7ecfb"
+
+    def __init__(
+        self,
+        *,
+        streams: list[str],
+        catalog: str | None = None,
+        conn_id: str = DEFAULT_SPARK_CONN_ID,
+        landing_root: str | None = None,
+        lake_root: str | None = None,
+        checkpoint_root: str | None = None,
+        engine: str | None = None,
+        conf: dict[str, Any] | None = None,
+        env_vars: dict[str, str] | None = None,
+        application: str | None = None,
+        spark_submit_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.streams = streams
+        self.catalog = catalog
+        self.conn_id = conn_id
+        self.landing_root = landing_root
+        self.lake_root = lake_root
+        self.checkpoint_root = checkpoint_root
+        self.engine = engine
+        self.conf = conf
+        self.env_vars = env_vars
+        self.application = application
+        self.spark_submit_kwargs = spark_submit_kwargs
+        self._hook: SluiceSparkSubmitHook | None = None
+
+    def roots(self) -> Roots:
+        defaults = Roots.from_env()
+        return Roots(
+            landing=self.landing_root or defaults.landing,
+            lake=self.lake_root or defaults.lake,
+            checkpoints=self.checkpoint_root or defaults.checkpoints,
+        )
+
+    def application_args(self, *, run_id: str, summary_file: str) -> list[str]:
+        if not self.streams or not all(isinstance(name, str) and name for name in self.streams):
+            raise AirflowException(f"streams must be a non-empty list of stream names, got {self.streams!r}")
+        args = ["--catalog", self.catalog or os.environ.get("SLUICE_CATALOG") or str(DEFAULT_CATALOG)]
+        for name in self.streams:
+            args += ["--stream", name]
+        args += self.roots().as_args()
+        args += ["--run-id", run_id, "--summary-file", summary_file]
+        if self.engine:
+            args += ["--engine", self.engine]
+        return args
+
+    def spark_env(self) -> dict[str, str]:
+        """The project's interpreter for the driver and the Python workers, and its bin folder for spark-submit."""
+        interpreter_bin = str(Path(sys.executable).parent)
+        env = {
+            "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
+            "PYSPARK_DRIVER_PYTHON": os.environ.get("PYSPARK_DRIVER_PYTHON", sys.executable),
+            "PATH": os.pathsep.join([interpreter_bin, os.environ.get("PATH", "")]),
+        }
+        env.update(self.env_vars or {})
+        return env
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from sluice_airflow.hooks import SluiceSparkSubmitHook
+
+        run_id = f"{self.dag_id}/{context['run_id']}/{self.task_id}"
+        with tempfile.TemporaryDirectory(prefix="sluice-run-") as folder:
+            summary_file = str(Path(folder) / "summary.json")
+            self._hook = SluiceSparkSubmitHook(
+                conn_id=self.conn_id,
+                application_args=self.application_args(run_id=run_id, summary_file=summary_file),
+                env_vars=self.spark_env(),
+                conf=self.conf,
+                name=f"sluice-{'-'.join(self.streams)}",
+                **(self.spark_submit_kwargs or {}),
+            )
+            failure: AirflowException | None = None
+            try:
+                self._hook.submit(self.application or default_application())
+            except AirflowException as exc:
+                failure = exc
+            summary = self._hook.run_summary
+            if summary is None and Path(summary_file).exists():
+                summary = RunSummary.from_json(Path(summary_file).read_text(encoding="utf-8"))
+        if summary is None:
+            raise AirflowException(f"Spark run of {self.streams} produced no run summary: {failure}")
+        for stream in summary.streams:
+            self.log.info(
+                "Stream %s %s: %d batches, %d rows in, %d rows out, %d dead-letter rows, Delta v%s -> v%s, %.1fs",
+                stream.stream, stream.status, stream.batches, stream.input_rows, stream.output_rows,
+                stream.dead_letter_rows, stream.delta_version_before, stream.delta_version_after,
+                stream.duration_seconds,
+            )
+        result = json.loads(summary.to_json())
+        if failure is not None or not summary.ok:
+            context["ti"].xcom_push(key="failed_summary", value=result)
+            errors = "; ".join(f"{s.stream}: {s.error}" for s in summary.streams if s.status != "succeeded")
+            raise AirflowException(f"Stream run failed: {errors or failure}")
+        return result
+
+    def on_kill(self) -> None:
+        if self._hook is not None:
+            self._hook.on_kill()

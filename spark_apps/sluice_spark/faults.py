@@ -1,0 +1,34 @@
+"""Named crash points for recovery tests, off unless ``SLUICE_FAULT_POINT`` is set.
+
+A recovery test sets ``SLUICE_FAULT_POINT=<point>[:<batch>]`` and ``SLUICE_FAULT_DIR`` on a spark-submit run. When
+the run reaches the point, this module writes ``<dir>/<point>.reached`` holding its own pid and then blocks, so the
+test can SIGKILL the whole application at exactly that point. Production runs never set the variable.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+POINTS = ("executor_written", "before_commit", "between_commits", "after_commit")
+
+
+def reach(point: str, batch_id: int | None = None) -> None:
+    wanted = os.environ.get("SLUICE_FAULT_POINT")
+    if not wanted:
+        return
+    name, _, batch = wanted.partition(":")
+    if name != point or (batch and batch_id is not None and int(batch) != batch_id):
+        return
+    folder = os.environ.get("SLUICE_FAULT_DIR")
+    if not folder:
+        return
+    marker = os.path.join(folder, f"{point}.reached")
+    # Only the first arrival blocks; the killed run's successor must pass through.
+    try:
+        with open(marker, "x", encoding="utf-8") as handle:
+            handle.write(str(os.getpid()))
+    except FileExistsError:
+        return
+    while True:  # wait for the SIGKILL the test sends once it sees the marker
+        time.sleep(3600)

@@ -1,0 +1,205 @@
+"""Run catalog streams with ``trigger(availableNow=True)``: read, split, transform, write, then summarise.
+
+Every stream of one call runs concurrently in the same Spark application. Each processes what has arrived since
+its checkpoint, commits, and stops. The summary per stream reconciles the rows Spark read with the rows the sinks
+committed; a mismatch fails the run, so nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming import StreamingQuery
+
+from sluice.catalog import Catalog, StreamSpec
+from sluice.checkpoint import ensure_query_id
+from sluice.constants import INGEST_TIME_COLUMN, SOURCE_FILE_COLUMN, DeltaEngine
+from sluice.delta import batch_commits, ensure_table, table_version
+from sluice.errors import SluiceError
+from sluice.paths import Roots
+from sluice.summary import RunSummary, StreamRunSummary
+from sluice_spark.delta_rs_sink import TableTarget
+from sluice_spark.quality import RAW_COLUMN, REASON_COLUMN, flag_dead_letters
+from sluice_spark.session import resolve_engine
+from sluice_spark.sinks import delta_writer
+from sluice_spark.sources import CORRUPT_COLUMN, read_stream
+from sluice_spark.transforms import get_transform
+
+log = logging.getLogger(__name__)
+
+ROUTE_COLUMN = "_sluice_route"
+GOOD_ROUTE = "good"
+DEAD_LETTER_ROUTE = "dead_letter"
+_DEAD_LETTER_FIELDS = (
+    (RAW_COLUMN, "raw_record"),
+    (REASON_COLUMN, "reason"),
+    (SOURCE_FILE_COLUMN, "source_file"),
+    ("_dead_letter_stream", "stream"),
+    (INGEST_TIME_COLUMN, "ingested_at"),
+)
+_INTERNAL_COLUMNS = {CORRUPT_COLUMN, REASON_COLUMN, RAW_COLUMN, ROUTE_COLUMN, "_dead_letter_stream"}
+
+
+@dataclass
+class PreparedStream:
+    """A stream ready to start: its routed frame, its sink targets and the ids its commits carry."""
+
+    spec: StreamSpec
+    query_id: str
+    engine: DeltaEngine
+    frame: DataFrame
+    targets: list[TableTarget]
+    checkpoint: str
+    summary: StreamRunSummary
+
+
+def build_routed_frame(spark: SparkSession, stream: StreamSpec, roots: Roots) -> tuple[DataFrame, list[str]]:
+    """Source -> dead-letter flag -> transform -> one frame carrying a route column. Returns it and the data
+    columns of the stream's table."""
+    parsed = flag_dead_letters(read_stream(spark, stream, roots), stream)
+    before = set(parsed.columns)
+    transformed = get_transform(stream.transform)(parsed)
+    lost = sorted(before - set(transformed.columns))
+    if lost:
+        raise SluiceError(
+            f"stream '{stream.name}': transform '{stream.transform}' dropped column(s) {', '.join(lost)}; transforms "
+            "of file streams must keep every column so that bad records still reach the dead-letter table"
+        )
+    routed = transformed.withColumn(INGEST_TIME_COLUMN, F.current_timestamp()).withColumn(
+        ROUTE_COLUMN, F.when(F.col(REASON_COLUMN).isNull(), F.lit(GOOD_ROUTE)).otherwise(F.lit(DEAD_LETTER_ROUTE))
+    ).withColumn("_dead_letter_stream", F.lit(stream.name))
+    data_columns = [name for name in routed.columns if name not in _INTERNAL_COLUMNS]
+    return routed, data_columns
+
+
+def prepare_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, run_id: str,
+                   engine: DeltaEngine | None = None) -> PreparedStream:
+    """Pin the query id, build the frame and create the Delta tables, all before Spark starts the query."""
+    checkpoint = stream.checkpoint_path(roots)
+    query_id = ensure_query_id(checkpoint)
+    resolved = resolve_engine(spark, engine or stream.sink.engine)
+    routed, data_columns = build_routed_frame(spark, stream, roots)
+    targets = [
+        TableTarget(GOOD_ROUTE, stream.sink_path(roots), tuple((c, c) for c in data_columns), stream.sink.partition_by),
+        TableTarget(DEAD_LETTER_ROUTE, stream.dead_letter_table_path(roots), _DEAD_LETTER_FIELDS),
+    ]
+    if resolved is DeltaEngine.RS:
+        arrow_schema = to_arrow_schema(routed.schema, timezone="UTC")
+        for target in targets:
+            fields = [arrow_schema.field(source).with_name(name) for source, name in target.columns]
+            import pyarrow as pa
+
+            ensure_table(target.path, pa.schema(fields), target.partition_by,
+                         name=f"{stream.name}{'' if target.route == GOOD_ROUTE else '_dead_letter'}",
+                         description=stream.description)
+    summary = StreamRunSummary(
+        stream=stream.name,
+        query_id=query_id,
+        run_id=run_id,
+        engine=resolved.value,
+        delta_version_before=table_version(targets[0].path),
+        dead_letter_version_before=table_version(targets[1].path),
+    )
+    return PreparedStream(stream, query_id, resolved, routed, targets, checkpoint, summary)
+
+
+def start_stream(prepared: PreparedStream) -> StreamingQuery:
+    writer = delta_writer(
+        prepared.frame,
+        engine=prepared.engine,
+        targets=prepared.targets,
+        route_column=ROUTE_COLUMN,
+        query_id=prepared.query_id,
+        stream=prepared.spec.name,
+        commit_info={"sluice.runId": prepared.summary.run_id},
+    )
+    query = (
+        writer.queryName(prepared.spec.name)
+        .option("checkpointLocation", prepared.checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    if query.id != prepared.query_id:
+        query.stop()
+        raise SluiceError(
+            f"stream '{prepared.spec.name}': Spark started query id {query.id}, not the pinned {prepared.query_id}"
+        )
+    return query
+
+
+def _progress_rows(query: StreamingQuery) -> dict[int, int]:
+    """Input rows per executed batch id, from every progress report of this run.
+
+    A report without an ``addBatch`` duration is an idle trigger that found no new data: no batch ran.
+    """
+    rows: dict[int, int] = {}
+    for progress in query.recentProgress:
+        if "addBatch" in progress.durationMs:
+            rows[int(progress.batchId)] = int(progress.numInputRows)
+    return rows
+
+
+def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: float) -> StreamRunSummary:
+    """Fill the summary once the query has ended; reconcile rows read with rows committed."""
+    summary = prepared.summary
+    summary.duration_seconds = round(time.monotonic() - started, 3)
+    input_rows = _progress_rows(query)
+    summary.batch_ids = sorted(input_rows)
+    summary.batches = len(input_rows)
+    summary.input_rows = sum(input_rows.values())
+    data, dead = prepared.targets
+    summary.delta_version_after = table_version(data.path)
+    summary.dead_letter_version_after = table_version(dead.path)
+
+    def committed(target: TableTarget, since: int | None) -> int:
+        commits = batch_commits(target.path, query_id=prepared.query_id, since_version=since)
+        return sum(commit.rows for commit in commits if commit.batch_id in input_rows)
+
+    summary.output_rows = committed(data, summary.delta_version_before)
+    summary.dead_letter_rows = committed(dead, summary.dead_letter_version_before)
+    error = query.exception()
+    if error is not None:
+        summary.status = "failed"
+        summary.error = str(error).strip().splitlines()[0][:2000] if str(error).strip() else repr(error)
+    elif summary.input_rows != summary.output_rows + summary.dead_letter_rows:
+        summary.status = "failed"
+        summary.error = (
+            f"row reconciliation failed: read {summary.input_rows} rows but committed {summary.output_rows} good "
+            f"and {summary.dead_letter_rows} dead-letter rows in batches {summary.batch_ids}"
+        )
+    else:
+        summary.status = "succeeded"
+    return summary
+
+
+def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: Roots, *,
+                run_id: str | None = None, engine: DeltaEngine | None = None) -> RunSummary:
+    """Run the named streams to the end of their available input, concurrently, and summarise each."""
+    run_id = run_id or str(uuid.uuid4())
+    streams = catalog.select(names)
+    prepared = [prepare_stream(spark, stream, roots, run_id=run_id, engine=engine) for stream in streams]
+    started = time.monotonic()
+    running: list[tuple[PreparedStream, StreamingQuery]] = []
+    try:
+        for item in prepared:
+            running.append((item, start_stream(item)))
+        for item, query in running:
+            try:
+                query.awaitTermination()
+            except Exception as exc:  # the exception is read again from query.exception() in finish_stream
+                log.error("stream %s failed: %s", item.spec.name, exc)
+    finally:
+        for _, query in running:
+            if query.isActive:
+                query.stop()
+    summaries = [finish_stream(item, query, started) for item, query in running]
+    return RunSummary(app_id=spark.sparkContext.applicationId, streams=summaries)
+
+

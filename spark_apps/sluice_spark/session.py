@@ -1,0 +1,73 @@
+"""The one Spark session builder, shared by the runner, the tests and the benchmarks.
+
+Like delta-spark's ``configure_spark_with_delta_pip``, it takes a builder and returns a builder, so callers keep
+control of the master, the app name and anything else.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pyspark.sql import SparkSession
+
+from sluice.constants import DeltaEngine
+from sluice.errors import SluiceError
+
+DELTA_DATA_SOURCE_CLASS = "org.apache.spark.sql.delta.sources.DeltaDataSource"
+
+
+def delta_maven_package() -> str:
+    """The Maven coordinate of the delta-spark jar that matches the installed delta-spark Python package."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"io.delta:delta-spark_2.13:{version('delta-spark')}"
+    except PackageNotFoundError:
+        return "io.delta:delta-spark_2.13:<version>"
+
+
+def configure_sluice(builder: SparkSession.Builder) -> SparkSession.Builder:
+    """Settings every Sluice application runs with."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    return (
+        builder.config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", os.environ.get("SLUICE_SHUFFLE_PARTITIONS", "4"))
+        # Keep every progress report of a run: the run summary and the row reconciliation are built from them.
+        .config("spark.sql.streaming.numRecentProgressUpdates", "100000")
+        .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
+    )
+
+
+def register_data_sources(spark: SparkSession) -> None:
+    """Register Sluice's Python data sources on a session."""
+    from sluice_spark.delta_rs_sink import DeltaRsDataSource
+
+    spark.dataSource.register(DeltaRsDataSource)
+
+
+def delta_jvm_available(spark: SparkSession) -> bool:
+    """True when delta-spark's JVM classes are on the session's classpath."""
+    jvm = spark.sparkContext._jvm
+    if jvm is None:
+        return False
+    try:
+        loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+        jvm.java.lang.Class.forName(DELTA_DATA_SOURCE_CLASS, False, loader)
+    except Exception:  # py4j raises its own error type for ClassNotFoundException
+        return False
+    return True
+
+
+def resolve_engine(spark: SparkSession, requested: DeltaEngine) -> DeltaEngine:
+    """The Delta engine a stream runs with: ``auto`` is ``jvm`` when delta-spark's classes load, else ``rs``."""
+    if requested is DeltaEngine.RS:
+        return DeltaEngine.RS
+    available = delta_jvm_available(spark)
+    if requested is DeltaEngine.JVM and not available:
+        raise SluiceError(
+            "sink.engine is 'jvm' but delta-spark's classes are not on the classpath. Provide them with "
+            f"--packages {delta_maven_package()} (needs Maven Central), --jars <delta-spark and delta-storage jars>, "
+            "or set sink.engine to 'rs' or 'auto'"
+        )
+    return DeltaEngine.JVM if available else DeltaEngine.RS

@@ -1,0 +1,45 @@
+"""Streaming sources built from catalog entries.
+
+A file source is read with its declared schema in PERMISSIVE mode, so that a malformed record becomes a row with
+``_corrupt_record`` set instead of failing the batch; :mod:`sluice_spark.quality` then routes it to the dead-letter
+table with a reason.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from sluice.catalog import StreamSpec
+from sluice.constants import SOURCE_FILE_COLUMN, FileFormat
+from sluice.paths import Roots
+
+CORRUPT_COLUMN = "_corrupt_record"
+
+
+def read_stream(spark: SparkSession, stream: StreamSpec, roots: Roots) -> DataFrame:
+    """The stream's source as a streaming DataFrame: the declared columns, ``_corrupt_record``, ``_source_file``."""
+    source = stream.source
+    path = stream.source_path(roots)
+    if "://" not in path:
+        # A landing zone nobody has written to yet is empty, not an error: the run finds nothing and ends.
+        Path(path).mkdir(parents=True, exist_ok=True)
+    reader = spark.readStream.format(source.format.value).options(**source.options)
+    if stream.trigger.max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", stream.trigger.max_files_per_trigger)
+    if stream.trigger.max_bytes_per_trigger:
+        reader = reader.option("maxBytesPerTrigger", stream.trigger.max_bytes_per_trigger)
+
+    schema = source.schema.ddl(nullable_only=True)
+    if source.format in (FileFormat.JSON, FileFormat.CSV):
+        reader = reader.schema(f"{schema}, `{CORRUPT_COLUMN}` STRING").option("mode", "PERMISSIVE").option(
+            "columnNameOfCorruptRecord", CORRUPT_COLUMN
+        )
+        frame = reader.load(path)
+    else:
+        frame = reader.schema(schema).load(path).withColumn(
+            CORRUPT_COLUMN, F.lit(None).cast("string")
+        )
+    return frame.select(*source.schema.names, CORRUPT_COLUMN, F.col("_metadata.file_path").alias(SOURCE_FILE_COLUMN))

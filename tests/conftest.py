@@ -1,0 +1,64 @@
+"""Shared fixtures: one local SparkSession per test session, an isolated Airflow home, and test catalogs.
+
+Airflow reads its configuration when it is first imported, so the isolated home is set here, at import time,
+before any test module imports Airflow.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PROJECT = Path(__file__).resolve().parent.parent
+_AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="sluice-test-airflow-"))
+os.environ.update(
+    {
+        "AIRFLOW_HOME": str(_AIRFLOW_HOME),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{_AIRFLOW_HOME / 'airflow.db'}",
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
+        "SLUICE_DATA_ROOT": str(_AIRFLOW_HOME / "data"),
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+    }
+)
+os.environ.pop("SLUICE_CATALOG", None)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """One local SparkSession for the whole run: local[2], UI off, few shuffle partitions."""
+    from pyspark.sql import SparkSession
+
+    from sluice_spark.session import configure_sluice, register_data_sources
+
+    session = (
+        configure_sluice(SparkSession.builder)
+        .master("local[2]")
+        .appName("sluice-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.memory", "1g")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    register_data_sources(session)
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> Path:
+    """A migrated SQLite metadata database in the isolated Airflow home."""
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True,
+                   env=os.environ.copy())
+    return _AIRFLOW_HOME
