@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         catalog = load_catalog(args.catalog)
         catalog.select(args.streams)  # refuse unknown streams before a JVM starts
     except SluiceError as exc:
-        emit(RunSummary(None, [StreamRunSummary(stream=name, status="failed", error=str(exc))
+        emit(RunSummary(None, [StreamRunSummary(stream=name, status="failed", error=str(exc), retryable=False)
                                for name in args.streams]), args.summary_file)
         print(f"sluice: {exc}", file=sys.stderr)
         return 2
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             summary = run_streams(spark, catalog, args.streams, roots, run_id=args.run_id, engine=engine)
         except SluiceError as exc:
             summary = RunSummary(spark.sparkContext.applicationId,
-                                 [StreamRunSummary(stream=name, status="failed", error=str(exc))
+                                 [StreamRunSummary(stream=name, status="failed", error=str(exc), retryable=False)
                                   for name in args.streams])
         emit(summary, args.summary_file)
         for stream in summary.streams:

@@ -9,18 +9,8 @@ from typing import Any
 
 import yaml
 
+from sluice.demo_producer import EVENT_SCHEMA
 from sluice.paths import Roots
-
-EVENT_SCHEMA = {
-    "event_id": "string not null",
-    "event_type": "string not null",
-    "user_id": "string not null",
-    "session_id": "string",
-    "page": "string",
-    "amount": "decimal(12,2)",
-    "currency": "string",
-    "event_time": "timestamp not null",
-}
 
 
 def events_stream(name: str = "events", **overrides: Any) -> dict[str, Any]:
@@ -82,7 +72,7 @@ def expected_events(landing: Path) -> tuple[list[tuple[Any, ...]], int]:
 
 def table_rows(path: str, columns: list[str]) -> list[tuple[Any, ...]]:
     """A Delta table's rows, read with delta-rs (not with the writer under test)."""
-    from deltalake import DeltaTable
+    from sluice.delta import read_table
 
-    data = DeltaTable(path).to_pyarrow_table(columns=columns).to_pylist()
+    data = read_table(path, columns).to_pylist()
     return sorted((tuple(row[c] for c in columns) for row in data), key=repr)

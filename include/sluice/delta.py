@@ -112,3 +112,21 @@ def _batch_commit(info: dict[str, Any]) -> BatchCommit | None:
             rows = int((info.get("operationMetrics") or {}).get("numOutputRows", 0))
             return BatchCommit(int(info["version"]), str(meta["sluice.queryId"]), int(meta["sluice.batchId"]), rows)
     return None
+
+
+def read_table(path: str, columns: Iterable[str] | None = None) -> Any:
+    """A Delta table's current rows as a pyarrow Table, read by delta-rs's own engine.
+
+    This avoids ``DeltaTable.to_pyarrow_table``: reading through pyarrow's dataset layer on delta-rs's Python
+    filesystem adapter leaves threads that abort the interpreter at exit.
+    """
+    import pyarrow as pa
+    from deltalake import DeltaTable, QueryBuilder
+
+    selected = ", ".join(f'"{column}"' for column in columns) if columns else "*"
+    reader = QueryBuilder().register("t", DeltaTable(path)).execute(f"SELECT {selected} FROM t")
+    table = pa.table(reader)
+    # DataFusion hands strings over as string_view; plain strings are what every caller expects.
+    return table.cast(pa.schema([
+        field.with_type(pa.string()) if pa.types.is_string_view(field.type) else field for field in table.schema
+    ]))

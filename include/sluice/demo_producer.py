@@ -26,6 +26,18 @@ PAGES = ("/", "/search", "/product/espresso-grinder", "/product/pour-over-kettle
          "/cart", "/checkout")
 CURRENCIES = ("EUR", "USD", "GBP")
 
+# The schema of the events this producer writes, as a catalog declares it.
+EVENT_SCHEMA = {
+    "event_id": "string not null",
+    "event_type": "string not null",
+    "user_id": "string not null",
+    "session_id": "string",
+    "page": "string",
+    "amount": "decimal(12,2)",
+    "currency": "string",
+    "event_time": "timestamp not null",
+}
+
 
 @dataclass
 class ProducedBatch:

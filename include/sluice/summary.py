@@ -34,6 +34,8 @@ class StreamRunSummary:
     dead_letter_version_after: int | None = None
     engine: str | None = None
     error: str | None = None
+    # False when a rerun cannot succeed without a change (bad config, a schema conflict): Airflow must not retry.
+    retryable: bool = True
     batch_ids: list[int] = field(default_factory=list)
 
 
@@ -72,10 +74,19 @@ class RunSummary:
 
 
 def find_summary_line(lines: Iterable[str]) -> RunSummary | None:
-    """The last run summary among log lines (a log prefix before the marker is allowed), or None."""
+    """The last run summary among log lines, or None.
+
+    A logger may wrap the line: text before the marker and after the JSON object is ignored.
+    """
     found: RunSummary | None = None
+    decoder = json.JSONDecoder()
     for line in lines:
         position = line.find(SUMMARY_MARKER)
-        if position >= 0:
-            found = RunSummary.from_json(line[position + len(SUMMARY_MARKER):].strip())
+        if position < 0:
+            continue
+        try:
+            data, _ = decoder.raw_decode(line[position + len(SUMMARY_MARKER):].lstrip())
+        except json.JSONDecodeError as exc:
+            raise StreamRunError(f"run summary is not valid JSON: {exc}") from exc
+        found = RunSummary.from_dict(data)
     return found

@@ -11,7 +11,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow.exceptions import AirflowException
+from airflow.exceptions import AirflowException, AirflowFailException
 from airflow.sdk import BaseOperator
 
 from sluice.catalog import DEFAULT_CATALOG
@@ -156,7 +156,10 @@ class StreamRunOperator(BaseOperator):
         result = json.loads(summary.to_json())
         if failure is not None or not summary.ok:
             context["ti"].xcom_push(key="failed_summary", value=result)
-            errors = "; ".join(f"{s.stream}: {s.error}" for s in summary.streams if s.status != "succeeded")
+            failed = [s for s in summary.streams if s.status != "succeeded"]
+            errors = "; ".join(f"{s.stream}: {s.error}" for s in failed)
+            if failed and not any(s.retryable for s in failed):
+                raise AirflowFailException(f"Stream run failed, and a retry cannot fix it: {errors}")
             raise AirflowException(f"Stream run failed: {errors or failure}")
         return result
 

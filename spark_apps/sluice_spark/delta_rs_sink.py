@@ -12,6 +12,7 @@ route value in a column, and each table declares the route it takes and the colu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -134,9 +135,13 @@ class DeltaRsStreamWriter(DataSourceStreamArrowWriter):
                     continue
                 routes = batch.column(self.route_column)
                 for index, target in enumerate(self.targets):
-                    selected = batch.filter(pc.equal(routes, target.route))
-                    if selected.num_rows:
-                        self._write_rows(index, target, selected, writers)
+                    mask = pc.equal(routes, target.route)
+                    selected_rows = pc.sum(mask).as_py() or 0
+                    if selected_rows == batch.num_rows:  # the usual case: the whole batch takes one route
+                        self._write_rows(index, target, batch, writers)
+                        break
+                    if selected_rows:
+                        self._write_rows(index, target, batch.filter(mask), writers)
             files = [writer.close() for writer in writers.values()]
         except BaseException:
             for writer in writers.values():
@@ -178,7 +183,7 @@ class DeltaRsStreamWriter(DataSourceStreamArrowWriter):
 
     # -- driver ----------------------------------------------------------------------------------------------------
 
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803 (Spark's name)
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         from deltalake import CommitProperties, DeltaTable, Transaction
         from deltalake.transaction import AddAction, PostCommitHookProperties
 
@@ -219,7 +224,7 @@ class DeltaRsStreamWriter(DataSourceStreamArrowWriter):
             faults.reach("between_commits", batchId)
         faults.reach("after_commit", batchId)
 
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         for message in messages:
             if isinstance(message, DeltaCommitMessage):
                 for index, target in enumerate(self.targets):
@@ -239,7 +244,7 @@ class _PartitionFile:
             f"{quote(column, safe='')}={quote(value if value is not None else HIVE_NULL_PARTITION, safe='')}"
             for column, value in partition_values.items()
         )
-        name = f"part-{uuid.uuid4()}.zstd.parquet"
+        name = f"part-{uuid.uuid4()}.snappy.parquet"
         self.relative_path = f"{folder}/{name}" if folder else name
         self.filesystem, base = _filesystem(table_path)
         # The folder name is percent-encoded in the Delta log; on storage it holds the decoded value.
@@ -247,7 +252,7 @@ class _PartitionFile:
         self.filesystem.create_dir(self.storage_path.rsplit("/", 1)[0], recursive=True)
         self.rows = 0
         self.writer = pq.ParquetWriter(
-            self.storage_path, schema, filesystem=self.filesystem, compression="zstd", write_statistics=True
+            self.storage_path, schema, filesystem=self.filesystem, compression="snappy", write_statistics=True
         )
 
     def write(self, batch: pa.RecordBatch) -> None:
@@ -283,10 +288,8 @@ def _filesystem(table_path: str) -> tuple[Any, str]:
 
 
 def _delete_quietly(filesystem: Any, path: str) -> None:
-    try:
+    with contextlib.suppress(OSError):  # already gone, or never fully created
         filesystem.delete_file(path)
-    except (FileNotFoundError, OSError):
-        pass
 
 
 def _remove_files(table_path: str, files: list[AddedFile]) -> None:

@@ -11,7 +11,6 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -170,6 +169,7 @@ def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: floa
         summary.error = str(error).strip().splitlines()[0][:2000] if str(error).strip() else repr(error)
     elif summary.input_rows != summary.output_rows + summary.dead_letter_rows:
         summary.status = "failed"
+        summary.retryable = False
         summary.error = (
             f"row reconciliation failed: read {summary.input_rows} rows but committed {summary.output_rows} good "
             f"and {summary.dead_letter_rows} dead-letter rows in batches {summary.batch_ids}"

@@ -14,7 +14,7 @@ import pytest
 from deltalake import DeltaTable
 
 from sluice.catalog import load_catalog
-from sluice.delta import DeltaSchemaMismatch
+from sluice.delta import DeltaSchemaMismatch, read_table
 from sluice.demo_producer import DemoProducer
 from sluice.errors import SluiceError
 from sluice_spark.runner import run_streams
@@ -93,7 +93,7 @@ def test_dead_letter_rows_keep_raw_record_reason_and_source(spark: Any, tmp_path
 
     assert summary.streams[0].status == "succeeded", summary.streams[0].error
     assert bronze(events_catalog.get("events").sink_path(roots)) == [("e1", "click", "u1", None, "2026-11-22")]
-    dead = DeltaTable(events_catalog.get("events").dead_letter_table_path(roots)).to_pyarrow_table().to_pylist()
+    dead = read_table(events_catalog.get("events").dead_letter_table_path(roots)).to_pylist()
     reasons = sorted((row["reason"], row["raw_record"]) for row in dead)
     assert [reason for reason, _ in reasons] == [
         "field 'amount': cannot parse 'twelve' as DECIMAL(12,2)",
@@ -178,9 +178,9 @@ def test_csv_stream_with_header(spark: Any, tmp_path: Path) -> None:
 
     assert stream.status == "succeeded", stream.error
     assert (stream.output_rows, stream.dead_letter_rows) == (produced.orders, produced.malformed_orders)
-    rows = DeltaTable(stream_spec.sink_path(roots)).to_pyarrow_table().to_pylist()
+    rows = read_table(stream_spec.sink_path(roots)).to_pylist()
     assert all(isinstance(row["amount"], Decimal) and row["_source_file"].endswith(".csv") for row in rows)
-    dead = DeltaTable(stream_spec.dead_letter_table_path(roots)).to_pyarrow_table().to_pylist()
+    dead = read_table(stream_spec.dead_letter_table_path(roots)).to_pylist()
     assert {row["reason"] for row in dead} == {"field 'amount': cannot parse 'n/a' as DECIMAL(12,2)"}
 
 
@@ -203,7 +203,7 @@ def test_parquet_stream(spark: Any, tmp_path: Path) -> None:
 
     assert (stream.input_rows, stream.output_rows, stream.dead_letter_rows) == (3, 2, 1)
     assert table_rows(catalog.get("users").sink_path(roots), ["user_id", "country"]) == [("u1", "DE"), ("u3", None)]
-    dead = DeltaTable(catalog.get("users").dead_letter_table_path(roots)).to_pyarrow_table().to_pylist()
+    dead = read_table(catalog.get("users").dead_letter_table_path(roots)).to_pylist()
     assert dead[0]["reason"] == "missing required field 'user_id'"
     assert json.loads(dead[0]["raw_record"]) == {"country": "FR", "signup_day": "2026-01-01"}
 

@@ -16,7 +16,8 @@ def sample() -> RunSummary:
 
 
 def test_round_trip_through_a_log_line_with_a_prefix() -> None:
-    lines = ["INFO something else", "[2026-11-22 10:00:00] {spark_submit.py:1} INFO - " + sample().to_line()]
+    lines = ["INFO something else",
+             "[2026-11-22 10:00:00] INFO - " + sample().to_line() + " [airflow.task.hooks] loc=spark_submit.py:965"]
     parsed = find_summary_line(lines)
     assert parsed == sample()
     assert parsed is not None and parsed.ok
@@ -43,3 +44,5 @@ def test_unknown_keys_are_ignored_for_forward_compatibility() -> None:
 def test_bad_summary_is_refused(text: str, message: str) -> None:
     with pytest.raises(StreamRunError, match=message):
         RunSummary.from_json(text)
+    with pytest.raises(StreamRunError, match=message):
+        find_summary_line(["SLUICE_RUN_SUMMARY " + text])

@@ -1,0 +1,67 @@
+"""dag.test() of a real ingest DAG: real Airflow, real spark-submit, real Delta tables, summary in XCom."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+
+from sluice.demo_producer import DemoProducer
+from tests.helpers import expected_events
+
+pytestmark = [pytest.mark.airflow, pytest.mark.spark]
+
+
+def xcom_value(dag_id: str, run_id: str, task_id: str, key: str = "return_value"):  # type: ignore[no-untyped-def]
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        query = XComModel.get_many(run_id=run_id, dag_ids=dag_id, task_ids=task_id, key=key)
+        return [XComModel.deserialize_value(row) for row in session.scalars(query).all()]
+
+
+def test_ingest_dag_runs_spark_end_to_end(airflow_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.utils.state import DagRunState
+
+    for variable, folder in (("SLUICE_LANDING_ROOT", "landing"), ("SLUICE_LAKE_ROOT", "lake"),
+                             ("SLUICE_CHECKPOINT_ROOT", "checkpoints")):
+        monkeypatch.setenv(variable, str(tmp_path / folder))
+    produced = DemoProducer(tmp_path / "landing", seed=31).produce(
+        files=2, lines=80, now=dt.datetime(2026, 11, 22, 9, tzinfo=dt.timezone.utc)
+    )
+    dag = DagBag(dag_folder=str(Path(__file__).resolve().parents[2] / "dags")).get_dag("ingest_events_bronze")
+
+    run = dag.test()
+
+    assert run.state == DagRunState.SUCCESS
+    [summary] = xcom_value(dag.dag_id, run.run_id, "run_stream")
+    [stream] = summary["streams"]
+    assert stream["stream"] == "events_bronze" and stream["status"] == "succeeded"
+    assert stream["input_rows"] == produced.event_lines
+    good, bad = expected_events(tmp_path / "landing" / "events")
+    assert (stream["output_rows"], stream["dead_letter_rows"]) == (len(good), bad)
+    assert stream["delta_version_after"] >= 1
+    assert (tmp_path / "lake" / "bronze" / "events" / "_delta_log").is_dir()
+
+
+def test_failed_spark_run_fails_the_task_with_the_reason(airflow_db: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyarrow as pa
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.utils.state import DagRunState
+    from deltalake import DeltaTable
+
+    monkeypatch.setenv("SLUICE_DATA_ROOT", str(tmp_path))
+    DeltaTable.create(str(tmp_path / "lake" / "bronze" / "orders"), schema=pa.schema([("legacy", pa.string())]))
+    dag = DagBag(dag_folder=str(Path(__file__).resolve().parents[2] / "dags")).get_dag("ingest_orders_bronze")
+
+    run = dag.test()
+
+    assert run.state == DagRunState.FAILED
+    [failed] = xcom_value(dag.dag_id, run.run_id, "run_stream", key="failed_summary")
+    assert failed["streams"][0]["status"] == "failed"
+    assert "Evolve the table or point the stream at a new table" in failed["streams"][0]["error"]
+    assert DeltaTable(str(tmp_path / "lake" / "bronze" / "orders")).version() == 0

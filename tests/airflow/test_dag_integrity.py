@@ -1,0 +1,71 @@
+"""Every DAG file parses cleanly and follows the house rules (tags, retries, one run at a time, docs)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.airflow
+
+DAGS = Path(__file__).resolve().parents[2] / "dags"
+
+
+@pytest.fixture(scope="module")
+def dagbag():  # type: ignore[no-untyped-def]
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(DAGS))
+
+
+def test_no_import_errors(dagbag) -> None:  # type: ignore[no-untyped-def]
+    assert dagbag.import_errors == {}
+
+
+def test_one_ingest_dag_per_catalog_stream(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from sluice.catalog import load_catalog
+
+    ingest = {dag_id for dag_id in dagbag.dag_ids if dag_id.startswith("ingest_")}
+    assert ingest == {f"ingest_{stream.name}" for stream in load_catalog()}
+
+
+def test_house_rules(dagbag) -> None:  # type: ignore[no-untyped-def]
+    assert dagbag.dags
+    for dag_id, dag in dagbag.dags.items():
+        assert dag.tags, f"{dag_id} has no tags"
+        assert dag.doc_md, f"{dag_id} has no doc_md"
+        assert dag.max_active_runs == 1, f"{dag_id} owns a checkpoint and must run one at a time"
+        assert dag.catchup is False, f"{dag_id}: availableNow runs catch up by themselves"
+        for task in dag.tasks:
+            assert task.retries >= 1, f"{dag_id}.{task.task_id} has no retries"
+
+
+def test_schedules_and_assets_come_from_the_catalog(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from sluice.catalog import load_catalog
+
+    for stream in load_catalog():
+        dag = dagbag.dags[f"ingest_{stream.name}"]
+        assert dag.schedule == stream.schedule
+        outlets = dag.get_task("run_stream").outlets
+        assert [asset.name for asset in outlets] == [f"sluice.{stream.name}"]
+        assert outlets[0].uri.endswith(stream.sink.path)
+
+
+def test_dag_files_parse_fast_and_import_no_spark() -> None:
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, time, runpy; start = time.monotonic(); "
+        f"runpy.run_path({str(DAGS / 'ingest_streams.py')!r}); "
+        "print(time.monotonic() - start); "
+        "print(any(m == 'pyspark' or m.startswith('pyspark.') for m in sys.modules)); "
+        "print('deltalake' in sys.modules)"
+    )
+    started = time.monotonic()
+    output = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True).stdout
+    assert time.monotonic() - started < 120
+    _, imports_pyspark, imports_delta = output.strip().splitlines()[-3:]
+    assert imports_pyspark == "False", "DAG files must not import pyspark at parse time"
+    assert imports_delta == "False", "DAG files must not import deltalake at parse time"

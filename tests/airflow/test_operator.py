@@ -1,0 +1,121 @@
+"""StreamRunOperator and its hook: templating, arguments, the local default, summary capture, on_kill."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pendulum
+import pytest
+
+from sluice.summary import RunSummary, StreamRunSummary
+
+pytestmark = pytest.mark.airflow
+
+
+def make_operator(**kwargs):  # type: ignore[no-untyped-def]
+    from airflow.sdk import DAG
+
+    from sluice_airflow.operators import StreamRunOperator
+
+    with DAG("templating", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")):
+        return StreamRunOperator(task_id="run", **kwargs)
+
+
+def test_templated_fields_render() -> None:
+    operator = make_operator(
+        streams=["{{ params.stream }}"],
+        landing_root="/landing/{{ ds }}",
+        lake_root="/lake",
+        checkpoint_root="/checkpoints/{{ params.stream }}",
+        conf={"spark.app.note": "{{ ds_nodash }}"},
+        params={"stream": "events_bronze"},
+    )
+    assert set(operator.template_fields) >= {"streams", "landing_root", "lake_root", "checkpoint_root", "conf"}
+    operator.render_template_fields({"ds": "2026-11-22", "ds_nodash": "20261122", "params": operator.params})
+    assert operator.streams == ["events_bronze"]
+    assert operator.landing_root == "/landing/2026-11-22"
+    assert operator.checkpoint_root == "/checkpoints/events_bronze"
+    assert operator.conf == {"spark.app.note": "20261122"}
+
+
+def test_constructor_stores_arguments_unchanged_and_does_no_io() -> None:
+    operator = make_operator(streams=["a", "b"], catalog="/nowhere/catalog.yaml", engine="rs")
+    assert (operator.streams, operator.catalog, operator.engine) == (["a", "b"], "/nowhere/catalog.yaml", "rs")
+
+
+def test_application_args_carry_everything_the_runner_needs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLUICE_DATA_ROOT", "/srv/sluice")
+    monkeypatch.delenv("SLUICE_LAKE_ROOT", raising=False)
+    operator = make_operator(streams=["a", "b"], landing_root="/landing", engine="rs")
+    args = operator.application_args(run_id="dag/run/task", summary_file="/tmp/s.json")
+    assert args[args.index("--catalog") + 1].endswith("streams.yaml")
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--stream"] == ["a", "b"]
+    assert args[args.index("--landing-root") + 1] == "/landing"
+    assert args[args.index("--lake-root") + 1] == "/srv/sluice/lake"
+    assert args[args.index("--engine") + 1] == "rs"
+    assert args[args.index("--run-id") + 1] == "dag/run/task"
+
+
+def test_empty_stream_list_is_refused() -> None:
+    from airflow.exceptions import AirflowException
+
+    with pytest.raises(AirflowException, match="streams must be a non-empty list"):
+        make_operator(streams=[]).application_args(run_id="r", summary_file="s")
+
+
+def test_spark_env_points_spark_at_the_project_interpreter() -> None:
+    env = make_operator(streams=["a"], env_vars={"EXTRA": "1"}).spark_env()
+    assert env["PYSPARK_PYTHON"] and Path(env["PYSPARK_PYTHON"]).exists()
+    assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
+    assert env["EXTRA"] == "1"
+
+
+def test_hook_defaults_to_local_spark_without_a_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sluice_airflow.hooks import DEFAULT_LOCAL_MASTER, SluiceSparkSubmitHook
+
+    monkeypatch.delenv("AIRFLOW_CONN_SLUICE_SPARK", raising=False)
+    assert SluiceSparkSubmitHook(conn_id="sluice_spark").master == DEFAULT_LOCAL_MASTER
+
+
+def test_hook_uses_the_airflow_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sluice_airflow.hooks import SluiceSparkSubmitHook
+
+    monkeypatch.setenv("AIRFLOW_CONN_SLUICE_SPARK", '{"conn_type": "spark", "host": "spark://127.0.0.1", "port": 7077}')
+    assert SluiceSparkSubmitHook(conn_id="sluice_spark").master == "spark://127.0.0.1:7077"
+
+
+def test_hook_captures_the_summary_from_the_driver_log() -> None:
+    from sluice_airflow.hooks import SluiceSparkSubmitHook
+
+    hook = SluiceSparkSubmitHook(conn_id="sluice_spark")
+    summary = RunSummary("local-7", [StreamRunSummary(stream="events_bronze", status="succeeded", input_rows=3)])
+    hook._process_spark_submit_log(iter(["26/11/22 INFO starting\n", summary.to_line() + "\n", "bye\n"]))
+    assert hook.run_summary == summary
+
+
+def test_on_kill_stops_the_whole_process_group(tmp_path: Path) -> None:
+    """A launcher with a child, like spark-submit's JVM with its Python driver: on_kill must stop both."""
+    from sluice_airflow.hooks import SluiceSparkSubmitHook
+
+    child_pid_file = tmp_path / "child.pid"
+    script = f"sleep 300 & echo $! > {child_pid_file}; wait"
+    hook = SluiceSparkSubmitHook(conn_id="sluice_spark")
+    hook._submit_sp = subprocess.Popen(["bash", "-c", script], start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not child_pid_file.exists() or not child_pid_file.read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    child = int(child_pid_file.read_text())
+
+    hook.on_kill()
+
+    assert hook._submit_sp.wait(timeout=30) in (-signal.SIGTERM, -signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{child}").exists() and "Z" not in Path(f"/proc/{child}/stat").read_text().split()[2]:
+        assert time.monotonic() < deadline, "the child outlived on_kill"
+        time.sleep(0.02)

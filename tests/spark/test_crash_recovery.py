@@ -1,0 +1,120 @@
+"""SIGKILL the Spark application at named points of a run, rerun it, and check the table is exact.
+
+Each case runs the real spark-submit entry point in its own process group. The run stops at a crash point
+(``sluice_spark.faults``), the test kills the whole application with SIGKILL, then a clean rerun must leave the
+bronze and dead-letter tables equal to the oracle: no duplicate, nothing lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+
+from sluice.catalog import load_catalog
+from sluice.delta import read_table
+from sluice.demo_producer import DemoProducer
+from sluice.paths import Roots
+from tests.helpers import events_stream, expected_events, roots_in, table_rows, write_catalog
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+PROJECT = Path(__file__).resolve().parents[2]
+RUNNER = PROJECT / "spark_apps" / "stream_runner.py"
+NOW = dt.datetime(2026, 11, 22, 8, 0, tzinfo=dt.timezone.utc)
+
+
+def submit(catalog: Path, roots: Roots, *extra_env: tuple[str, str], summary: Path | None = None) -> subprocess.Popen:
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, **dict(extra_env)}
+    command = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
+               "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
+               str(RUNNER), "--catalog", str(catalog), "--stream", "events", *roots.as_args()]
+    if summary is not None:
+        command += ["--summary-file", str(summary)]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def wait_for(marker: Path, process: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not marker.exists():
+        if process.poll() is not None:
+            output = process.stdout.read() if process.stdout else ""
+            raise AssertionError(f"run ended (exit {process.returncode}) before {marker.name}:\n{output[-3000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{marker.name} not reached in {timeout}s")
+        time.sleep(0.05)
+
+
+def kill_application(process: subprocess.Popen, marker: Path) -> None:
+    """SIGKILL the launcher's whole process group and the Python worker that is parked at the crash point."""
+    worker_pid = int(marker.read_text() or "0")
+    os.killpg(process.pid, signal.SIGKILL)
+    if worker_pid:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker_pid, signal.SIGKILL)
+    process.wait(timeout=60)
+
+
+def bronze(path: str) -> list[tuple[Any, ...]]:
+    columns = ["event_id", "event_type", "user_id", "amount", "event_date"]
+    return [(*row[:4], row[4].isoformat()) for row in table_rows(path, columns)]
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "executor_written",  # Parquet written by an executor, nothing committed
+        "before_commit:1",  # batch 0 committed; batch 1's files written, its Delta commit not started
+        "between_commits:1",  # batch 1 committed to bronze, not yet to the dead-letter table
+        "after_commit:1",  # batch 1 committed to both tables, Spark's commits/1 not yet written
+    ],
+)
+def test_sigkill_then_rerun_gives_the_exact_table(tmp_path: Path, fault: str) -> None:
+    catalog_path = write_catalog(tmp_path, events_stream(trigger={"max_files_per_trigger": 1}))
+    stream = load_catalog(catalog_path).get("events")
+    roots = roots_in(tmp_path)
+    producer = DemoProducer(roots.landing, seed=21, malformed_rate=0.08)
+    for index in range(3):
+        producer.events_file(lines=60, now=NOW + dt.timedelta(minutes=index))
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    point = fault.split(":")[0]
+
+    crashed = submit(catalog_path, roots, ("SLUICE_FAULT_POINT", fault), ("SLUICE_FAULT_DIR", str(faults)))
+    wait_for(faults / f"{point}.reached", crashed)
+    kill_application(crashed, faults / f"{point}.reached")
+    assert crashed.returncode == -signal.SIGKILL
+
+    summary_file = tmp_path / "summary.json"
+    rerun = submit(catalog_path, roots, summary=summary_file)
+    output, _ = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, output[-3000:]
+    assert "SLUICE_RUN_SUMMARY " in output and summary_file.exists()
+
+    expected_good, expected_bad = expected_events(Path(roots.landing) / "events")
+    assert bronze(stream.sink_path(roots)) == expected_good
+    dead = read_table(stream.dead_letter_table_path(roots)).num_rows
+    assert dead == expected_bad
+    parquet_files = {p.name for p in Path(stream.sink_path(roots)).rglob("*.parquet")}
+    live_files = {Path(p).name for p in DeltaTable(stream.sink_path(roots)).file_uris()}
+    assert live_files <= parquet_files
+
+
+def test_runner_reports_an_unknown_stream_and_exits_non_zero(tmp_path: Path) -> None:
+    catalog_path = write_catalog(tmp_path, events_stream("other"))
+    summary_file = tmp_path / "summary.json"
+    process = submit(catalog_path, roots_in(tmp_path), summary=summary_file)
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == 2
+    assert "unknown stream 'events'; the catalog has: other" in output
+    assert '"status": "failed"' in summary_file.read_text()
