@@ -9,20 +9,28 @@ import pendulum
 from airflow.sdk import DAG, Asset
 
 from sluice.catalog import Catalog, StreamSpec, load_catalog
-from sluice.paths import Roots
 from sluice_airflow.operators import StreamRunOperator
 
 START_DATE = pendulum.datetime(2026, 1, 1, tz="UTC")
 
 
-def table_asset(stream: StreamSpec, roots: Roots) -> Asset:
-    """The Asset a stream's DAG produces: its Delta table, so downstream DAGs can be scheduled on it."""
-    path = stream.sink_path(roots)
-    uri = path if "://" in path else Path(path).absolute().as_uri()
+def table_asset(stream: StreamSpec) -> Asset:
+    """The Asset a stream's DAG produces: its Delta table, so downstream DAGs can be scheduled on it.
+
+    A table under the lake root is ``sluice://lake/<path>``: its identity must not change with the deployment's
+    roots, or Airflow would see a new asset under the same name and deactivate the old one.
+    """
+    path = stream.sink.path
+    if "://" in path:
+        uri = path
+    elif path.startswith("/"):
+        uri = Path(path).as_uri()
+    else:
+        uri = f"sluice://lake/{path}"
     return Asset(name=f"sluice.{stream.name}", uri=uri, group="delta")
 
 
-def ingest_dag(stream: StreamSpec, roots: Roots, *, doc: str = "") -> DAG:
+def ingest_dag(stream: StreamSpec, *, doc: str = "") -> DAG:
     """The scheduled DAG of one stream: an availableNow run of the stream on its cron."""
     with DAG(
         dag_id=f"ingest_{stream.name}",
@@ -39,7 +47,7 @@ def ingest_dag(stream: StreamSpec, roots: Roots, *, doc: str = "") -> DAG:
             task_id="run_stream",
             streams=[stream.name],
             catalog=None,
-            outlets=[table_asset(stream, roots)],
+            outlets=[table_asset(stream)],
             execution_timeout=timedelta(hours=2),
         )
     return dag
@@ -48,5 +56,4 @@ def ingest_dag(stream: StreamSpec, roots: Roots, *, doc: str = "") -> DAG:
 def ingest_dags(catalog: Catalog | None = None, *, doc: str = "") -> dict[str, DAG]:
     """Every stream's DAG, by dag id."""
     catalog = catalog or load_catalog()
-    roots = Roots.from_env()
-    return {dag.dag_id: dag for dag in (ingest_dag(stream, roots, doc=doc) for stream in catalog)}
+    return {dag.dag_id: dag for dag in (ingest_dag(stream, doc=doc) for stream in catalog)}

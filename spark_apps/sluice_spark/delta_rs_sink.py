@@ -46,7 +46,7 @@ class TableTarget:
     ``columns`` pairs each column of the routed frame with its name in the table.
     """
 
-    route: str
+    route: int
     path: str
     columns: tuple[tuple[str, str], ...]
     partition_by: tuple[str, ...] = ()
@@ -152,8 +152,8 @@ class DeltaRsStreamWriter(DataSourceStreamArrowWriter):
 
     def _write_rows(self, index: int, target: TableTarget, rows: pa.RecordBatch,
                     writers: dict[tuple[int, tuple[str | None, ...]], _PartitionFile]) -> None:
+        import numpy as np
         import pyarrow as pa
-        import pyarrow.compute as pc
 
         rows = rows.select([source for source, _ in target.columns]).rename_columns(target.table_columns)
         data_columns = [column for column in target.table_columns if column not in target.partition_by]
@@ -163,17 +163,17 @@ class DeltaRsStreamWriter(DataSourceStreamArrowWriter):
                 writers[key] = _PartitionFile(index, target.path, {}, rows.schema)
             writers[key].write(rows)
             return
-        # Group the rows by partition tuple: one dictionary-encode per column, then one filter per distinct tuple.
+        # One hash grouping of the batch by partition tuple, then one take per partition.
         table = pa.Table.from_batches([rows])
-        keys = table.select(list(target.partition_by)).group_by(list(target.partition_by)).aggregate([])
-        for key_row in keys.to_pylist():
-            mask = None
-            for column in target.partition_by:
-                value = key_row[column]
-                condition = pc.is_null(table[column]) if value is None else pc.equal(table[column], value)
-                mask = condition if mask is None else pc.and_(mask, condition)
-            part = table.filter(mask).select(data_columns)
-            values = tuple(_partition_string(key_row[column]) for column in target.partition_by)
+        partition_by = list(target.partition_by)
+        positions = table.select(partition_by).append_column("_row", pa.array(np.arange(table.num_rows)))
+        groups = positions.group_by(partition_by, use_threads=False).aggregate([("_row", "list")])
+        row_lists = groups.column("_row_list").combine_chunks()
+        data = table.select(data_columns)
+        for position, key in enumerate(groups.select(partition_by).to_pylist()):
+            values = tuple(_partition_string(key[column]) for column in partition_by)
+            rows_of_key = row_lists[position].values
+            part = data if len(rows_of_key) == table.num_rows else data.take(rows_of_key)
             writer_key = (index, values)
             if writer_key not in writers:
                 partition_values = dict(zip(target.partition_by, values, strict=True))

@@ -67,17 +67,13 @@ def dead_letter_reason(stream: StreamSpec) -> Column:
 
 
 def flag_dead_letters(frame: DataFrame, stream: StreamSpec) -> DataFrame:
-    """Add the reason and the raw record, and blank the declared columns of rejected rows so that transforms
-    never see their half-parsed values."""
+    """Add the reason (NULL for a good record) and, for rejected records only, the raw record.
+
+    Both are NULL for good records, which costs next to nothing to carry; the raw record is taken before any
+    transform can rewrite the fields it is rebuilt from.
+    """
     flagged = frame.withColumn(REASON_COLUMN, dead_letter_reason(stream))
-    flagged = flagged.withColumn(RAW_COLUMN, F.when(F.col(REASON_COLUMN).isNotNull(), _raw_record(stream)))
-    return flagged.select(
-        *[
-            F.when(F.col(REASON_COLUMN).isNull(), F.col(name)).alias(name)
-            for name in stream.source.schema.names
-        ],
-        *[name for name in flagged.columns if name not in stream.source.schema.names],
-    )
+    return flagged.withColumn(RAW_COLUMN, F.when(F.col(REASON_COLUMN).isNotNull(), _raw_record(stream)))
 
 
 def _raw_record(stream: StreamSpec) -> Column:

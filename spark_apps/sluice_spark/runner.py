@@ -12,6 +12,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -34,16 +35,17 @@ from sluice_spark.transforms import get_transform
 log = logging.getLogger(__name__)
 
 ROUTE_COLUMN = "_sluice_route"
-GOOD_ROUTE = "good"
-DEAD_LETTER_ROUTE = "dead_letter"
+GOOD_ROUTE = 0
+DEAD_LETTER_ROUTE = 1
+_STREAM_COLUMN = "_dead_letter_stream"
 _DEAD_LETTER_FIELDS = (
     (RAW_COLUMN, "raw_record"),
     (REASON_COLUMN, "reason"),
     (SOURCE_FILE_COLUMN, "source_file"),
-    ("_dead_letter_stream", "stream"),
+    (_STREAM_COLUMN, "stream"),
     (INGEST_TIME_COLUMN, "ingested_at"),
 )
-_INTERNAL_COLUMNS = {CORRUPT_COLUMN, REASON_COLUMN, RAW_COLUMN, ROUTE_COLUMN, "_dead_letter_stream"}
+_INTERNAL_COLUMNS = {CORRUPT_COLUMN, REASON_COLUMN, RAW_COLUMN, ROUTE_COLUMN, _STREAM_COLUMN}
 
 
 @dataclass
@@ -71,11 +73,19 @@ def build_routed_frame(spark: SparkSession, stream: StreamSpec, roots: Roots) ->
             f"stream '{stream.name}': transform '{stream.transform}' dropped column(s) {', '.join(lost)}; transforms "
             "of file streams must keep every column so that bad records still reach the dead-letter table"
         )
-    routed = transformed.withColumn(INGEST_TIME_COLUMN, F.current_timestamp()).withColumn(
-        ROUTE_COLUMN, F.when(F.col(REASON_COLUMN).isNull(), F.lit(GOOD_ROUTE)).otherwise(F.lit(DEAD_LETTER_ROUTE))
-    ).withColumn("_dead_letter_stream", F.lit(stream.name))
-    data_columns = [name for name in routed.columns if name not in _INTERNAL_COLUMNS]
-    return routed, data_columns
+    data_columns = [name for name in transformed.columns if name not in _INTERNAL_COLUMNS]
+    rejected = F.col(REASON_COLUMN).isNotNull()
+    # Only what some table keeps crosses to the sink: the corrupt-record text is already in the raw record, and
+    # the dead-letter columns are NULL on good rows.
+    routed = transformed.select(
+        *data_columns,
+        F.current_timestamp().alias(INGEST_TIME_COLUMN),
+        F.when(rejected, F.lit(DEAD_LETTER_ROUTE)).otherwise(F.lit(GOOD_ROUTE)).cast("tinyint").alias(ROUTE_COLUMN),
+        RAW_COLUMN,
+        REASON_COLUMN,
+        F.when(rejected, F.lit(stream.name)).alias(_STREAM_COLUMN),
+    )
+    return routed, [*data_columns, INGEST_TIME_COLUMN]
 
 
 def prepare_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, run_id: str,
@@ -93,10 +103,8 @@ def prepare_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, run
         arrow_schema = to_arrow_schema(routed.schema, timezone="UTC")
         for target in targets:
             fields = [arrow_schema.field(source).with_name(name) for source, name in target.columns]
-            import pyarrow as pa
-
             ensure_table(target.path, pa.schema(fields), target.partition_by,
-                         name=f"{stream.name}{'' if target.route == GOOD_ROUTE else '_dead_letter'}",
+                         name=stream.name if target.route == GOOD_ROUTE else f"{stream.name}_dead_letter",
                          description=stream.description)
     summary = StreamRunSummary(
         stream=stream.name,
