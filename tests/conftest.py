@@ -6,6 +6,7 @@ before any test module imports Airflow.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -32,6 +33,8 @@ os.environ.update(
     }
 )
 os.environ.pop("SLUICE_CATALOG", None)
+# py4j logs from __del__ at interpreter exit, after pytest has closed the streams it captured.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 @pytest.fixture(scope="session")

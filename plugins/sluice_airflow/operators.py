@@ -91,7 +91,8 @@ class StreamRunOperator(BaseOperator):
         self.spark_submit_kwargs = spark_submit_kwargs
         self._hook: SluiceSparkSubmitHook | None = None
 
-    def roots(self) -> Roots:
+    def resolved_roots(self) -> Roots:
+        """The operator's roots, each falling back to the SLUICE_* environment of the worker."""
         defaults = Roots.from_env()
         return Roots(
             landing=self.landing_root or defaults.landing,
@@ -105,7 +106,7 @@ class StreamRunOperator(BaseOperator):
         args = ["--catalog", self.catalog or os.environ.get("SLUICE_CATALOG") or str(DEFAULT_CATALOG)]
         for name in self.streams:
             args += ["--stream", name]
-        args += self.roots().as_args()
+        args += self.resolved_roots().as_args()
         args += ["--run-id", run_id, "--summary-file", summary_file]
         if self.engine:
             args += ["--engine", self.engine]
