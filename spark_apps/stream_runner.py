@@ -21,6 +21,7 @@ from pyspark.sql import SparkSession
 from sluice.catalog import load_catalog
 from sluice.constants import DeltaEngine
 from sluice.errors import SluiceError
+from sluice.lock import LockHeld
 from sluice.paths import Roots
 from sluice.summary import RunSummary, StreamRunSummary
 
@@ -70,8 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             summary = run_streams(spark, catalog, args.streams, roots, run_id=args.run_id, engine=engine)
         except SluiceError as exc:
+            # A held lock clears when the other run ends, so a retry can succeed; other refusals need a fix.
+            retryable = isinstance(exc, LockHeld)
             summary = RunSummary(spark.sparkContext.applicationId,
-                                 [StreamRunSummary(stream=name, status="failed", error=str(exc), retryable=False)
+                                 [StreamRunSummary(stream=name, status="failed", error=str(exc), retryable=retryable)
                                   for name in args.streams])
         emit(summary, args.summary_file)
         for stream in summary.streams:

@@ -169,6 +169,9 @@ class StreamSpec:
     alerts: AlertSpec
     owner: str = "data-eng"
     tags: tuple[str, ...] = ()
+    # A new checkpoint in front of a table this stream already fed is refused (QUERY_ID_UNKNOWN_TO_SINK) unless
+    # this is set, for a deliberate full reload into a table whose rows are replaced downstream.
+    allow_new_query_id: bool = False
 
     def source_path(self, roots: Roots) -> str:
         return join(roots.landing, self.source.path)
@@ -315,6 +318,7 @@ def parse_stream(raw: object, *, index: int) -> StreamSpec:
         raise top.error("schedule", f"{schedule!r} is not a valid cron expression (five fields, e.g. '*/5 * * * *')")
     trigger = _parse_trigger(top.section("trigger"))
     alerts = _parse_alerts(top.section("alerts"))
+    allow_new_query_id = top.get("allow_new_query_id", bool, False)
     owner = top.get("owner", str, "data-eng")
     tags = top.get("tags", list, [])
     if not all(isinstance(tag, str) and tag for tag in tags):
@@ -333,6 +337,7 @@ def parse_stream(raw: object, *, index: int) -> StreamSpec:
         alerts=alerts,
         owner=owner,
         tags=tuple(tags),
+        allow_new_query_id=allow_new_query_id,
     )
 
 

@@ -1,15 +1,22 @@
 """Plain-file access to Spark's streaming checkpoint layout (no JVM).
 
+Layout (Spark 4): ``metadata`` holds ``{"id": <query id>}``; ``offsets/N`` is written before batch N runs (a
+version line, a batch-metadata JSON line, one line per source); ``commits/N`` after its sink commits;
+``sources/<i>/N[.compact]`` is the file source's log; ``state/`` holds stateful operators' state.
+
 The runner pins a stream's query id before Spark starts: it reads ``<checkpoint>/metadata`` or, for a new
 checkpoint, writes it. Spark then adopts that id, and the Delta sink uses it as the transaction app id.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sluice.errors import SluiceError
 
@@ -54,3 +61,96 @@ def ensure_query_id(checkpoint: str | os.PathLike[str]) -> str:
     temporary.write_text(json.dumps({"id": query_id}) + "\n", encoding="utf-8")
     os.replace(temporary, root / "metadata")
     return query_id
+
+
+def _batch_ids(folder: Path) -> list[int]:
+    """Batch ids of a Spark metadata log folder (``offsets``, ``commits``): numeric names only.
+
+    ``.crc`` files, Spark's ``.<id>.<uuid>.tmp`` files and anything else are ignored.
+    """
+    if not folder.is_dir():
+        return []
+    return sorted(int(entry.name) for entry in os.scandir(folder) if entry.name.isdigit() and entry.is_file())
+
+
+@dataclass(frozen=True)
+class OffsetEntry:
+    """A parsed ``offsets/N`` file: the batch metadata line and one offset per source (None for a source that
+    had no data yet, written by Spark as ``-``)."""
+
+    batch_id: int
+    metadata: dict[str, Any]
+    sources: list[Any]
+
+
+class CheckpointReader:
+    """Reads a streaming checkpoint's layout from plain files: newest entries and listings, never the history."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    @property
+    def exists(self) -> bool:
+        return self.root.is_dir()
+
+    def offset_ids(self) -> list[int]:
+        return _batch_ids(self.root / "offsets")
+
+    def commit_ids(self) -> list[int]:
+        return _batch_ids(self.root / "commits")
+
+    def read_offsets(self, batch_id: int) -> OffsetEntry:
+        """Parse ``offsets/<batch_id>``; a torn or unreadable file raises :class:`CheckpointError`."""
+        path = self.root / "offsets" / str(batch_id)
+        try:
+            lines = path.read_text(encoding="utf-8").split("\n")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"{path}: cannot read ({exc})") from exc
+        if lines and lines[-1] == "":
+            lines.pop()
+        if len(lines) < 2 or not lines[0].startswith("v"):
+            raise CheckpointError(f"{path}: expected a version line and a metadata line, found {len(lines)} line(s)")
+        try:
+            metadata = json.loads(lines[1])
+            sources = [None if line.strip() == "-" else json.loads(line) for line in lines[2:]]
+        except json.JSONDecodeError as exc:
+            raise CheckpointError(f"{path}: line {exc.lineno + 1 if exc.lineno else '?'} is not JSON ({exc.msg})") \
+                from exc
+        if not isinstance(metadata, dict):
+            raise CheckpointError(f"{path}: the metadata line is not a JSON object")
+        return OffsetEntry(batch_id, metadata, sources)
+
+    def read_commit(self, batch_id: int) -> dict[str, Any]:
+        path = self.root / "commits" / str(batch_id)
+        try:
+            lines = path.read_text(encoding="utf-8").split("\n")
+            return json.loads(lines[1]) if len(lines) > 1 and lines[1].strip() else {}
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CheckpointError(f"{path}: cannot parse ({exc})") from exc
+
+    def commit_time(self, batch_id: int) -> float:
+        """When ``commits/<batch_id>`` was written (seconds since the epoch)."""
+        return (self.root / "commits" / str(batch_id)).stat().st_mtime
+
+    def file_source_log(self, source: int = 0) -> list[int]:
+        """Batch ids present in the file source log (``N`` and ``N.compact``)."""
+        folder = self.root / "sources" / str(source)
+        if not folder.is_dir():
+            return []
+        ids = []
+        for entry in os.scandir(folder):
+            name = entry.name.removesuffix(".compact")
+            if name.isdigit():
+                ids.append(int(name))
+        return sorted(ids)
+
+    def has_state(self) -> bool:
+        return (self.root / "state").is_dir()
+
+    def state_bytes(self) -> int:
+        total = 0
+        for folder, _, files in os.walk(self.root / "state"):
+            for name in files:
+                with contextlib.suppress(OSError):
+                    total += os.stat(os.path.join(folder, name)).st_size
+        return total

@@ -102,15 +102,10 @@ def _batch_commit(info: dict[str, Any]) -> BatchCommit | None:
     if "sluice.queryId" in info:  # written by the rs engine
         return BatchCommit(int(info["version"]), str(info["sluice.queryId"]), int(info["sluice.batchId"]),
                            int(info.get("sluice.numRecords", 0)))
-    user_metadata = info.get("userMetadata")  # written by delta-spark with the jvm engine
-    if isinstance(user_metadata, str) and user_metadata.startswith("{"):
-        try:
-            meta = json.loads(user_metadata)
-        except json.JSONDecodeError:
-            return None
-        if "sluice.queryId" in meta:
-            rows = int((info.get("operationMetrics") or {}).get("numOutputRows", 0))
-            return BatchCommit(int(info["version"]), str(meta["sluice.queryId"]), int(meta["sluice.batchId"]), rows)
+    meta = _user_metadata(info)  # written by delta-spark with the jvm engine
+    if "sluice.queryId" in meta:
+        rows = int((info.get("operationMetrics") or {}).get("numOutputRows", 0))
+        return BatchCommit(int(info["version"]), str(meta["sluice.queryId"]), int(meta["sluice.batchId"]), rows)
     return None
 
 
@@ -130,3 +125,32 @@ def read_table(path: str, columns: Iterable[str] | None = None) -> Any:
     return table.cast(pa.schema([
         field.with_type(pa.string()) if pa.types.is_string_view(field.type) else field for field in table.schema
     ]))
+
+
+def stream_query_ids(path: str, stream: str, *, limit: int = 200) -> list[str]:
+    """Query ids that committed batches of ``stream`` to the table, newest first (from the last ``limit`` commits)."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        history = DeltaTable(path).history(limit=limit)
+    except TableNotFoundError:
+        return []
+    found: list[str] = []
+    for info in history:
+        commit = _batch_commit(info)
+        stream_name = info.get("sluice.stream") or _user_metadata(info).get("sluice.stream")
+        if commit is not None and stream_name == stream and commit.query_id not in found:
+            found.append(commit.query_id)
+    return found
+
+
+def _user_metadata(info: dict[str, Any]) -> dict[str, Any]:
+    raw = info.get("userMetadata")
+    if isinstance(raw, str) and raw.startswith("{"):
+        try:
+            parsed = json.loads(raw)
+        except json.JSONDecodeError:
+            return {}
+        return parsed if isinstance(parsed, dict) else {}
+    return {}

@@ -17,6 +17,8 @@ class TransformSpec:
     description: str
     required_columns: tuple[str, ...] = ()
     adds_columns: tuple[str, ...] = ()
+    # Stateful transforms (aggregations, deduplication, stream joins) keep state in the checkpoint's state/ folder.
+    stateful: bool = False
 
 
 TRANSFORMS: dict[str, TransformSpec] = {

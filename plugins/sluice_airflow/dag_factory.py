@@ -9,7 +9,7 @@ import pendulum
 from airflow.sdk import DAG, Asset
 
 from sluice.catalog import Catalog, StreamSpec, load_catalog
-from sluice_airflow.operators import StreamRunOperator
+from sluice_airflow.operators import CheckpointHealthCheckOperator, StreamRunOperator
 
 START_DATE = pendulum.datetime(2026, 1, 1, tz="UTC")
 
@@ -31,7 +31,7 @@ def table_asset(stream: StreamSpec) -> Asset:
 
 
 def ingest_dag(stream: StreamSpec, *, doc: str = "") -> DAG:
-    """The scheduled DAG of one stream: an availableNow run of the stream on its cron."""
+    """The scheduled DAG of one stream: a checkpoint health gate, then an availableNow run, on its cron."""
     with DAG(
         dag_id=f"ingest_{stream.name}",
         description=(stream.description.strip() or f"Ingest {stream.name}")[:200],
@@ -43,13 +43,14 @@ def ingest_dag(stream: StreamSpec, *, doc: str = "") -> DAG:
         tags=["sluice", "ingest", *stream.tags],
         doc_md=f"{doc}\n\n### Stream `{stream.name}`\n\n{stream.description}".strip(),
     ) as dag:
-        StreamRunOperator(
+        health = CheckpointHealthCheckOperator(task_id="checkpoint_health", stream=stream.name)
+        run = StreamRunOperator(
             task_id="run_stream",
             streams=[stream.name],
-            catalog=None,
             outlets=[table_asset(stream)],
             execution_timeout=timedelta(hours=2),
         )
+        health >> run
     return dag
 
 

@@ -167,3 +167,38 @@ class StreamRunOperator(BaseOperator):
     def on_kill(self) -> None:
         if self._hook is not None:
             self._hook.on_kill()
+
+
+class CheckpointHealthCheckOperator(BaseOperator):
+    """Check a stream's checkpoint before its run: FAIL stops the DAG run before Spark starts, WARN logs.
+
+    The checks read plain files and Delta metadata; no JVM starts. The report is the task's XCom return value.
+
+    :param stream: catalog stream name (templated)
+    :param catalog: path of the stream catalog; default ``SLUICE_CATALOG`` or the bundled catalog (templated)
+    :param fail_on_warn: treat WARN as FAIL
+    """
+
+    template_fields: Sequence[str] = ("stream", "catalog")
+    ui_color = "#fdf2d0"
+
+    def __init__(self, *, stream: str, catalog: str | None = None, fail_on_warn: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.stream = stream
+        self.catalog = catalog
+        self.fail_on_warn = fail_on_warn
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from sluice.catalog import load_catalog
+        from sluice.health import Health, check_stream
+
+        report = check_stream(load_catalog(self.catalog).get(self.stream), Roots.from_env())
+        for finding in report.findings:
+            log = self.log.warning if finding.severity is not Health.OK else self.log.info
+            log("[%s] %s: %s %s", finding.severity.value, finding.code, finding.message, finding.evidence or "")
+        self.log.info("Checkpoint facts: %s", json.dumps(report.facts, default=str))
+        result = report.to_dict()
+        if report.status is Health.FAIL or (self.fail_on_warn and report.status is Health.WARN):
+            context["ti"].xcom_push(key="health_report", value=result)
+            raise AirflowFailException(report.describe())
+        return result

@@ -7,6 +7,7 @@ committed; a mismatch fails the run, so nothing is dropped silently.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -23,6 +24,7 @@ from sluice.checkpoint import ensure_query_id
 from sluice.constants import INGEST_TIME_COLUMN, SOURCE_FILE_COLUMN, DeltaEngine
 from sluice.delta import batch_commits, ensure_table, table_version
 from sluice.errors import SluiceError
+from sluice.lock import StreamLock
 from sluice.paths import Roots
 from sluice.summary import RunSummary, StreamRunSummary
 from sluice_spark.delta_rs_sink import TableTarget
@@ -192,22 +194,26 @@ def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: 
     """Run the named streams to the end of their available input, concurrently, and summarise each."""
     run_id = run_id or str(uuid.uuid4())
     streams = catalog.select(names)
-    prepared = [prepare_stream(spark, stream, roots, run_id=run_id, engine=engine) for stream in streams]
-    started = time.monotonic()
-    running: list[tuple[PreparedStream, StreamingQuery]] = []
-    try:
-        for item in prepared:
-            running.append((item, start_stream(item)))
-        for item, query in running:
-            try:
-                query.awaitTermination()
-            except Exception as exc:  # the exception is read again from query.exception() in finish_stream
-                log.error("stream %s failed: %s", item.spec.name, exc)
-    finally:
-        for _, query in running:
-            if query.isActive:
-                query.stop()
-    summaries = [finish_stream(item, query, started) for item, query in running]
+    with contextlib.ExitStack() as locks:
+        # One writer per checkpoint: every lock is taken before anything is read or written.
+        for stream in streams:
+            locks.enter_context(StreamLock(stream.checkpoint_path(roots), stream.name, run_id))
+        prepared = [prepare_stream(spark, stream, roots, run_id=run_id, engine=engine) for stream in streams]
+        started = time.monotonic()
+        running: list[tuple[PreparedStream, StreamingQuery]] = []
+        try:
+            for item in prepared:
+                running.append((item, start_stream(item)))
+            for item, query in running:
+                try:
+                    query.awaitTermination()
+                except Exception as exc:  # read again from query.exception() in finish_stream
+                    log.error("stream %s failed: %s", item.spec.name, exc)
+        finally:
+            for _, query in running:
+                if query.isActive:
+                    query.stop()
+        summaries = [finish_stream(item, query, started) for item, query in running]
     return RunSummary(app_id=spark.sparkContext.applicationId, streams=summaries)
 
 

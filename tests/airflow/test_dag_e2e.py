@@ -45,6 +45,8 @@ def test_ingest_dag_runs_spark_end_to_end(airflow_db: Path, tmp_path: Path, monk
     assert (stream["output_rows"], stream["dead_letter_rows"]) == (len(good), bad)
     assert stream["delta_version_after"] >= 1
     assert (tmp_path / "lake" / "bronze" / "events" / "_delta_log").is_dir()
+    [health] = xcom_value(dag.dag_id, run.run_id, "checkpoint_health")
+    assert health["status"] == "OK" and [f["code"] for f in health["findings"]] == ["NEW"]
 
 
 def test_failed_spark_run_fails_the_task_with_the_reason(airflow_db: Path, tmp_path: Path,
@@ -65,3 +67,25 @@ def test_failed_spark_run_fails_the_task_with_the_reason(airflow_db: Path, tmp_p
     assert failed["streams"][0]["status"] == "failed"
     assert "Evolve the table or point the stream at a new table" in failed["streams"][0]["error"]
     assert DeltaTable(str(tmp_path / "lake" / "bronze" / "orders")).version() == 0
+
+
+def test_failed_health_check_stops_the_run_before_spark_starts(airflow_db: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.utils.state import DagRunState, TaskInstanceState
+
+    monkeypatch.setenv("SLUICE_DATA_ROOT", str(tmp_path))
+    DemoProducer(tmp_path / "landing", seed=33).produce(files=1)
+    offsets = tmp_path / "checkpoints" / "bronze" / "events" / "offsets"
+    offsets.mkdir(parents=True)
+    (offsets / "0").write_text('v1\n{"batchWatermarkMs":0,"batchTimestampMs":0,"conf":{}}\n{"logOffset":0}')
+    dag = DagBag(dag_folder=str(Path(__file__).resolve().parents[2] / "dags")).get_dag("ingest_events_bronze")
+
+    run = dag.test()
+
+    assert run.state == DagRunState.FAILED
+    states = {ti.task_id: ti.state for ti in run.get_task_instances()}
+    assert states == {"checkpoint_health": TaskInstanceState.FAILED, "run_stream": TaskInstanceState.UPSTREAM_FAILED}
+    [report] = xcom_value(dag.dag_id, run.run_id, "checkpoint_health", key="health_report")
+    assert report["status"] == "FAIL" and "METADATA_MISSING" in [f["code"] for f in report["findings"]]
+    assert not (tmp_path / "lake" / "bronze" / "events").exists(), "no Spark run, no Delta table"

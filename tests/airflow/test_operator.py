@@ -119,3 +119,16 @@ def test_on_kill_stops_the_whole_process_group(tmp_path: Path) -> None:
     while Path(f"/proc/{child}").exists() and "Z" not in Path(f"/proc/{child}/stat").read_text().split()[2]:
         assert time.monotonic() < deadline, "the child outlived on_kill"
         time.sleep(0.02)
+
+
+def test_health_check_operator_templates_its_stream() -> None:
+    from airflow.sdk import DAG
+
+    from sluice_airflow.operators import CheckpointHealthCheckOperator
+
+    with DAG("health", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")):
+        operator = CheckpointHealthCheckOperator(task_id="health", stream="{{ params.stream }}",
+                                                 params={"stream": "events_bronze"})
+    operator.render_template_fields({"params": operator.params})
+    assert operator.stream == "events_bronze"
+    assert "stream" in operator.template_fields

@@ -1,0 +1,215 @@
+"""Checkpoint health checks: the gate in front of every run. Plain files and delta-rs only, no JVM.
+
+A report has a status (OK, WARN or FAIL), findings with stable codes, messages that say what happened and what to
+do, and evidence; and facts about the checkpoint. FAIL stops the run before Spark starts. Repair is never
+automatic: the messages point at ``python -m sluice.repair``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Any
+
+from sluice.catalog import StreamSpec
+from sluice.checkpoint import CheckpointError, CheckpointReader, read_query_id
+from sluice.lock import read_lock
+from sluice.paths import Roots
+from sluice.transforms import TRANSFORMS
+
+
+class Health(str, Enum):
+    OK = "OK"
+    WARN = "WARN"
+    FAIL = "FAIL"
+
+
+_RANK = {Health.OK: 0, Health.WARN: 1, Health.FAIL: 2}
+# One source per stream: the file source. A checkpoint that records another count belongs to another query.
+EXPECTED_SOURCES = 1
+
+
+@dataclass
+class Finding:
+    code: str
+    severity: Health
+    message: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class HealthReport:
+    stream: str
+    checkpoint: str
+    findings: list[Finding] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def status(self) -> Health:
+        return max((f.severity for f in self.findings), key=_RANK.__getitem__, default=Health.OK)
+
+    @property
+    def codes(self) -> list[str]:
+        return [finding.code for finding in self.findings]
+
+    def add(self, code: str, severity: Health, message: str, **evidence: Any) -> None:
+        self.findings.append(Finding(code, severity, message, evidence))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["status"] = self.status.value
+        for finding in data["findings"]:
+            finding["severity"] = finding["severity"].value
+        return data
+
+    def describe(self) -> str:
+        lines = [f"checkpoint health of stream '{self.stream}' ({self.checkpoint}): {self.status.value}"]
+        lines += [f"  [{f.severity.value}] {f.code}: {f.message}" for f in self.findings]
+        return "\n".join(lines)
+
+
+def _repair(stream: str, action: str) -> str:
+    return f"python -m sluice.repair {action} --stream {stream}"
+
+
+def check_stream(stream: StreamSpec, roots: Roots, *, now: float | None = None) -> HealthReport:
+    """Every check of one stream's checkpoint, against the catalog and the stream's Delta tables."""
+    now = now or time.time()
+    checkpoint = stream.checkpoint_path(roots)
+    reader = CheckpointReader(checkpoint)
+    report = HealthReport(stream=stream.name, checkpoint=checkpoint)
+
+    holder = read_lock(checkpoint)
+    if holder is not None and not holder.is_stale(now):
+        report.add("LOCKED", Health.FAIL,
+                   f"run {holder.run_id!r} on {holder.host} (pid {holder.pid}) holds the stream's lock; wait for it "
+                   f"to finish. A dead holder's lock expires {holder.expires_after_seconds}s after its last heartbeat",
+                   run_id=holder.run_id, host=holder.host, pid=holder.pid,
+                   heartbeat_age_s=round(holder.age_seconds(now)))
+
+    offsets, commits = reader.offset_ids(), reader.commit_ids()
+    query_id = _check_metadata(report, reader, stream, has_batches=bool(offsets or commits))
+    report.facts.update(query_id=query_id, batches_retained=len(offsets), latest_offsets_batch=offsets[-1] if offsets
+                        else None, last_batch_id=commits[-1] if commits else None)
+    if not offsets and not commits:
+        report.add("NEW", Health.OK, "no batch has run yet; the first run starts from the beginning of the source")
+        _check_sink_knows_query(report, stream, roots, query_id)
+        return report
+
+    _check_logs(report, reader, stream, offsets, commits)
+    _check_sink(report, stream, roots, query_id, offsets)
+    if commits:
+        last_commit = reader.commit_time(commits[-1])
+        age = now - last_commit
+        report.facts["last_commit_time"] = datetime.fromtimestamp(last_commit, timezone.utc).isoformat()
+        report.facts["seconds_since_last_commit"] = round(age)
+        stale_after = stream.alerts.stale_after_seconds
+        if stale_after is not None and age > stale_after:
+            report.add("STALE", Health.WARN, f"no batch committed for {age:.0f}s (threshold {stale_after}s); check "
+                       "that the DAG is scheduled and unpaused, and that the source still receives data",
+                       last_batch_id=commits[-1], seconds_since_last_commit=round(age))
+    report.facts["state_bytes"] = reader.state_bytes()
+    spec = TRANSFORMS.get(stream.transform)
+    if spec is not None and spec.stateful and commits and not reader.has_state():
+        report.add("STATE_MISSING", Health.FAIL, "the stream is stateful but its checkpoint has no state/ folder; "
+                   "restore the checkpoint from a backup, or reset the stream and rebuild its state",
+                   last_batch_id=commits[-1])
+    return report
+
+
+def _check_metadata(report: HealthReport, reader: CheckpointReader, stream: StreamSpec, *,
+                    has_batches: bool) -> str | None:
+    try:
+        query_id = read_query_id(reader.root)
+    except CheckpointError as exc:
+        report.add("METADATA_CORRUPT", Health.FAIL, f"{exc}. Re-pin it: {_repair(stream.name, 'repin-query-id')}",
+                   file=str(reader.root / "metadata"))
+        return None
+    if query_id is None and has_batches:
+        report.add("METADATA_MISSING", Health.FAIL,
+                   "the checkpoint has batches but no metadata file: Spark would start a new query id, and the Delta "
+                   "sink would no longer recognise replayed batches (duplicates). Re-pin the id recorded in the "
+                   f"sink: {_repair(stream.name, 'repin-query-id')}", file=str(reader.root / "metadata"))
+    return query_id
+
+
+def _check_logs(report: HealthReport, reader: CheckpointReader, stream: StreamSpec, offsets: list[int],
+                commits: list[int]) -> None:
+    if offsets:
+        latest = offsets[-1]
+        try:
+            entry = reader.read_offsets(latest)
+        except CheckpointError as exc:
+            report.add("OFFSETS_CORRUPT", Health.FAIL,
+                       f"{exc}. The file is torn (a crash while Spark wrote it, or a damaged copy). Quarantine it so "
+                       f"that Spark plans batch {latest} again: {_repair(stream.name, 'quarantine-offsets')}",
+                       batch_id=latest, file=str(reader.root / "offsets" / str(latest)))
+        else:
+            if len(entry.sources) != EXPECTED_SOURCES:
+                report.add("SOURCE_COUNT_MISMATCH", Health.FAIL,
+                           f"the checkpoint records {len(entry.sources)} source(s), the catalog stream reads "
+                           f"{EXPECTED_SOURCES}: the checkpoint belongs to another query. Point the stream at its own "
+                           "checkpoint, or reset it", batch_id=latest, sources=len(entry.sources))
+    missing_offsets = [batch for batch in commits if batch not in set(offsets) and (not offsets or batch >= offsets[0])]
+    if missing_offsets or (commits and offsets and commits[-1] > offsets[-1]) or (commits and not offsets):
+        report.add("COMMIT_WITHOUT_OFFSETS", Health.FAIL,
+                   "commits exist for batches that have no offsets file; the checkpoint was edited or restored "
+                   "partially. Restore it from a backup", batches=missing_offsets or commits[-1:])
+    for log_name, ids in (("offsets", offsets), ("commits", commits)):
+        gaps = sorted(set(range(ids[0], ids[-1] + 1)) - set(ids)) if ids else []
+        if gaps:
+            report.add("GAP", Health.FAIL, f"{log_name}/ is missing batch(es) {gaps[:20]} between {ids[0]} and "
+                       f"{ids[-1]}; Spark cannot replay across a gap. Restore the checkpoint from a backup",
+                       log=log_name, missing=gaps[:100])
+    if offsets and (not commits or offsets[-1] > commits[-1]):
+        uncommitted = [b for b in offsets if not commits or b > commits[-1]]
+        severity = Health.WARN if len(uncommitted) == 1 else Health.FAIL
+        report.add("UNCOMMITTED_BATCH", severity,
+                   f"batch {uncommitted[0]} was planned but never committed (the last run stopped during it); Spark "
+                   "will replay it, and the Delta sink skips what it already holds"
+                   + ("" if severity is Health.WARN else f"; {len(uncommitted)} uncommitted batches is not a state "
+                      "Spark leaves behind: restore the checkpoint from a backup"),
+                   batches=uncommitted[:20])
+
+
+def _sink_tables(stream: StreamSpec, roots: Roots) -> list[tuple[str, str]]:
+    return [("sink", stream.sink_path(roots)), ("dead_letter", stream.dead_letter_table_path(roots))]
+
+
+def _check_sink(report: HealthReport, stream: StreamSpec, roots: Roots, query_id: str | None,
+                offsets: list[int]) -> None:
+    """The sink must not hold a batch the checkpoint never planned: that means the checkpoint went back in time."""
+    if query_id is None or not offsets:
+        return
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    for role, path in _sink_tables(stream, roots):
+        try:
+            committed = DeltaTable(path).transaction_version(query_id)
+        except TableNotFoundError:
+            continue
+        if committed is not None and committed > offsets[-1]:
+            report.add("SINK_AHEAD_OF_CHECKPOINT", Health.FAIL,
+                       f"the {role} table holds batch {committed} of query {query_id}, but the checkpoint has only "
+                       f"planned up to batch {offsets[-1]}: it was restored from an old backup or rolled back, and a "
+                       "run would read again files whose rows the table already has. Restore the newest checkpoint, "
+                       f"or reset the stream after the table's version: {_repair(stream.name, 'reset-after-version')}",
+                       table=path, txn_version=committed, latest_offsets_batch=offsets[-1])
+
+
+def _check_sink_knows_query(report: HealthReport, stream: StreamSpec, roots: Roots, query_id: str | None) -> None:
+    """A new checkpoint in front of a table that this stream already fed: the checkpoint was probably lost."""
+    from sluice.delta import stream_query_ids
+
+    for role, path in _sink_tables(stream, roots):
+        others = [qid for qid in stream_query_ids(path, stream.name) if qid != query_id]
+        if others:
+            report.add("QUERY_ID_UNKNOWN_TO_SINK", Health.WARN if stream.allow_new_query_id else Health.FAIL,
+                       f"the checkpoint is new, but the {role} table already holds commits of this stream from query "
+                       f"{others[0]}: a run would ingest every file again and duplicate rows. Restore the checkpoint, "
+                       f"or re-pin that query id: {_repair(stream.name, 'repin-query-id')}",
+                       table=path, sink_query_ids=others[:5])
+            return

@@ -1,0 +1,229 @@
+"""Checkpoint health checks against checkpoints that real Spark runs produced, then damaged on purpose.
+
+Each fault is detected with its code; each repair followed by a run gives the exact expected table.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+
+from sluice.catalog import Catalog, load_catalog
+from sluice.demo_producer import DemoProducer
+from sluice.health import Health, check_stream
+from sluice.lock import LockHeld, StreamLock
+from sluice.paths import Roots
+from sluice.repair import RepairError, backup, quarantine_offsets, repin_query_id
+from sluice_spark.runner import run_streams
+from tests.helpers import events_stream, expected_events, roots_in, table_rows, write_catalog
+
+pytestmark = pytest.mark.spark
+
+NOW = dt.datetime(2026, 11, 22, 8, 0, tzinfo=dt.timezone.utc)
+
+
+@pytest.fixture(scope="module")
+def golden(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three committed batches of one stream, produced by real Spark runs, kept pristine beside the world that
+    each test damages. The world is restored at the same path, because the file source log records absolute
+    paths: a checkpoint copied elsewhere would see every file as new."""
+    folder = tmp_path_factory.mktemp("health") / "world"
+    folder.mkdir()
+    write_catalog(folder, events_stream(trigger={"max_files_per_trigger": 1}, alerts={"stale_after_seconds": 3600}))
+    producer = DemoProducer(folder / "landing", seed=51, malformed_rate=0.05)
+    for index in range(3):
+        producer.events_file(lines=30, now=NOW + dt.timedelta(minutes=index))
+    summary = run_streams(spark, load_catalog(folder / "catalog.yaml"), ["events"], roots_in(folder))
+    assert summary.streams[0].batches == 3
+    shutil.copytree(folder, folder.with_name("pristine"))
+    return folder
+
+
+@pytest.fixture
+def world(golden: Path) -> tuple[Catalog, Roots, Path]:
+    shutil.rmtree(golden)
+    shutil.copytree(golden.with_name("pristine"), golden)
+    return load_catalog(golden / "catalog.yaml"), roots_in(golden), golden
+
+
+def report_of(world: tuple[Catalog, Roots, Path]):  # type: ignore[no-untyped-def]
+    catalog, roots, _ = world
+    return check_stream(catalog.get("events"), roots)
+
+
+def checkpoint_of(world: tuple[Catalog, Roots, Path]) -> Path:
+    catalog, roots, _ = world
+    return Path(catalog.get("events").checkpoint_path(roots))
+
+
+def remove(path: Path) -> None:
+    """Delete a checkpoint log file and its checksum, as a lost or never-written file leaves the folder."""
+    path.unlink()
+    path.with_name(f".{path.name}.crc").unlink(missing_ok=True)
+
+
+def bronze(world: tuple[Catalog, Roots, Path]) -> list[tuple[Any, ...]]:
+    catalog, roots, _ = world
+    return table_rows(catalog.get("events").sink_path(roots), ["event_id", "event_type", "user_id", "amount"])
+
+
+def expected(world: tuple[Catalog, Roots, Path]) -> list[tuple[Any, ...]]:
+    return [row[:4] for row in expected_events(world[2] / "landing" / "events")[0]]
+
+
+def test_healthy_checkpoint_reports_facts(world: tuple[Catalog, Roots, Path]) -> None:
+    report = report_of(world)
+    assert report.status is Health.OK and report.codes == []
+    assert report.facts["last_batch_id"] == 2 and report.facts["batches_retained"] == 3
+    assert report.facts["query_id"] and report.facts["seconds_since_last_commit"] >= 0
+    assert report.to_dict()["status"] == "OK"
+
+
+def test_new_stream_is_ok(tmp_path: Path) -> None:
+    catalog = load_catalog(write_catalog(tmp_path, events_stream()))
+    report = check_stream(catalog.get("events"), roots_in(tmp_path))
+    assert report.status is Health.OK and report.codes == ["NEW"]
+
+
+def test_missing_metadata(world: tuple[Catalog, Roots, Path]) -> None:
+    (checkpoint_of(world) / "metadata").unlink()
+    report = report_of(world)
+    assert report.status is Health.FAIL and "METADATA_MISSING" in report.codes
+    assert "repin-query-id" in report.describe()
+
+
+def test_corrupt_metadata(world: tuple[Catalog, Roots, Path]) -> None:
+    (checkpoint_of(world) / "metadata").write_text('{"id": "')
+    assert "METADATA_CORRUPT" in report_of(world).codes
+
+
+def test_torn_latest_offsets(world: tuple[Catalog, Roots, Path]) -> None:
+    latest = checkpoint_of(world) / "offsets" / "2"
+    latest.write_bytes(latest.read_bytes()[:25])
+    remove(checkpoint_of(world) / "commits" / "2")
+    report = report_of(world)
+    assert report.status is Health.FAIL and "OFFSETS_CORRUPT" in report.codes
+    assert report.findings[report.codes.index("OFFSETS_CORRUPT")].evidence["batch_id"] == 2
+
+
+def test_uncommitted_batch_is_a_warning(world: tuple[Catalog, Roots, Path]) -> None:
+    remove(checkpoint_of(world) / "commits" / "2")
+    report = report_of(world)
+    assert report.status is Health.WARN and report.codes == ["UNCOMMITTED_BATCH"]
+    assert "will replay it" in report.findings[0].message
+
+
+def test_gap_in_offsets(world: tuple[Catalog, Roots, Path]) -> None:
+    remove(checkpoint_of(world) / "offsets" / "1")
+    report = report_of(world)
+    assert "GAP" in report.codes and "COMMIT_WITHOUT_OFFSETS" in report.codes
+    assert report.findings[report.codes.index("GAP")].evidence["missing"] == [1]
+
+
+def test_commit_without_offsets(world: tuple[Catalog, Roots, Path]) -> None:
+    shutil.copy(checkpoint_of(world) / "commits" / "2", checkpoint_of(world) / "commits" / "3")
+    report = report_of(world)
+    assert report.status is Health.FAIL and "COMMIT_WITHOUT_OFFSETS" in report.codes
+
+
+def test_checkpoint_of_another_query(world: tuple[Catalog, Roots, Path]) -> None:
+    latest = checkpoint_of(world) / "offsets" / "2"
+    latest.write_text(latest.read_text().rstrip("\n") + '\n{"logOffset":7}')
+    assert "SOURCE_COUNT_MISMATCH" in report_of(world).codes
+
+
+def test_old_backup_restored_puts_the_sink_ahead(world: tuple[Catalog, Roots, Path]) -> None:
+    checkpoint = checkpoint_of(world)
+    for log_name in ("offsets", "commits"):
+        remove(checkpoint / log_name / "2")
+        remove(checkpoint / log_name / "1")
+    report = report_of(world)
+    assert report.status is Health.FAIL and "SINK_AHEAD_OF_CHECKPOINT" in report.codes
+    evidence = report.findings[report.codes.index("SINK_AHEAD_OF_CHECKPOINT")].evidence
+    assert (evidence["txn_version"], evidence["latest_offsets_batch"]) == (2, 0)
+
+
+def test_lost_checkpoint_is_a_likely_duplicate_load(world: tuple[Catalog, Roots, Path]) -> None:
+    shutil.rmtree(checkpoint_of(world))
+    report = report_of(world)
+    assert report.status is Health.FAIL and report.codes == ["NEW", "QUERY_ID_UNKNOWN_TO_SINK"]
+
+
+def test_stale_stream_is_a_warning(world: tuple[Catalog, Roots, Path]) -> None:
+    two_hours_ago = time.time() - 7200
+    os.utime(checkpoint_of(world) / "commits" / "2", (two_hours_ago, two_hours_ago))
+    report = report_of(world)
+    assert report.status is Health.WARN and report.codes == ["STALE"]
+
+
+def test_held_lock_fails_and_blocks_a_run(spark: Any, world: tuple[Catalog, Roots, Path]) -> None:
+    catalog, roots, _ = world
+    path = catalog.get("events").sink_path(roots)
+    version = DeltaTable(path).version()
+    with StreamLock(checkpoint_of(world), "events", "other-run"):
+        report = report_of(world)
+        assert report.status is Health.FAIL and report.codes == ["LOCKED"]
+        DemoProducer(roots.landing, seed=52).events_file(lines=10, now=NOW)
+        with pytest.raises(LockHeld, match="locked by run 'other-run'"):
+            run_streams(spark, catalog, ["events"], roots)
+    assert DeltaTable(path).version() == version
+    assert report_of(world).codes == []
+
+
+def test_lock_of_a_dead_process_is_stale(world: tuple[Catalog, Roots, Path]) -> None:
+    lock = checkpoint_of(world) / ".sluice-lock.json"
+    lock.write_text(json.dumps({"stream": "events", "run_id": "ghost", "host": os.uname().nodename, "pid": 2**22 + 7,
+                                "acquired_at": time.time(), "heartbeat_at": time.time()}))
+    assert "LOCKED" not in report_of(world).codes
+    with StreamLock(checkpoint_of(world), "events", "mine"):
+        assert json.loads(lock.read_text())["run_id"] == "mine"
+
+
+def test_quarantine_torn_offsets_then_run_gives_the_exact_table(spark: Any, world: tuple[Catalog, Roots, Path]) -> None:
+    catalog, roots, _ = world
+    checkpoint = checkpoint_of(world)
+    with pytest.raises(RepairError, match="committed batch"):
+        quarantine_offsets(catalog.get("events"), roots)
+    # A crash while Spark wrote the offsets of batch 3, planned for a file that arrived since.
+    DemoProducer(roots.landing, seed=53).events_file(lines=20, now=NOW + dt.timedelta(hours=1))
+    (checkpoint / "offsets" / "3").write_text('v1\n{"batchWatermarkMs":0,')
+    assert "OFFSETS_CORRUPT" in report_of(world).codes
+
+    result = quarantine_offsets(catalog.get("events"), roots)
+
+    assert "3" in result["moved"] and Path(result["backup"], "offsets", "3").exists()
+    assert report_of(world).status is Health.OK
+    assert run_streams(spark, catalog, ["events"], roots).ok
+    assert bronze(world) == expected(world)
+
+
+def test_repin_after_lost_metadata_then_run_adds_no_duplicate(spark: Any, world: tuple[Catalog, Roots, Path]) -> None:
+    catalog, roots, _ = world
+    checkpoint = checkpoint_of(world)
+    original = json.loads((checkpoint / "metadata").read_text())["id"]
+    (checkpoint / "metadata").unlink()
+    remove(checkpoint / "commits" / "2")  # and the last batch must be replayed: only the pinned id dedups it
+
+    result = repin_query_id(catalog.get("events"), roots)
+
+    assert result["query_id"] == original and result["changed"]
+    assert report_of(world).codes == ["UNCOMMITTED_BATCH"]
+    assert run_streams(spark, catalog, ["events"], roots).ok
+    assert bronze(world) == expected(world)
+
+
+def test_backup_copies_everything_but_the_lock(world: tuple[Catalog, Roots, Path]) -> None:
+    catalog, roots, _ = world
+    (checkpoint_of(world) / ".sluice-lock.json.stale-1").write_text("{}")
+    copy = Path(backup(catalog.get("events"), roots)["backup"])
+    assert copy.parent == checkpoint_of(world).parent
+    assert sorted(p.name for p in (copy / "offsets").iterdir() if p.name.isdigit()) == ["0", "1", "2"]
+    assert not list(copy.glob(".sluice-lock*"))
