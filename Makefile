@@ -73,8 +73,9 @@ lint: $(STAMP)  ## ruff and mypy
 	$(BIN)/mypy include plugins
 
 .PHONY: bench
-bench: $(STAMP)  ## ingest benchmark: Sluice's Delta sink against Spark's Parquet sink (BENCH_ROWS=1000000)
+bench: $(STAMP)  ## benchmarks: ingest (Delta sink vs Parquet sink, BENCH_ROWS=1000000) and the health check
 	$(BIN)/python bench/bench_ingest.py --rows $${BENCH_ROWS:-1000000}
+	$(BIN)/python bench/bench_health.py
 
 .PHONY: freeze
 freeze: $(STAMP)  ## rewrite requirements.txt from the environment after an upgrade

@@ -152,7 +152,8 @@ def _check_logs(report: HealthReport, reader: CheckpointReader, stream: StreamSp
                            f"the checkpoint records {len(entry.sources)} source(s), the catalog stream reads "
                            f"{EXPECTED_SOURCES}: the checkpoint belongs to another query. Point the stream at its own "
                            "checkpoint, or reset it", batch_id=latest, sources=len(entry.sources))
-    missing_offsets = [batch for batch in commits if batch not in set(offsets) and (not offsets or batch >= offsets[0])]
+    planned = set(offsets)
+    missing_offsets = [batch for batch in commits if batch not in planned and (not offsets or batch >= offsets[0])]
     if missing_offsets or (commits and offsets and commits[-1] > offsets[-1]) or (commits and not offsets):
         report.add("COMMIT_WITHOUT_OFFSETS", Health.FAIL,
                    "commits exist for batches that have no offsets file; the checkpoint was edited or restored "
@@ -186,11 +187,13 @@ def _check_sink(report: HealthReport, stream: StreamSpec, roots: Roots, query_id
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
+    known_to_sink = False
     for role, path in _sink_tables(stream, roots):
         try:
             committed = DeltaTable(path).transaction_version(query_id)
         except TableNotFoundError:
             continue
+        known_to_sink = known_to_sink or committed is not None
         if committed is not None and committed > offsets[-1]:
             report.add("SINK_AHEAD_OF_CHECKPOINT", Health.FAIL,
                        f"the {role} table holds batch {committed} of query {query_id}, but the checkpoint has only "
@@ -198,18 +201,22 @@ def _check_sink(report: HealthReport, stream: StreamSpec, roots: Roots, query_id
                        "run would read again files whose rows the table already has. Restore the newest checkpoint, "
                        f"or reset the stream after the table's version: {_repair(stream.name, 'reset-after-version')}",
                        table=path, txn_version=committed, latest_offsets_batch=offsets[-1])
+    if not known_to_sink:
+        _check_sink_knows_query(report, stream, roots, query_id)
 
 
 def _check_sink_knows_query(report: HealthReport, stream: StreamSpec, roots: Roots, query_id: str | None) -> None:
-    """A new checkpoint in front of a table that this stream already fed: the checkpoint was probably lost."""
+    """A checkpoint whose query id the stream's table has never seen, in front of a table that this stream already
+    fed: the checkpoint was lost and recreated, or copied from another stream."""
     from sluice.delta import stream_query_ids
 
     for role, path in _sink_tables(stream, roots):
         others = [qid for qid in stream_query_ids(path, stream.name) if qid != query_id]
         if others:
             report.add("QUERY_ID_UNKNOWN_TO_SINK", Health.WARN if stream.allow_new_query_id else Health.FAIL,
-                       f"the checkpoint is new, but the {role} table already holds commits of this stream from query "
-                       f"{others[0]}: a run would ingest every file again and duplicate rows. Restore the checkpoint, "
-                       f"or re-pin that query id: {_repair(stream.name, 'repin-query-id')}",
+                       f"the checkpoint's query id {query_id} is unknown to the {role} table, which holds commits of "
+                       f"this stream from query {others[0]}: the checkpoint was lost and recreated, or copied from "
+                       "another stream, and a run would ingest files again and duplicate rows. Restore the "
+                       f"checkpoint, or re-pin that query id: {_repair(stream.name, 'repin-query-id')}",
                        table=path, sink_query_ids=others[:5])
             return

@@ -202,3 +202,39 @@ class CheckpointHealthCheckOperator(BaseOperator):
             context["ti"].xcom_push(key="health_report", value=result)
             raise AirflowFailException(report.describe())
         return result
+
+
+class CheckpointRepairOperator(BaseOperator):
+    """Run one explicit repair action on a stream's checkpoint (see ``sluice.repair``): backup, quarantine-offsets
+    or repin-query-id. Each action backs up what it changes beside the checkpoint and refuses while a run holds
+    the stream's lock. The action's record is the task's XCom return value.
+
+    :param stream: catalog stream name (templated)
+    :param action: repair action name (templated)
+    :param confirm: must render to true; a repair is never run by accident (templated)
+    """
+
+    template_fields: Sequence[str] = ("stream", "action", "confirm")
+    ui_color = "#f9d5d3"
+
+    def __init__(self, *, stream: str, action: str, confirm: bool | str = False, catalog: str | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.stream = stream
+        self.action = action
+        self.confirm = confirm
+        self.catalog = catalog
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from sluice.catalog import load_catalog
+        from sluice.errors import SluiceError
+        from sluice.repair import run_action
+
+        if str(self.confirm).strip().lower() not in {"true", "1", "yes"}:
+            raise AirflowFailException("confirm: set it to true to run a repair; nothing was changed")
+        try:
+            result = run_action(self.action, load_catalog(self.catalog).get(self.stream), Roots.from_env())
+        except SluiceError as exc:
+            raise AirflowFailException(f"repair refused, nothing was changed: {exc}") from exc
+        self.log.info("Repair %s of stream %s: %s", self.action, self.stream, json.dumps(result))
+        return result

@@ -89,3 +89,33 @@ def test_failed_health_check_stops_the_run_before_spark_starts(airflow_db: Path,
     [report] = xcom_value(dag.dag_id, run.run_id, "checkpoint_health", key="health_report")
     assert report["status"] == "FAIL" and "METADATA_MISSING" in [f["code"] for f in report["findings"]]
     assert not (tmp_path / "lake" / "bronze" / "events").exists(), "no Spark run, no Delta table"
+
+
+def _fake_checkpoint(root: Path) -> Path:
+    checkpoint = root / "checkpoints" / "bronze" / "events"
+    for log_name in ("offsets", "commits"):
+        (checkpoint / log_name).mkdir(parents=True)
+    (checkpoint / "metadata").write_text('{"id":"0b4c3b61-7f9b-4f6e-9d0a-1f1f6ad7e8a1"}')
+    (checkpoint / "offsets" / "0").write_text('v1\n{"batchWatermarkMs":0,"conf":{}}\n{"logOffset":0}')
+    (checkpoint / "commits" / "0").write_text('v1\n{"nextBatchWatermarkMs":0}')
+    return checkpoint
+
+
+def test_repair_dag_backs_up_on_confirmation_only(airflow_db: Path, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.utils.state import DagRunState
+
+    monkeypatch.setenv("SLUICE_DATA_ROOT", str(tmp_path))
+    checkpoint = _fake_checkpoint(tmp_path)
+    dag = DagBag(dag_folder=str(Path(__file__).resolve().parents[2] / "dags")).get_dag("checkpoint_repair")
+
+    refused = dag.test(run_conf={"stream": "events_bronze", "action": "backup", "confirm": False})
+    assert refused.state == DagRunState.FAILED
+    assert not list(checkpoint.parent.glob("events.backup-*"))
+
+    run = dag.test(run_conf={"stream": "events_bronze", "action": "backup", "confirm": True})
+    assert run.state == DagRunState.SUCCESS
+    [result] = xcom_value(dag.dag_id, run.run_id, "repair")
+    backup = Path(result["backup"])
+    assert backup.parent == checkpoint.parent and (backup / "offsets" / "0").exists()

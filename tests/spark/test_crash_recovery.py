@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import os
 import signal
 import subprocess
@@ -118,3 +119,28 @@ def test_runner_reports_an_unknown_stream_and_exits_non_zero(tmp_path: Path) -> 
     assert process.returncode == 2
     assert "unknown stream 'events'; the catalog has: other" in output
     assert '"status": "failed"' in summary_file.read_text()
+
+
+def test_second_run_of_a_locked_stream_refuses_and_changes_nothing(tmp_path: Path) -> None:
+    catalog_path = write_catalog(tmp_path, events_stream())
+    stream = load_catalog(catalog_path).get("events")
+    roots = roots_in(tmp_path)
+    DemoProducer(roots.landing, seed=23).produce(files=2, now=NOW)
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    first = submit(catalog_path, roots, ("SLUICE_FAULT_POINT", "before_commit"), ("SLUICE_FAULT_DIR", str(faults)))
+    wait_for(faults / "before_commit.reached", first)  # the first run holds the lock, mid-batch
+
+    second = submit(catalog_path, roots, summary=tmp_path / "second.json")
+    output, _ = second.communicate(timeout=300)
+
+    assert second.returncode == 1, output[-3000:]
+    refused = json.loads((tmp_path / "second.json").read_text())["streams"][0]
+    assert "is locked by run" in refused["error"] and refused["retryable"] is True
+    assert DeltaTable(stream.sink_path(roots)).version() == 0, "the refused run wrote nothing"
+
+    kill_application(first, faults / "before_commit.reached")  # a dead holder's lock is stale for the next run
+    rerun = submit(catalog_path, roots)
+    output, _ = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, output[-3000:]
+    assert bronze(stream.sink_path(roots)) == expected_events(Path(roots.landing) / "events")[0]

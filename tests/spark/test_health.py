@@ -157,6 +157,12 @@ def test_lost_checkpoint_is_a_likely_duplicate_load(world: tuple[Catalog, Roots,
     assert report.status is Health.FAIL and report.codes == ["NEW", "QUERY_ID_UNKNOWN_TO_SINK"]
 
 
+def test_checkpoint_copied_from_another_stream(world: tuple[Catalog, Roots, Path]) -> None:
+    (checkpoint_of(world) / "metadata").write_text('{"id":"5d9b0c9e-1111-4222-8333-944455556666"}')
+    report = report_of(world)
+    assert report.status is Health.FAIL and report.codes == ["QUERY_ID_UNKNOWN_TO_SINK"]
+
+
 def test_stale_stream_is_a_warning(world: tuple[Catalog, Roots, Path]) -> None:
     two_hours_ago = time.time() - 7200
     os.utime(checkpoint_of(world) / "commits" / "2", (two_hours_ago, two_hours_ago))
