@@ -37,8 +37,8 @@ _COMMON_FILE_OPTIONS = frozenset(
 _FORMAT_OPTIONS = {
     FileFormat.JSON: _COMMON_FILE_OPTIONS | {"multiLine", "allowComments", "allowSingleQuotes", "lineSep"},
     FileFormat.CSV: _COMMON_FILE_OPTIONS
-    | {"header", "sep", "delimiter", "quote", "escape", "comment", "nullValue", "emptyValue", "multiLine",
-       "lineSep", "ignoreLeadingWhiteSpace", "ignoreTrailingWhiteSpace"},
+    | {"header", "enforceSchema", "sep", "delimiter", "quote", "escape", "comment", "nullValue", "emptyValue",
+       "multiLine", "lineSep", "ignoreLeadingWhiteSpace", "ignoreTrailingWhiteSpace"},
     FileFormat.PARQUET: _COMMON_FILE_OPTIONS | {"mergeSchema", "datetimeRebaseMode", "int96RebaseMode"},
 }
 

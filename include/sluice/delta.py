@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,27 +75,33 @@ class BatchCommit:
     rows: int
 
 
-def batch_commits(path: str, *, query_id: str, since_version: int | None, extra: int = 2) -> list[BatchCommit]:
-    """The commits of query ``query_id`` after ``since_version``, plus up to ``extra`` earlier ones.
+def batch_commits(path: str, *, query_id: str, batch_ids: Collection[int], since_version: int | None
+                  ) -> list[BatchCommit]:
+    """The commits that query ``query_id`` made for ``batch_ids``.
 
-    The extra commits cover a batch that a crashed run committed and the current run replayed.
+    Most are after ``since_version`` (the table's version when the run started). A batch that a crashed run
+    committed and this run replayed is older, possibly behind maintenance commits: the search goes back until it
+    passes a commit older than the oldest wanted batch, or reaches the table's first version.
     """
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
+    wanted = set(batch_ids)
+    if not wanted:
+        return []
     try:
         table = DeltaTable(path)
     except TableNotFoundError:
         return []
-    current = table.version()
-    start = -1 if since_version is None else since_version
-    limit = max(current - start, 0) + extra
-    commits = []
-    for info in table.history(limit=limit):
-        commit = _batch_commit(info)
-        if commit is not None and commit.query_id == query_id:
-            commits.append(commit)
-    return sorted(commits, key=lambda c: c.version)
+    oldest = min(wanted)
+    limit: int | None = max(table.version() - (-1 if since_version is None else since_version), 0) + 2
+    while True:
+        history = table.history(limit=limit)
+        commits = [c for c in map(_batch_commit, history) if c is not None and c.query_id == query_id]
+        passed_oldest = any(commit.batch_id < oldest for commit in commits)
+        if limit is None or passed_oldest or len(history) < limit or min(int(i["version"]) for i in history) == 0:
+            return sorted((c for c in commits if c.batch_id in wanted), key=lambda c: c.version)
+        limit = None if limit > 1000 else limit * 4
 
 
 def _batch_commit(info: dict[str, Any]) -> BatchCommit | None:

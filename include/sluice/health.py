@@ -198,8 +198,8 @@ def _check_sink(report: HealthReport, stream: StreamSpec, roots: Roots, query_id
             report.add("SINK_AHEAD_OF_CHECKPOINT", Health.FAIL,
                        f"the {role} table holds batch {committed} of query {query_id}, but the checkpoint has only "
                        f"planned up to batch {offsets[-1]}: it was restored from an old backup or rolled back, and a "
-                       "run would read again files whose rows the table already has. Restore the newest checkpoint, "
-                       f"or reset the stream after the table's version: {_repair(stream.name, 'reset-after-version')}",
+                       "run would read again files whose rows the table already has. Restore the newest checkpoint "
+                       "backup (sluice.repair backup keeps them beside the checkpoint)",
                        table=path, txn_version=committed, latest_offsets_batch=offsets[-1])
     if not known_to_sink:
         _check_sink_knows_query(report, stream, roots, query_id)
@@ -216,7 +216,7 @@ def _check_sink_knows_query(report: HealthReport, stream: StreamSpec, roots: Roo
             report.add("QUERY_ID_UNKNOWN_TO_SINK", Health.WARN if stream.allow_new_query_id else Health.FAIL,
                        f"the checkpoint's query id {query_id} is unknown to the {role} table, which holds commits of "
                        f"this stream from query {others[0]}: the checkpoint was lost and recreated, or copied from "
-                       "another stream, and a run would ingest files again and duplicate rows. Restore the "
-                       f"checkpoint, or re-pin that query id: {_repair(stream.name, 'repin-query-id')}",
+                       "another stream, and a run would ingest files again and duplicate rows. Restore the stream's "
+                       "own checkpoint from a backup",
                        table=path, sink_query_ids=others[:5])
             return

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
 import threading
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sluice.errors import SluiceError
+
+log = logging.getLogger(__name__)
 
 LOCK_FILE = ".sluice-lock.json"
 DEFAULT_EXPIRY_SECONDS = 300
@@ -44,6 +48,8 @@ class LockInfo:
     acquired_at: float
     heartbeat_at: float
     expires_after_seconds: int = DEFAULT_EXPIRY_SECONDS
+    # Unique per acquisition: an Airflow retry reuses the run id, and must not take over its own stuck attempt.
+    token: str = ""
 
     def age_seconds(self, now: float | None = None) -> float:
         return (now or time.time()) - self.heartbeat_at
@@ -66,15 +72,23 @@ def lock_path(checkpoint: str | os.PathLike[str]) -> Path:
 
 
 def read_lock(checkpoint: str | os.PathLike[str]) -> LockInfo | None:
-    """The current lock, or None. An unreadable lock file counts as a lock with an unknown, stale holder."""
-    path = lock_path(checkpoint)
+    """The current lock, or None."""
+    return _read(lock_path(checkpoint))
+
+
+def _read(path: Path) -> LockInfo | None:
+    """A lock file's holder. An unreadable file counts as held by an unknown owner since its last change."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         return LockInfo(**data)
     except FileNotFoundError:
         return None
     except (OSError, ValueError, TypeError):
-        return LockInfo(stream="?", run_id="?", host="?", pid=0, acquired_at=0.0, heartbeat_at=0.0)
+        try:
+            changed = path.stat().st_mtime
+        except FileNotFoundError:
+            return None
+        return LockInfo(stream="?", run_id="?", host="?", pid=0, acquired_at=changed, heartbeat_at=changed)
 
 
 class StreamLock:
@@ -87,51 +101,77 @@ class StreamLock:
         self.run_id = run_id
         self.expires_after_seconds = expires_after_seconds
         self.heartbeat_seconds = heartbeat_seconds
+        self.token = uuid.uuid4().hex
+        self.lost = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def _info(self, acquired_at: float) -> LockInfo:
-        return LockInfo(self.stream, self.run_id, socket.gethostname(), os.getpid(), acquired_at, time.time(),
-                        self.expires_after_seconds)
+    def _write_temporary(self, info: LockInfo) -> Path:
+        temporary = self.path.with_name(f"{LOCK_FILE}.{self.token}.tmp")
+        temporary.write_text(json.dumps(asdict(info)), encoding="utf-8")
+        return temporary
 
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        for _ in range(3):
-            try:
-                handle = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                holder = read_lock(self.path.parent)
-                if holder is None:
-                    continue  # released between our open and our read
-                if not holder.is_stale():
-                    raise LockHeld(self.stream, holder) from None
-                # Move the stale lock aside atomically; if another run got there first, try again.
-                with contextlib.suppress(FileNotFoundError):
-                    os.rename(self.path, self.path.with_name(f"{LOCK_FILE}.stale-{int(time.time() * 1000)}"))
-                continue
-            with os.fdopen(handle, "w", encoding="utf-8") as out:
-                json.dump(asdict(self._info(time.time())), out)
-            self._thread = threading.Thread(target=self._heartbeat, name=f"sluice-lock-{self.stream}", daemon=True)
-            self._thread.start()
+        now = time.time()
+        info = LockInfo(self.stream, self.run_id, socket.gethostname(), os.getpid(), now, now,
+                        self.expires_after_seconds, self.token)
+        temporary = self._write_temporary(info)
+        try:
+            for _ in range(5):
+                try:
+                    # link() publishes the complete file atomically and fails if a lock exists: no reader ever
+                    # sees an empty or half-written lock.
+                    os.link(temporary, self.path)
+                except FileExistsError:
+                    self._take_over_if_stale()
+                    continue
+                self._thread = threading.Thread(target=self._heartbeat, name=f"sluice-lock-{self.stream}",
+                                                daemon=True)
+                self._thread.start()
+                return
+        finally:
+            temporary.unlink(missing_ok=True)
+        raise SluiceError(f"stream '{self.stream}': could not take the lock {self.path} after 5 attempts")
+
+    def _take_over_if_stale(self) -> None:
+        holder = _read(self.path)
+        if holder is None:
+            return  # released meanwhile: try again
+        if not holder.is_stale():
+            raise LockHeld(self.stream, holder)
+        aside = self.path.with_name(f"{LOCK_FILE}.stale-{time.time_ns()}")
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
             return
-        raise SluiceError(f"stream '{self.stream}': could not take the lock {self.path} after 3 attempts")
+        moved = _read(aside)
+        if moved is not None and moved.token != holder.token and not moved.is_stale():
+            # Another run replaced the stale lock between our read and our rename: give its lock back.
+            with contextlib.suppress(FileExistsError):
+                os.link(aside, self.path)
+            aside.unlink(missing_ok=True)
+            raise LockHeld(self.stream, moved)
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.heartbeat_seconds):
-            current = read_lock(self.path.parent)
-            if current is None or current.run_id != self.run_id:
-                return  # taken over after we looked stale: the new holder owns the file now
-            current.heartbeat_at = time.time()
-            temporary = self.path.with_name(f"{LOCK_FILE}.{os.getpid()}.tmp")
-            temporary.write_text(json.dumps(asdict(current)), encoding="utf-8")
-            os.replace(temporary, self.path)
+            try:
+                current = _read(self.path)
+                if current is None or current.token != self.token:
+                    self.lost = True
+                    log.error("stream %s: lost the lock %s to another run", self.stream, self.path)
+                    return
+                current.heartbeat_at = time.time()
+                os.replace(self._write_temporary(current), self.path)
+            except OSError as exc:  # keep trying: a missed beat is harmless until the expiry
+                log.warning("stream %s: lock heartbeat failed: %s", self.stream, exc)
 
     def release(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        current = read_lock(self.path.parent)
-        if current is not None and current.run_id == self.run_id:
+        current = _read(self.path)
+        if current is not None and current.token == self.token:
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
 

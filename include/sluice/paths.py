@@ -54,3 +54,11 @@ class Roots:
 
     def as_args(self) -> list[str]:
         return ["--landing-root", self.landing, "--lake-root", self.lake, "--checkpoint-root", self.checkpoints]
+
+
+def require_local(path: str, *, what: str) -> str:
+    """Refuse a URI where Sluice needs a POSIX path (checkpoint metadata pinning and the run lock)."""
+    if "://" in path and not path.startswith("file://"):
+        raise CatalogError(f"{what} {path!r} must be a local or mounted path: Sluice pins the query id and holds "
+                           "the run lock with plain file operations. Mount the storage, or use a local root")
+    return path.removeprefix("file://")

@@ -9,12 +9,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
+import time
 from typing import Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+from airflow.sdk.exceptions import AirflowNotFoundException
 
 from sluice.constants import SUMMARY_MARKER
 from sluice.summary import RunSummary, find_summary_line
@@ -34,7 +37,7 @@ class SluiceSparkSubmitHook(SparkSubmitHook):
         data = super()._resolve_connection()
         try:
             self.get_connection(self._conn_id)
-        except Exception:  # not found: AirflowNotFoundException on workers, other types in some contexts
+        except AirflowNotFoundException:
             self.log.info("Spark connection %r is not defined; running on %s", self._conn_id, DEFAULT_LOCAL_MASTER)
             data["master"] = DEFAULT_LOCAL_MASTER
             data["deploy_mode"] = None
@@ -62,14 +65,24 @@ class SluiceSparkSubmitHook(SparkSubmitHook):
         return find_summary_line(self.summary_lines)
 
     def on_kill(self) -> None:
-        process: subprocess.Popen[str] | None = self._submit_sp
-        if process is not None and process.poll() is None:
-            self.log.info("Stopping spark-submit process group %s", process.pid)
-            try:
-                os.killpg(process.pid, signal.SIGTERM)
-                process.wait(timeout=_KILL_GRACE_SECONDS)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        # The provider first: it kills YARN applications and Kubernetes drivers only while spark-submit lives.
         super().on_kill()
+        process: subprocess.Popen[str] | None = self._submit_sp
+        if process is None:
+            return
+        # Then the whole local process group: the launcher's JVM, the Python driver and its Python workers.
+        self.log.info("Stopping spark-submit process group %s", process.pid)
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + _KILL_GRACE_SECONDS
+        while time.monotonic() < deadline:
+            process.poll()  # reap the launcher, so that only live members keep the group alive
+            try:
+                os.killpg(process.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)

@@ -11,8 +11,8 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow.exceptions import AirflowException, AirflowFailException
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from sluice.catalog import DEFAULT_CATALOG
 from sluice.paths import Roots
@@ -35,6 +35,13 @@ def default_application() -> str:
     if spec is None or spec.origin is None:
         raise AirflowException("cannot locate the sluice_spark package; install the project or set SLUICE_SPARK_APP")
     return str(Path(spec.origin).parent.parent / "stream_runner.py")
+
+
+def resolve_roots(landing: str | None, lake: str | None, checkpoints: str | None) -> Roots:
+    """Roots given to an operator, each falling back to the worker's ``SLUICE_*`` environment."""
+    defaults = Roots.from_env()
+    return Roots(landing=landing or defaults.landing, lake=lake or defaults.lake,
+                 checkpoints=checkpoints or defaults.checkpoints)
 
 
 class StreamRunOperator(BaseOperator):
@@ -92,13 +99,7 @@ class StreamRunOperator(BaseOperator):
         self._hook: SluiceSparkSubmitHook | None = None
 
     def resolved_roots(self) -> Roots:
-        """The operator's roots, each falling back to the SLUICE_* environment of the worker."""
-        defaults = Roots.from_env()
-        return Roots(
-            landing=self.landing_root or defaults.landing,
-            lake=self.lake_root or defaults.lake,
-            checkpoints=self.checkpoint_root or defaults.checkpoints,
-        )
+        return resolve_roots(self.landing_root, self.lake_root, self.checkpoint_root)
 
     def application_args(self, *, run_id: str, summary_file: str) -> list[str]:
         if not self.streams or not all(isinstance(name, str) and name for name in self.streams):
@@ -137,6 +138,12 @@ class StreamRunOperator(BaseOperator):
                 name=f"sluice-{'-'.join(self.streams)}",
                 **(self.spark_submit_kwargs or {}),
             )
+            if self._hook._connection.get("deploy_mode") == "cluster":
+                raise AirflowFailException(
+                    f"connection {self.conn_id!r} asks for deploy-mode cluster, which Sluice does not support yet: the "
+                    "run summary is read from the driver's output, which a cluster-mode driver does not send back. "
+                    "Use client mode (the default)"
+                )
             failure: AirflowException | None = None
             try:
                 self._hook.submit(self.application or default_application())
@@ -177,22 +184,31 @@ class CheckpointHealthCheckOperator(BaseOperator):
     :param stream: catalog stream name (templated)
     :param catalog: path of the stream catalog; default ``SLUICE_CATALOG`` or the bundled catalog (templated)
     :param fail_on_warn: treat WARN as FAIL
+    :param landing_root: as for :class:`StreamRunOperator` (templated)
+    :param lake_root: as for :class:`StreamRunOperator` (templated)
+    :param checkpoint_root: as for :class:`StreamRunOperator` (templated)
     """
 
-    template_fields: Sequence[str] = ("stream", "catalog")
+    template_fields: Sequence[str] = ("stream", "catalog", "landing_root", "lake_root", "checkpoint_root")
     ui_color = "#fdf2d0"
 
-    def __init__(self, *, stream: str, catalog: str | None = None, fail_on_warn: bool = False, **kwargs: Any) -> None:
+    def __init__(self, *, stream: str, catalog: str | None = None, fail_on_warn: bool = False,
+                 landing_root: str | None = None, lake_root: str | None = None, checkpoint_root: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.stream = stream
         self.catalog = catalog
         self.fail_on_warn = fail_on_warn
+        self.landing_root = landing_root
+        self.lake_root = lake_root
+        self.checkpoint_root = checkpoint_root
 
     def execute(self, context: Context) -> dict[str, Any]:
         from sluice.catalog import load_catalog
         from sluice.health import Health, check_stream
 
-        report = check_stream(load_catalog(self.catalog).get(self.stream), Roots.from_env())
+        roots = resolve_roots(self.landing_root, self.lake_root, self.checkpoint_root)
+        report = check_stream(load_catalog(self.catalog).get(self.stream), roots)
         for finding in report.findings:
             log = self.log.warning if finding.severity is not Health.OK else self.log.info
             log("[%s] %s: %s %s", finding.severity.value, finding.code, finding.message, finding.evidence or "")

@@ -103,6 +103,9 @@ class DeltaRsDataSource(DataSource):
             raise ValueError(f"{DATA_SOURCE_NAME} sink needs the option(s) {', '.join(missing)}")
         lowered = {key.lower(): value for key, value in options.items()}
         targets = [TableTarget.from_dict(item) for item in json.loads(lowered["targets"])]
+        routes = [target.route for target in targets]
+        if len(set(routes)) != len(routes):
+            raise ValueError(f"{DATA_SOURCE_NAME} sink: each table needs its own route value, got {routes}")
         return DeltaRsStreamWriter(
             targets=targets,
             route_column=lowered["routecolumn"],

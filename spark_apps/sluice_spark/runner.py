@@ -25,7 +25,7 @@ from sluice.constants import INGEST_TIME_COLUMN, SOURCE_FILE_COLUMN, DeltaEngine
 from sluice.delta import batch_commits, ensure_table, table_version
 from sluice.errors import SluiceError
 from sluice.lock import StreamLock
-from sluice.paths import Roots
+from sluice.paths import Roots, require_local
 from sluice.summary import RunSummary, StreamRunSummary
 from sluice_spark.delta_rs_sink import TableTarget
 from sluice_spark.quality import RAW_COLUMN, REASON_COLUMN, flag_dead_letters
@@ -168,15 +168,15 @@ def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: floa
     summary.dead_letter_version_after = table_version(dead.path)
 
     def committed(target: TableTarget, since: int | None) -> int:
-        commits = batch_commits(target.path, query_id=prepared.query_id, since_version=since)
-        return sum(commit.rows for commit in commits if commit.batch_id in input_rows)
+        commits = batch_commits(target.path, query_id=prepared.query_id, batch_ids=input_rows, since_version=since)
+        return sum(commit.rows for commit in commits)
 
     summary.output_rows = committed(data, summary.delta_version_before)
     summary.dead_letter_rows = committed(dead, summary.dead_letter_version_before)
     error = query.exception()
     if error is not None:
         summary.status = "failed"
-        summary.error = str(error).strip().splitlines()[0][:2000] if str(error).strip() else repr(error)
+        summary.error = _error_message(error)
     elif summary.input_rows != summary.output_rows + summary.dead_letter_rows:
         summary.status = "failed"
         summary.retryable = False
@@ -189,6 +189,21 @@ def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: floa
     return summary
 
 
+def _error_message(error: BaseException) -> str:
+    """The first line of a query's error, and its root cause: Spark wraps most causes in a generic message."""
+    def first_line(exc: BaseException) -> str:
+        text = str(exc).strip()
+        return text.splitlines()[0] if text else repr(exc)
+
+    message, root, seen = first_line(error), error, 0
+    # pyspark keeps the JVM cause chain on captured exceptions as ``_cause``.
+    while getattr(root, "_cause", None) is not None and seen < 20:
+        root, seen = root._cause, seen + 1  # type: ignore[attr-defined]
+    if root is not error:
+        message = f"{message} Caused by: {first_line(root)}"
+    return message[:2000]
+
+
 def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: Roots, *,
                 run_id: str | None = None, engine: DeltaEngine | None = None) -> RunSummary:
     """Run the named streams to the end of their available input, concurrently, and summarise each."""
@@ -197,7 +212,8 @@ def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: 
     with contextlib.ExitStack() as locks:
         # One writer per checkpoint: every lock is taken before anything is read or written.
         for stream in streams:
-            locks.enter_context(StreamLock(stream.checkpoint_path(roots), stream.name, run_id))
+            checkpoint = require_local(stream.checkpoint_path(roots), what=f"stream '{stream.name}': checkpoint")
+            locks.enter_context(StreamLock(checkpoint, stream.name, run_id))
         prepared = [prepare_stream(spark, stream, roots, run_id=run_id, engine=engine) for stream in streams]
         started = time.monotonic()
         running: list[tuple[PreparedStream, StreamingQuery]] = []

@@ -33,6 +33,10 @@ def read_stream(spark: SparkSession, stream: StreamSpec, roots: Roots) -> DataFr
         reader = reader.option("maxBytesPerTrigger", stream.trigger.max_bytes_per_trigger)
 
     schema = source.schema.ddl(nullable_only=True)
+    if source.format is FileFormat.CSV and source.options.get("header") == "true":
+        # Spark matches CSV columns by position unless told otherwise: a reordered export would silently land
+        # values in the wrong columns. Check the header against the declared names instead.
+        reader = reader.option("enforceSchema", source.options.get("enforceSchema", "false"))
     if source.format in (FileFormat.JSON, FileFormat.CSV):
         reader = reader.schema(f"{schema}, `{CORRUPT_COLUMN}` STRING").option("mode", "PERMISSIVE").option(
             "columnNameOfCorruptRecord", CORRUPT_COLUMN

@@ -62,7 +62,7 @@ def test_application_args_carry_everything_the_runner_needs(monkeypatch: pytest.
 
 
 def test_empty_stream_list_is_refused() -> None:
-    from airflow.exceptions import AirflowException
+    from airflow.sdk.exceptions import AirflowException
 
     with pytest.raises(AirflowException, match="streams must be a non-empty list"):
         make_operator(streams=[]).application_args(run_id="r", summary_file="s")

@@ -184,6 +184,19 @@ def test_csv_stream_with_header(spark: Any, tmp_path: Path) -> None:
     assert {row["reason"] for row in dead} == {"field 'amount': cannot parse 'n/a' as DECIMAL(12,2)"}
 
 
+def test_csv_with_reordered_columns_fails_loudly_instead_of_swapping_values(spark: Any, tmp_path: Path) -> None:
+    roots = roots_in(tmp_path)
+    folder = Path(roots.landing) / "orders"
+    folder.mkdir(parents=True)
+    (folder / "export.csv").write_text("user_id,order_id,amount,currency,status,ordered_at\n"
+                                       "u1,o1,9.50,EUR,paid,2026-11-22T10:00:00Z\n")
+
+    stream = run_streams(spark, load_catalog(), ["orders_bronze"], roots).streams[0]
+
+    assert stream.status == "failed" and "header" in stream.error.lower()
+    assert DeltaTable(load_catalog().get("orders_bronze").sink_path(roots)).version() == 0
+
+
 def test_parquet_stream(spark: Any, tmp_path: Path) -> None:
     stream_def = {
         "name": "users",

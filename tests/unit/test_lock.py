@@ -53,10 +53,26 @@ def test_heartbeat_refreshes_the_lock(tmp_path: Path) -> None:
 
 
 def test_release_leaves_a_lock_taken_over_by_another_run(tmp_path: Path) -> None:
-    lock = StreamLock(tmp_path, "events", "mine")
+    lock = StreamLock(tmp_path, "events", "same-run-id")
     lock.acquire()
     (tmp_path / LOCK_FILE).write_text(json.dumps({
-        "stream": "events", "run_id": "theirs", "host": socket.gethostname(), "pid": os.getpid(),
-        "acquired_at": time.time(), "heartbeat_at": time.time()}))
+        "stream": "events", "run_id": "same-run-id", "host": socket.gethostname(), "pid": os.getpid(),
+        "acquired_at": time.time(), "heartbeat_at": time.time(), "token": "a-retry"}))
     lock.release()
-    assert read_lock(tmp_path).run_id == "theirs"  # type: ignore[union-attr]
+    assert read_lock(tmp_path).token == "a-retry"  # type: ignore[union-attr]
+
+
+def test_half_written_lock_counts_as_held_until_it_expires(tmp_path: Path) -> None:
+    (tmp_path / LOCK_FILE).write_text("")
+    with pytest.raises(LockHeld):
+        StreamLock(tmp_path, "events", "mine").acquire()
+    old = time.time() - 3600
+    os.utime(tmp_path / LOCK_FILE, (old, old))
+    with StreamLock(tmp_path, "events", "mine"):
+        assert read_lock(tmp_path).run_id == "mine"  # type: ignore[union-attr]
+
+
+def test_no_temporary_file_is_left_behind(tmp_path: Path) -> None:
+    with StreamLock(tmp_path, "events", "mine"):
+        pass
+    assert [p.name for p in tmp_path.iterdir()] == []
