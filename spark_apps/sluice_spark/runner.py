@@ -211,9 +211,10 @@ def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: 
     streams = catalog.select(names)
     with contextlib.ExitStack() as locks:
         # One writer per checkpoint: every lock is taken before anything is read or written.
+        held: dict[str, StreamLock] = {}
         for stream in streams:
             checkpoint = require_local(stream.checkpoint_path(roots), what=f"stream '{stream.name}': checkpoint")
-            locks.enter_context(StreamLock(checkpoint, stream.name, run_id))
+            held[stream.name] = locks.enter_context(StreamLock(checkpoint, stream.name, run_id))
         prepared = [prepare_stream(spark, stream, roots, run_id=run_id, engine=engine) for stream in streams]
         started = time.monotonic()
         running: list[tuple[PreparedStream, StreamingQuery]] = []
@@ -221,15 +222,31 @@ def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: 
             for item in prepared:
                 running.append((item, start_stream(item)))
             for item, query in running:
-                try:
-                    query.awaitTermination()
-                except Exception as exc:  # read again from query.exception() in finish_stream
-                    log.error("stream %s failed: %s", item.spec.name, exc)
+                _await(item, query, held[item.spec.name])
         finally:
             for _, query in running:
                 if query.isActive:
                     query.stop()
         summaries = [finish_stream(item, query, started) for item, query in running]
+        for summary in summaries:
+            if held[summary.stream].lost:  # the cause, whatever else the stopped query reported
+                summary.status, summary.retryable = "failed", True
+                summary.error = "lost the stream's lock to another run during this run; it was stopped"
     return RunSummary(app_id=spark.sparkContext.applicationId, streams=summaries)
+
+
+def _await(item: PreparedStream, query: StreamingQuery, lock: StreamLock) -> None:
+    """Wait for a query to end; stop it if another run took its lock (this run's heartbeat stalled past expiry)."""
+    while True:
+        try:
+            if query.awaitTermination(2):
+                return
+        except Exception as exc:  # read again from query.exception() in finish_stream
+            log.error("stream %s failed: %s", item.spec.name, exc)
+            return
+        if lock.lost:
+            log.error("stream %s lost its lock to another run; stopping it", item.spec.name)
+            query.stop()
+            return
 
 

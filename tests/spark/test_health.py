@@ -233,3 +233,34 @@ def test_backup_copies_everything_but_the_lock(world: tuple[Catalog, Roots, Path
     assert copy.parent == checkpoint_of(world).parent
     assert sorted(p.name for p in (copy / "offsets").iterdir() if p.name.isdigit()) == ["0", "1", "2"]
     assert not list(copy.glob(".sluice-lock*"))
+
+
+def test_run_that_loses_its_lock_stops_and_fails(spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import functools
+    import threading
+
+    from sluice_spark import runner
+
+    monkeypatch.setattr(runner, "StreamLock", functools.partial(StreamLock, heartbeat_seconds=0.05))
+    catalog = load_catalog(write_catalog(tmp_path, events_stream(trigger={"max_files_per_trigger": 1})))
+    roots = roots_in(tmp_path)
+    producer = DemoProducer(roots.landing, seed=54)
+    for index in range(40):
+        producer.events_file(lines=5, now=NOW + dt.timedelta(minutes=index))
+    lock_file = Path(catalog.get("events").checkpoint_path(roots)) / ".sluice-lock.json"
+
+    def steal_once_running() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (lock_file.parent / "commits" / "0").exists():
+            time.sleep(0.02)
+        stolen = json.loads(lock_file.read_text()) | {"run_id": "thief", "token": "thief-token"}
+        lock_file.write_text(json.dumps(stolen))
+
+    thief = threading.Thread(target=steal_once_running)
+    thief.start()
+    stream = run_streams(spark, catalog, ["events"], roots).streams[0]
+    thief.join()
+
+    assert stream.status == "failed" and "lost the stream's lock" in stream.error
+    assert stream.batches < 40, "the run stopped early"
+    assert json.loads(lock_file.read_text())["run_id"] == "thief", "the new holder's lock is left alone"
