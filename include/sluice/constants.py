@@ -32,15 +32,14 @@ class DeltaEngine(str, Enum):
 INGEST_TIME_COLUMN = "_ingested_at"
 SOURCE_FILE_COLUMN = "_source_file"
 
-# Dead-letter table columns: the raw record as it arrived, why it was rejected, where it came from, and when.
-DEAD_LETTER_COLUMNS = ("raw_record", "reason", "source_file", "ingested_at", "stream", "batch_id")
-
 # The marker in front of the run summary JSON line on the driver's stdout.
 SUMMARY_MARKER = "SLUICE_RUN_SUMMARY "
 
-# Delta commit info keys.
+# Delta commit info keys that Sluice writes on every batch commit, and reads back for summaries and checks.
 COMMIT_INFO_STREAM = "sluice.stream"
-COMMIT_INFO_BATCH = "sluice.batchId"
 COMMIT_INFO_QUERY = "sluice.queryId"
+COMMIT_INFO_BATCH = "sluice.batchId"
+COMMIT_INFO_ROUTE = "sluice.route"
+COMMIT_INFO_RECORDS = "sluice.numRecords"
 
 DEFAULT_CHECKPOINT_INTERVAL = 10

@@ -7,7 +7,14 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.constants import DEFAULT_CHECKPOINT_INTERVAL
+from sluice.constants import (
+    COMMIT_INFO_BATCH,
+    COMMIT_INFO_QUERY,
+    COMMIT_INFO_RECORDS,
+    COMMIT_INFO_ROUTE,
+    COMMIT_INFO_STREAM,
+    DEFAULT_CHECKPOINT_INTERVAL,
+)
 from sluice.errors import SluiceError
 
 
@@ -73,6 +80,14 @@ class BatchCommit:
     query_id: str
     batch_id: int
     rows: int
+    stream: str | None = None
+
+
+def commit_metadata(base: dict[str, Any], *, stream: str, query_id: str, batch_id: int, route: int,
+                    **extra: Any) -> dict[str, Any]:
+    """The commit info of one batch's commit to one table, as both Delta engines write it."""
+    return {**base, COMMIT_INFO_STREAM: stream, COMMIT_INFO_QUERY: query_id, COMMIT_INFO_BATCH: batch_id,
+            COMMIT_INFO_ROUTE: route, **extra}
 
 
 def batch_commits(path: str, *, query_id: str, batch_ids: Collection[int], since_version: int | None
@@ -105,14 +120,16 @@ def batch_commits(path: str, *, query_id: str, batch_ids: Collection[int], since
 
 
 def _batch_commit(info: dict[str, Any]) -> BatchCommit | None:
-    if "sluice.queryId" in info:  # written by the rs engine
-        return BatchCommit(int(info["version"]), str(info["sluice.queryId"]), int(info["sluice.batchId"]),
-                           int(info.get("sluice.numRecords", 0)))
-    meta = _user_metadata(info)  # written by delta-spark with the jvm engine
-    if "sluice.queryId" in meta:
-        rows = int((info.get("operationMetrics") or {}).get("numOutputRows", 0))
-        return BatchCommit(int(info["version"]), str(meta["sluice.queryId"]), int(meta["sluice.batchId"]), rows)
-    return None
+    """A history entry as a batch commit: the rs engine writes Sluice's keys into the commit info itself,
+    delta-spark (jvm engine) into ``userMetadata`` and counts rows in ``operationMetrics``."""
+    if COMMIT_INFO_QUERY in info:
+        meta, rows = info, info.get(COMMIT_INFO_RECORDS, 0)
+    else:
+        meta, rows = _user_metadata(info), (info.get("operationMetrics") or {}).get("numOutputRows", 0)
+        if COMMIT_INFO_QUERY not in meta:
+            return None
+    return BatchCommit(int(info["version"]), str(meta[COMMIT_INFO_QUERY]), int(meta[COMMIT_INFO_BATCH]), int(rows),
+                       meta.get(COMMIT_INFO_STREAM))
 
 
 def read_table(path: str, columns: Iterable[str] | None = None) -> Any:
@@ -143,10 +160,8 @@ def stream_query_ids(path: str, stream: str, *, limit: int = 200) -> list[str]:
     except TableNotFoundError:
         return []
     found: list[str] = []
-    for info in history:
-        commit = _batch_commit(info)
-        stream_name = info.get("sluice.stream") or _user_metadata(info).get("sluice.stream")
-        if commit is not None and stream_name == stream and commit.query_id not in found:
+    for commit in map(_batch_commit, history):
+        if commit is not None and commit.stream == stream and commit.query_id not in found:
             found.append(commit.query_id)
     return found
 

@@ -25,6 +25,8 @@ from urllib.parse import quote, unquote
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 
+from sluice.constants import COMMIT_INFO_RECORDS
+from sluice.delta import commit_metadata
 from sluice_spark import faults
 
 if TYPE_CHECKING:
@@ -206,14 +208,10 @@ class DeltaRsStreamWriter(DataSourceStreamArrowWriter):
             actions = [
                 AddAction(f.path, f.size, f.partition_values, f.modification_time, True, f.stats) for f in table_files
             ]
-            metadata = {
-                **self.commit_info,
-                "sluice.stream": self.stream,
-                "sluice.queryId": self.app_id,
-                "sluice.batchId": batchId,
-                "sluice.route": target.route,
-                "sluice.numRecords": sum(f.rows for f in table_files),
-            }
+            metadata = commit_metadata(
+                self.commit_info, stream=self.stream, query_id=self.app_id, batch_id=batchId, route=target.route,
+                **{COMMIT_INFO_RECORDS: sum(f.rows for f in table_files)},
+            )
             table.create_write_transaction(
                 actions,
                 mode="append",

@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter
 
 from sluice.constants import DeltaEngine
+from sluice.delta import commit_metadata
 from sluice_spark.delta_rs_sink import DATA_SOURCE_NAME, TableTarget, encode_targets
 
 
@@ -46,8 +47,8 @@ def delta_writer(
                 rows = batch.where(F.col(route_column) == target.route).select(
                     *[F.col(source).alias(name) for source, name in target.columns]
                 )
-                metadata = {**commit_info, "sluice.stream": stream, "sluice.queryId": query_id,
-                            "sluice.batchId": batch_id, "sluice.route": target.route}
+                metadata = commit_metadata(commit_info, stream=stream, query_id=query_id, batch_id=batch_id,
+                                           route=target.route)
                 writer = (
                     rows.write.format("delta")
                     .mode("append")
