@@ -70,9 +70,9 @@ def expected_events(landing: Path) -> tuple[list[tuple[Any, ...]], int]:
     return sorted(good, key=repr), bad
 
 
-def table_rows(path: str, columns: list[str]) -> list[tuple[Any, ...]]:
-    """A Delta table's rows, read with delta-rs (not with the writer under test)."""
+def table_rows(path: str, columns: list[str], *, version: int | None = None) -> list[tuple[Any, ...]]:
+    """A Delta table's rows (current or as of ``version``), read with delta-rs (not with the writer under test)."""
     from sluice.delta import read_table
 
-    data = read_table(path, columns).to_pylist()
+    data = read_table(path, columns, version=version).to_pylist()
     return sorted((tuple(row[c] for c in columns) for row in data), key=repr)

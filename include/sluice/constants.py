@@ -41,5 +41,10 @@ COMMIT_INFO_QUERY = "sluice.queryId"
 COMMIT_INFO_BATCH = "sluice.batchId"
 COMMIT_INFO_ROUTE = "sluice.route"
 COMMIT_INFO_RECORDS = "sluice.numRecords"
+# ... and on the commit of a reset (``sluice.repair reset``), which sets a query's transaction version back.
+COMMIT_INFO_ACTION = "sluice.action"
+COMMIT_INFO_RESET_QUERY = "sluice.reset.queryId"
+COMMIT_INFO_RESET_BATCH = "sluice.reset.afterBatch"
+COMMIT_INFO_RESET_VERSION = "sluice.reset.sinkVersion"
 
 DEFAULT_CHECKPOINT_INTERVAL = 10

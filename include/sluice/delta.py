@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from sluice.constants import (
     COMMIT_INFO_BATCH,
     COMMIT_INFO_QUERY,
     COMMIT_INFO_RECORDS,
+    COMMIT_INFO_RESET_BATCH,
+    COMMIT_INFO_RESET_QUERY,
     COMMIT_INFO_ROUTE,
     COMMIT_INFO_STREAM,
     DEFAULT_CHECKPOINT_INTERVAL,
@@ -112,11 +115,26 @@ def batch_commits(path: str, *, query_id: str, batch_ids: Collection[int], since
     limit: int | None = max(table.version() - (-1 if since_version is None else since_version), 0) + 2
     while True:
         history = table.history(limit=limit)
-        commits = [c for c in map(_batch_commit, history) if c is not None and c.query_id == query_id]
+        commits = _live_commits(history, query_id)
         passed_oldest = any(commit.batch_id < oldest for commit in commits)
         if limit is None or passed_oldest or len(history) < limit or min(int(i["version"]) for i in history) == 0:
             return sorted((c for c in commits if c.batch_id in wanted), key=lambda c: c.version)
         limit = None if limit > 1000 else limit * 4
+
+
+def _live_commits(history: list[dict[str, Any]], query_id: str) -> list[BatchCommit]:
+    """The batch commits of ``query_id`` in ``history`` (newest first) that no later reset undid."""
+    commits: list[BatchCommit] = []
+    undone_above: int | None = None
+    for info in history:
+        reset = _reset_of(info)
+        if reset is not None and reset[0] == query_id:
+            undone_above = reset[1] if undone_above is None else min(undone_above, reset[1])
+        commit = _batch_commit(info)
+        if commit is not None and commit.query_id == query_id and (undone_above is None
+                                                                    or commit.batch_id <= undone_above):
+            commits.append(commit)
+    return commits
 
 
 def _batch_commit(info: dict[str, Any]) -> BatchCommit | None:
@@ -132,8 +150,8 @@ def _batch_commit(info: dict[str, Any]) -> BatchCommit | None:
                        meta.get(COMMIT_INFO_STREAM))
 
 
-def read_table(path: str, columns: Iterable[str] | None = None) -> Any:
-    """A Delta table's current rows as a pyarrow Table, read by delta-rs's own engine.
+def read_table(path: str, columns: Iterable[str] | None = None, *, version: int | None = None) -> Any:
+    """A Delta table's rows (current, or as of ``version``) as a pyarrow Table, read by delta-rs's own engine.
 
     This avoids ``DeltaTable.to_pyarrow_table``: reading through pyarrow's dataset layer on delta-rs's Python
     filesystem adapter leaves threads that abort the interpreter at exit.
@@ -142,7 +160,7 @@ def read_table(path: str, columns: Iterable[str] | None = None) -> Any:
     from deltalake import DeltaTable, QueryBuilder
 
     selected = ", ".join(f'"{column}"' for column in columns) if columns else "*"
-    reader = QueryBuilder().register("t", DeltaTable(path)).execute(f"SELECT {selected} FROM t")
+    reader = QueryBuilder().register("t", DeltaTable(path, version=version)).execute(f"SELECT {selected} FROM t")
     table = pa.table(reader)
     # DataFusion hands strings over as string_view; plain strings are what every caller expects.
     return table.cast(pa.schema([
@@ -164,6 +182,64 @@ def stream_query_ids(path: str, stream: str, *, limit: int = 200) -> list[str]:
         if commit is not None and commit.stream == stream and commit.query_id not in found:
             found.append(commit.query_id)
     return found
+
+
+def _reset_of(info: dict[str, Any]) -> tuple[str, int] | None:
+    """A reset commit (``sluice.repair reset``) as (query id, batch id it set the transaction version back to)."""
+    if info.get(COMMIT_INFO_RESET_QUERY) is None:
+        return None
+    return str(info[COMMIT_INFO_RESET_QUERY]), int(info[COMMIT_INFO_RESET_BATCH])
+
+
+def txn_timeline(path: str, query_id: str) -> list[tuple[int, int]]:
+    """(version, newest batch of ``query_id`` the table holds at that version) for every version, oldest first.
+
+    The batch is the query's Delta transaction version as of that table version: batch commits raise it, resets
+    set it back; -1 before the query's first batch. Read from the commit history, not from one snapshot per version.
+    """
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        history = DeltaTable(path).history()
+    except TableNotFoundError:
+        return []
+    timeline: list[tuple[int, int]] = []
+    batch = -1
+    for info in sorted(history, key=lambda entry: int(entry["version"])):
+        commit, reset = _batch_commit(info), _reset_of(info)
+        if commit is not None and commit.query_id == query_id:
+            batch = commit.batch_id
+        elif reset is not None and reset[0] == query_id:
+            batch = reset[1]
+        timeline.append((int(info["version"]), batch))
+    return timeline
+
+
+def table_history(path: str, *, limit: int = 50) -> list[dict[str, Any]]:
+    """The newest ``limit`` commits, newest first, with the stream, query and batch of each batch commit; empty
+    when there is no table yet."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        history = DeltaTable(path).history(limit=limit)
+    except TableNotFoundError:
+        return []
+    rows = []
+    for info in history:
+        commit, reset = _batch_commit(info), _reset_of(info)
+        rows.append({
+            "version": int(info["version"]),
+            "time": datetime.fromtimestamp(int(info["timestamp"]) / 1000, timezone.utc).isoformat(),
+            "operation": info.get("operation"),
+            "stream": commit.stream if commit else None,
+            "query_id": commit.query_id if commit else (reset[0] if reset else None),
+            "batch_id": commit.batch_id if commit else None,
+            "rows": commit.rows if commit else None,
+            "reset_after_batch": reset[1] if reset else None,
+        })
+    return rows
 
 
 def _user_metadata(info: dict[str, Any]) -> dict[str, Any]:

@@ -95,11 +95,14 @@ def check_stream(stream: StreamSpec, roots: Roots, *, now: float | None = None) 
                         else None, last_batch_id=commits[-1] if commits else None)
     if not offsets and not commits:
         report.add("NEW", Health.OK, "no batch has run yet; the first run starts from the beginning of the source")
-        _check_sink_knows_query(report, stream, roots, query_id)
+        if query_id is None:
+            _check_sink_knows_query(report, stream, roots, query_id)
+        else:
+            _check_sink(report, stream, roots, query_id, offsets, commits)
         return report
 
     _check_logs(report, reader, stream, offsets, commits)
-    _check_sink(report, stream, roots, query_id, offsets)
+    _check_sink(report, stream, roots, query_id, offsets, commits)
     if commits:
         last_commit = reader.commit_time(commits[-1])
         age = now - last_commit
@@ -180,13 +183,16 @@ def _sink_tables(stream: StreamSpec, roots: Roots) -> list[tuple[str, str]]:
 
 
 def _check_sink(report: HealthReport, stream: StreamSpec, roots: Roots, query_id: str | None,
-                offsets: list[int]) -> None:
+                offsets: list[int], commits: list[int]) -> None:
     """The sink must not hold a batch the checkpoint never planned: that means the checkpoint went back in time."""
-    if query_id is None or not offsets:
+    if query_id is None:
         return
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
+    from sluice.delta import txn_timeline
+
+    planned = offsets[-1] if offsets else -1
     known_to_sink = False
     for role, path in _sink_tables(stream, roots):
         try:
@@ -194,13 +200,18 @@ def _check_sink(report: HealthReport, stream: StreamSpec, roots: Roots, query_id
         except TableNotFoundError:
             continue
         known_to_sink = known_to_sink or committed is not None
-        if committed is not None and committed > offsets[-1]:
+        if committed is not None and committed > planned:
+            last = commits[-1] if commits else -1
+            sink_path = stream.sink_path(roots)
+            reachable = max((at for at, txn in txn_timeline(sink_path, query_id) if txn <= last), default=0)
             report.add("SINK_AHEAD_OF_CHECKPOINT", Health.FAIL,
                        f"the {role} table holds batch {committed} of query {query_id}, but the checkpoint has only "
-                       f"planned up to batch {offsets[-1]}: it was restored from an old backup or rolled back, and a "
-                       "run would read again files whose rows the table already has. Restore the newest checkpoint "
-                       "backup (sluice.repair backup keeps them beside the checkpoint)",
-                       table=path, txn_version=committed, latest_offsets_batch=offsets[-1])
+                       f"planned up to batch {planned}: it was restored from an old backup or rolled back, and a run "
+                       "would read again files whose rows the table already has. Either restore the newest checkpoint "
+                       "backup (sluice.repair backup keeps them beside the checkpoint), or roll the tables back to "
+                       f"where the checkpoint is, so that the next run reads the rest again: "
+                       f"{_repair(stream.name, 'reset')} --version {reachable}",
+                       table=path, txn_version=committed, latest_offsets_batch=planned, reset_version=reachable)
     if not known_to_sink:
         _check_sink_knows_query(report, stream, roots, query_id)
 
@@ -220,3 +231,36 @@ def _check_sink_knows_query(report: HealthReport, stream: StreamSpec, roots: Roo
                        "own checkpoint from a backup",
                        table=path, sink_query_ids=others[:5])
             return
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sluice.health [--stream NAME ...]``: print each stream's report; exit 1 when any is FAIL."""
+    import argparse
+    import json
+    import sys
+
+    from sluice.catalog import load_catalog
+    from sluice.errors import SluiceError
+
+    parser = argparse.ArgumentParser(prog="python -m sluice.health", description="Check streams' checkpoints.")
+    parser.add_argument("--stream", action="append", help="default: every stream of the catalog")
+    parser.add_argument("--catalog", help="default: SLUICE_CATALOG or the bundled catalog")
+    parser.add_argument("--json", action="store_true", help="print the reports as JSON lines")
+    args = parser.parse_args(argv)
+    try:
+        catalog = load_catalog(args.catalog)
+        streams = [catalog.get(name) for name in args.stream] if args.stream else list(catalog)
+    except SluiceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    roots = Roots.from_env()
+    failed = False
+    for stream in streams:
+        report = check_stream(stream, roots)
+        failed = failed or report.status is Health.FAIL
+        print(json.dumps(report.to_dict(), default=str) if args.json else report.describe())
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,9 +1,11 @@
 """Explicit checkpoint repair. Never automatic: each action is asked for by name, refuses to run while the stream
 is locked, backs up what it changes next to the checkpoint first, and says what it did.
 
+    python -m sluice.repair history --stream events_bronze          # read-only: which batch wrote which version
     python -m sluice.repair backup --stream events_bronze
     python -m sluice.repair quarantine-offsets --stream events_bronze
     python -m sluice.repair repin-query-id --stream events_bronze
+    python -m sluice.repair reset --stream events_bronze --version 12
 
 Paths come from the catalog and the ``SLUICE_*`` roots, as for a run.
 """
@@ -14,6 +16,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -24,11 +27,23 @@ from typing import Any
 
 from sluice.catalog import StreamSpec, load_catalog
 from sluice.checkpoint import CheckpointError, CheckpointReader, read_query_id
+from sluice.constants import (
+    COMMIT_INFO_ACTION,
+    COMMIT_INFO_RESET_BATCH,
+    COMMIT_INFO_RESET_QUERY,
+    COMMIT_INFO_RESET_VERSION,
+)
 from sluice.errors import SluiceError
 from sluice.lock import LOCK_FILE, LockHeld, StreamLock
 from sluice.paths import Roots
 
-ACTIONS = ("backup", "quarantine-offsets", "repin-query-id")
+ACTIONS = ("history", "backup", "quarantine-offsets", "repin-query-id", "reset")
+READ_ONLY_ACTIONS = frozenset({"history"})
+# Files of a state store version: HDFS-backed ``N.delta`` / ``N.snapshot``, RocksDB ``N.zip`` / ``N.changelog``
+# (``N_<id>.zip`` in checkpoint format v2), and their ``.crc`` files.
+_STATE_FILE = re.compile(r"^\.?(\d+)(?:_[^.]*)?\.(?:delta|snapshot|zip|changelog)(?:\.crc)?$")
+# Files of a Spark metadata log: ``N``, ``N.compact`` and their ``.crc`` files.
+_LOG_FILE = re.compile(r"^\.?(\d+)(?:\.compact)?(?:\.crc)?$")
 
 
 class RepairError(SluiceError):
@@ -158,8 +173,185 @@ def _repin_query_id(stream: StreamSpec, roots: Roots, checkpoint: Path) -> dict[
     return result
 
 
-def run_action(action: str, stream: StreamSpec, roots: Roots) -> dict[str, Any]:
-    handlers = {"backup": backup, "quarantine-offsets": quarantine_offsets, "repin-query-id": repin_query_id}
+def history(stream: StreamSpec, roots: Roots, *, limit: int = 50) -> dict[str, Any]:
+    """Read-only: the sink's newest versions with the query and batch that wrote each, to pick a reset version."""
+    from sluice.delta import table_history
+
+    try:
+        query_id = read_query_id(stream.checkpoint_path(roots))
+    except CheckpointError:
+        query_id = None
+    reader = CheckpointReader(stream.checkpoint_path(roots))
+    commits = reader.commit_ids()
+    return {"action": "history", "stream": stream.name, "table": stream.sink_path(roots),
+            "checkpoint_query_id": query_id, "checkpoint_batches": [commits[0], commits[-1]] if commits else None,
+            "versions": table_history(stream.sink_path(roots), limit=limit)}
+
+
+def reset_to_version(stream: StreamSpec, roots: Roots, version: int) -> dict[str, Any]:
+    """Make the stream resume after Delta version ``version`` of its sink table.
+
+    The newest batch of the checkpoint's query that the table holds at ``version`` is batch B. The checkpoint is
+    cut back to batch B (later offsets, commits, file-source log entries and state versions are moved aside),
+    then the sink table is restored to ``version`` and the dead-letter table to the version before its first
+    batch after B, each in one commit that also resets the query's Delta transaction version to B. The next run
+    reads again everything after batch B, and the tables end exactly as if it had never been read.
+
+    The checkpoint is cut first: a crash between the steps leaves SINK_AHEAD_OF_CHECKPOINT, which stops runs,
+    and the same reset can simply be run again.
+    """
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise RepairError(f"version: expected a Delta version number, got {version!r}")
+    checkpoint = Path(stream.checkpoint_path(roots))
+    with _exclusive(checkpoint, stream.name):
+        return _reset(stream, roots, checkpoint, version)
+
+
+def _reset(stream: StreamSpec, roots: Roots, checkpoint: Path, version: int) -> dict[str, Any]:
+    from sluice.delta import table_version, txn_timeline
+
+    sink = stream.sink_path(roots)
+    current = table_version(sink)
+    if current is None:
+        raise RepairError(f"stream '{stream.name}' has no Delta table at {sink}; there is nothing to reset")
+    if not 0 <= version <= current:
+        raise RepairError(f"version: {version} is not a version of {sink}, which has versions 0 to {current}")
+    try:
+        query_id = read_query_id(checkpoint)
+    except CheckpointError as exc:
+        raise RepairError(f"{exc}. Re-pin the query id first (repin-query-id)") from None
+    if query_id is None:
+        raise RepairError(f"the checkpoint at {checkpoint} has no query id; a reset needs the query that wrote the "
+                          "table. Restore the checkpoint from a backup, or re-pin its query id (repin-query-id)")
+    timeline = txn_timeline(sink, query_id)
+    batch = next(txn for at, txn in reversed(timeline) if at <= version)
+    reader = CheckpointReader(checkpoint)
+    committed = reader.commit_ids()
+    last = committed[-1] if committed else -1
+    if batch > last:
+        reachable = max(at for at, txn in timeline if txn <= last)
+        raise RepairError(
+            f"version: Delta version {version} holds batch {batch} of query {query_id}, but the checkpoint's newest "
+            f"committed batch is {last}, so it cannot resume after version {version}. Reset to version {reachable} "
+            "or earlier (the checkpoint reaches it), or restore a newer checkpoint backup"
+        )
+    log_offsets = _log_offsets(reader, batch)
+    saved = _copy(checkpoint)
+    aside = checkpoint.with_name(f"{checkpoint.name}.reset-{_stamp()}")
+    moved = _cut_checkpoint(checkpoint, batch, log_offsets, aside)
+    restored = {"sink": _restore(sink, version, query_id, batch, stream.name, version)}
+    # The dead-letter table goes back to its newest version that holds no batch after B.
+    dead_letter = stream.dead_letter_table_path(roots)
+    target = max((at for at, txn in txn_timeline(dead_letter, query_id) if txn <= batch), default=None)
+    restored["dead_letter"] = _restore(dead_letter, target, query_id, batch, stream.name, version)
+    return {"action": "reset", "stream": stream.name, "version": version, "query_id": query_id,
+            "resumes_after_batch": batch, "moved": moved, "moved_to": str(aside), "backup": str(saved),
+            "tables": restored}
+
+
+def _log_offsets(reader: CheckpointReader, batch: int) -> dict[int, int]:
+    """For each file source of the checkpoint, the log offset that batch ``batch`` reached; refuses when the
+    checkpoint no longer holds what resuming after ``batch`` needs."""
+    if batch < 0:
+        return {}
+    for log_name in ("offsets", "commits"):
+        if not (reader.root / log_name / str(batch)).exists():
+            raise RepairError(
+                f"version: the checkpoint no longer holds {log_name}/{batch} (Spark keeps the last "
+                "spark.sql.streaming.minBatchesToRetain batches); reset to a later version, or restore a backup"
+            )
+    try:
+        entry = reader.read_offsets(batch)
+    except CheckpointError as exc:
+        raise RepairError(f"{exc}; restore the checkpoint from a backup") from None
+    reached: dict[int, int] = {}
+    for source, offset in enumerate(entry.sources):
+        if not (isinstance(offset, dict) and isinstance(offset.get("logOffset"), int)):
+            continue  # not a file source: its position is the offsets file itself
+        log_offset = offset["logOffset"]
+        present = set(reader.file_source_log(source))
+        compacts = [i for i in present if (reader.root / "sources" / str(source) / f"{i}.compact").exists()
+                    and i <= log_offset]
+        needed = range(max(compacts, default=-1) + 1, log_offset + 1)
+        missing = [i for i in needed if i not in present]
+        if missing:
+            raise RepairError(
+                f"version: the file source log sources/{source} no longer holds entries {missing[:10]} that batch "
+                f"{batch} reached (Spark deletes entries behind a compaction); reset to a version whose batch ends at "
+                "a compaction, or restore a backup"
+            )
+        reached[source] = log_offset
+    return reached
+
+
+def _cut_checkpoint(checkpoint: Path, batch: int, log_offsets: dict[int, int], aside: Path) -> list[str]:
+    """Move every log and state file after ``batch`` into ``aside``; a reset to before the first batch moves the
+    file-source logs and the state whole."""
+    moved: list[str] = []
+
+    def move(path: Path) -> None:
+        relative = path.relative_to(checkpoint)
+        (aside / relative).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, aside / relative)
+        moved.append(str(relative))
+
+    for log_name in ("offsets", "commits"):
+        folder = checkpoint / log_name
+        for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+            match = _LOG_FILE.match(path.name)
+            if match and int(match.group(1)) > batch:
+                move(path)
+    for folder in sorted((checkpoint / "sources").glob("*")):
+        if batch < 0:
+            move(folder)
+        elif folder.name.isdigit() and int(folder.name) in log_offsets:
+            for path in sorted(folder.iterdir()):
+                match = _LOG_FILE.match(path.name)
+                if match and int(match.group(1)) > log_offsets[int(folder.name)]:
+                    move(path)
+    state = checkpoint / "state"
+    if state.is_dir() and batch < 0:
+        move(state)
+    elif state.is_dir():
+        # Batch N loads state version N and commits version N + 1.
+        for directory, _, files in sorted(os.walk(state)):
+            for name in sorted(files):
+                match = _STATE_FILE.match(name)
+                if match and int(match.group(1)) > batch + 1:
+                    move(Path(directory) / name)
+    return moved
+
+
+def _restore(path: str, target: int | None, query_id: str, batch: int, stream: str, version: int) -> dict[str, Any]:
+    """Restore one table to ``target`` in one commit that also sets the query's transaction version to ``batch``,
+    so that the sink takes the replayed batches as new. ``target`` None: the table has no batch after ``batch``."""
+    from deltalake import CommitProperties, DeltaTable, Transaction
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        table = DeltaTable(path)
+    except TableNotFoundError:
+        return {"table": path, "restored": False}
+    before = table.version()
+    if target is None or target >= before:
+        return {"table": path, "restored": False, "version": before}
+    table.restore(target, commit_properties=CommitProperties(
+        custom_metadata={COMMIT_INFO_ACTION: "reset", COMMIT_INFO_RESET_QUERY: query_id,
+                         COMMIT_INFO_RESET_BATCH: batch, COMMIT_INFO_RESET_VERSION: version,
+                         "sluice.reset.stream": stream},
+        app_transactions=[Transaction(query_id, batch)],
+    ))
+    return {"table": path, "restored": True, "from_version": before, "restored_to": target,
+            "version": DeltaTable(path).version()}
+
+
+def run_action(action: str, stream: StreamSpec, roots: Roots, *, version: int | None = None) -> dict[str, Any]:
+    if action == "reset":
+        if version is None:
+            raise RepairError("version: reset needs the Delta version of the sink table to resume after")
+        return reset_to_version(stream, roots, version)
+    handlers = {"history": history, "backup": backup, "quarantine-offsets": quarantine_offsets,
+                "repin-query-id": repin_query_id}
     if action not in handlers:
         raise RepairError(f"unknown repair action {action!r}; expected one of {', '.join(ACTIONS)}")
     return handlers[action](stream, roots)
@@ -169,15 +361,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sluice.repair", description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=ACTIONS)
     parser.add_argument("--stream", required=True)
+    parser.add_argument("--version", type=int, help="reset: the sink table's Delta version to resume after")
     parser.add_argument("--catalog", help="default: SLUICE_CATALOG or the bundled catalog")
     args = parser.parse_args(argv)
     try:
         stream = load_catalog(args.catalog).get(args.stream)
-        result = run_action(args.action, stream, Roots.from_env())
+        result = run_action(args.action, stream, Roots.from_env(), version=args.version)
     except SluiceError as exc:
         print(f"refused: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2, default=str))
     return 0
 
 

@@ -221,36 +221,48 @@ class CheckpointHealthCheckOperator(BaseOperator):
 
 
 class CheckpointRepairOperator(BaseOperator):
-    """Run one explicit repair action on a stream's checkpoint (see ``sluice.repair``): backup, quarantine-offsets
-    or repin-query-id. Each action backs up what it changes beside the checkpoint and refuses while a run holds
-    the stream's lock. The action's record is the task's XCom return value.
+    """Run one explicit repair action on a stream's checkpoint (see ``sluice.repair``): history, backup,
+    quarantine-offsets, repin-query-id or reset. Each changing action backs up what it changes beside the checkpoint
+    and refuses while a run holds the stream's lock. The action's record is the task's XCom return value.
 
     :param stream: catalog stream name (templated)
     :param action: repair action name (templated)
-    :param confirm: must render to true; a repair is never run by accident (templated)
+    :param confirm: must render to true for an action that changes something (templated)
+    :param version: for ``reset``, the sink table's Delta version to resume after (templated)
     """
 
-    template_fields: Sequence[str] = ("stream", "action", "confirm")
+    template_fields: Sequence[str] = ("stream", "action", "confirm", "version")
     ui_color = "#f9d5d3"
 
-    def __init__(self, *, stream: str, action: str, confirm: bool | str = False, catalog: str | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(self, *, stream: str, action: str, confirm: bool | str = False, version: int | str | None = None,
+                 catalog: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.stream = stream
         self.action = action
         self.confirm = confirm
+        self.version = version
         self.catalog = catalog
+
+    def _version(self) -> int | None:
+        text = str(self.version).strip() if self.version is not None else ""
+        if text in {"", "None", "null"}:
+            return None
+        try:
+            return int(text)
+        except ValueError:
+            raise AirflowFailException(f"version: expected a Delta version number, got {self.version!r}") from None
 
     def execute(self, context: Context) -> dict[str, Any]:
         from sluice.catalog import load_catalog
         from sluice.errors import SluiceError
-        from sluice.repair import run_action
+        from sluice.repair import READ_ONLY_ACTIONS, run_action
 
-        if str(self.confirm).strip().lower() not in {"true", "1", "yes"}:
+        if self.action not in READ_ONLY_ACTIONS and str(self.confirm).strip().lower() not in {"true", "1", "yes"}:
             raise AirflowFailException("confirm: set it to true to run a repair; nothing was changed")
         try:
-            result = run_action(self.action, load_catalog(self.catalog).get(self.stream), Roots.from_env())
+            result = run_action(self.action, load_catalog(self.catalog).get(self.stream), Roots.from_env(),
+                                version=self._version())
         except SluiceError as exc:
             raise AirflowFailException(f"repair refused, nothing was changed: {exc}") from exc
-        self.log.info("Repair %s of stream %s: %s", self.action, self.stream, json.dumps(result))
+        self.log.info("Repair %s of stream %s: %s", self.action, self.stream, json.dumps(result, default=str))
         return result

@@ -16,7 +16,7 @@ def repair_dag(catalog: Catalog | None = None, *, doc: str = "") -> DAG:
     streams = [stream.name for stream in (catalog or load_catalog())]
     with DAG(
         dag_id="checkpoint_repair",
-        description="Explicit checkpoint repair: backup, quarantine a torn offsets file, re-pin the query id",
+        description="Explicit checkpoint repair: history, backup, quarantine offsets, re-pin the query id, reset",
         schedule=None,
         start_date=START_DATE,
         catchup=False,
@@ -27,11 +27,16 @@ def repair_dag(catalog: Catalog | None = None, *, doc: str = "") -> DAG:
         params={
             "stream": Param(streams[0] if streams else "", type="string", enum=streams,
                             description="The catalog stream whose checkpoint to repair"),
-            "action": Param("backup", type="string", enum=list(ACTIONS),
-                            description="backup: copy the checkpoint beside it. quarantine-offsets: move a torn, "
+            "action": Param("history", type="string", enum=list(ACTIONS),
+                            description="history (read-only): the sink's versions and the batch that wrote each. "
+                                        "backup: copy the checkpoint beside it. quarantine-offsets: move a torn, "
                                         "uncommitted latest offsets file aside. repin-query-id: restore the query id "
-                                        "recorded in the Delta table"),
-            "confirm": Param(False, type="boolean", description="Tick to confirm: the action changes the checkpoint"),
+                                        "recorded in the Delta table. reset: resume the stream after `version`, "
+                                        "rolling the tables back to it"),
+            "version": Param(None, type=["null", "integer"], minimum=0,
+                             description="reset only: the sink table's Delta version to resume after (see history)"),
+            "confirm": Param(False, type="boolean",
+                             description="Tick to confirm: every action but history changes the checkpoint"),
         },
     ) as dag:
         repair = CheckpointRepairOperator(
@@ -39,6 +44,7 @@ def repair_dag(catalog: Catalog | None = None, *, doc: str = "") -> DAG:
             stream="{{ params.stream }}",
             action="{{ params.action }}",
             confirm="{{ params.confirm }}",
+            version="{{ params.version }}",
         )
         after = CheckpointHealthCheckOperator(task_id="health_after_repair", stream="{{ params.stream }}")
         repair >> after

@@ -119,3 +119,48 @@ def test_repair_dag_backs_up_on_confirmation_only(airflow_db: Path, tmp_path: Pa
     [result] = xcom_value(dag.dag_id, run.run_id, "repair")
     backup = Path(result["backup"])
     assert backup.parent == checkpoint.parent and (backup / "offsets" / "0").exists()
+
+
+def test_reset_through_the_repair_dag_then_the_ingest_dag_gives_the_exact_table(
+    spark: object, airflow_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The documented reset procedure, as an operator follows it in the UI: read the history, pick the version to
+    resume after, reset with confirmation, let the next scheduled run read the rest."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.utils.state import DagRunState
+
+    from sluice.catalog import load_catalog
+    from sluice.paths import Roots
+    from sluice_spark.runner import run_streams
+    from tests.helpers import table_rows
+
+    monkeypatch.setenv("SLUICE_DATA_ROOT", str(tmp_path))
+    catalog, roots = load_catalog(), Roots.from_env()
+    producer = DemoProducer(tmp_path / "landing", seed=35)
+    for hour in (9, 10):
+        producer.events_file(lines=40, now=dt.datetime(2026, 11, 22, hour, tzinfo=dt.timezone.utc))
+        assert run_streams(spark, catalog, ["events_bronze"], roots).ok
+    sink = catalog.get("events_bronze").sink_path(roots)
+    dags = DagBag(dag_folder=str(Path(__file__).resolve().parents[2] / "dags"))
+    repair = dags.get_dag("checkpoint_repair")
+
+    looked = repair.test(run_conf={"stream": "events_bronze", "action": "history"})
+    assert looked.state == DagRunState.SUCCESS, "history is read-only and needs no confirmation"
+    [listing] = xcom_value(repair.dag_id, looked.run_id, "repair")
+    [first_batch] = [entry["version"] for entry in listing["versions"] if entry["batch_id"] == 0]
+
+    reset = repair.test(run_conf={"stream": "events_bronze", "action": "reset", "version": first_batch,
+                                  "confirm": True})
+    assert reset.state == DagRunState.SUCCESS
+    [result] = xcom_value(repair.dag_id, reset.run_id, "repair")
+    assert result["resumes_after_batch"] == 0
+    [health] = xcom_value(repair.dag_id, reset.run_id, "health_after_repair")
+    assert health["status"] == "OK"
+
+    run = dags.get_dag("ingest_events_bronze").test()
+
+    assert run.state == DagRunState.SUCCESS
+    good, bad = expected_events(tmp_path / "landing" / "events")
+    assert table_rows(sink, ["event_id"]) == sorted((row[0],) for row in good)
+    dead_letter = catalog.get("events_bronze").dead_letter_table_path(roots)
+    assert len(table_rows(dead_letter, ["raw_record"])) == bad

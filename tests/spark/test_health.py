@@ -17,11 +17,12 @@ import pytest
 from deltalake import DeltaTable
 
 from sluice.catalog import Catalog, load_catalog
+from sluice.delta import table_history
 from sluice.demo_producer import DemoProducer
 from sluice.health import Health, check_stream
 from sluice.lock import LockHeld, StreamLock
 from sluice.paths import Roots
-from sluice.repair import RepairError, backup, quarantine_offsets, repin_query_id
+from sluice.repair import RepairError, backup, quarantine_offsets, repin_query_id, reset_to_version
 from sluice_spark.runner import run_streams
 from tests.helpers import events_stream, expected_events, roots_in, table_rows, write_catalog
 
@@ -77,6 +78,27 @@ def bronze(world: tuple[Catalog, Roots, Path]) -> list[tuple[Any, ...]]:
 
 def expected(world: tuple[Catalog, Roots, Path]) -> list[tuple[Any, ...]]:
     return [row[:4] for row in expected_events(world[2] / "landing" / "events")[0]]
+
+
+def dead_letter_count(world: tuple[Catalog, Roots, Path]) -> int:
+    catalog, roots, _ = world
+    return len(table_rows(catalog.get("events").dead_letter_table_path(roots), ["raw_record"]))
+
+
+def assert_next_run_gives_the_exact_tables(spark: Any, world: tuple[Catalog, Roots, Path], batches: int) -> None:
+    summary = run_streams(spark, world[0], ["events"], world[1])
+    assert summary.ok and summary.streams[0].batches == batches
+    assert bronze(world) == expected(world)
+    assert dead_letter_count(world) == expected_events(world[2] / "landing" / "events")[1]
+
+
+def version_of_batch(path: str, batch_id: int) -> int:
+    [version] = [entry["version"] for entry in table_history(path) if entry["batch_id"] == batch_id]
+    return int(version)
+
+
+def batches_in(checkpoint: Path, folder: str) -> list[int]:
+    return sorted(int(p.name.removesuffix(".compact")) for p in (checkpoint / folder).iterdir() if p.name[0].isdigit())
 
 
 def test_healthy_checkpoint_reports_facts(world: tuple[Catalog, Roots, Path]) -> None:
@@ -264,3 +286,91 @@ def test_run_that_loses_its_lock_stops_and_fails(spark: Any, tmp_path: Path, mon
     assert stream.status == "failed" and "lost the stream's lock" in stream.error
     assert stream.batches < 40, "the run stopped early"
     assert json.loads(lock_file.read_text())["run_id"] == "thief", "the new holder's lock is left alone"
+
+
+def test_new_checkpoint_whose_query_the_sink_knows_is_sink_ahead(world: tuple[Catalog, Roots, Path]) -> None:
+    for folder in ("offsets", "commits", "sources"):
+        shutil.rmtree(checkpoint_of(world) / folder)
+    report = report_of(world)
+    assert report.status is Health.FAIL and report.codes[:2] == ["NEW", "SINK_AHEAD_OF_CHECKPOINT"]
+
+
+def test_reset_after_a_version_rolls_back_and_the_next_run_reads_the_rest(
+    spark: Any, world: tuple[Catalog, Roots, Path]
+) -> None:
+    catalog, roots, _ = world
+    stream = catalog.get("events")
+    checkpoint = checkpoint_of(world)
+    query_id = json.loads((checkpoint / "metadata").read_text())["id"]
+    version = version_of_batch(stream.sink_path(roots), 0)
+    rows_at_version = table_rows(stream.sink_path(roots), ["event_id", "event_type", "user_id", "amount"],
+                                 version=version)
+    assert 0 < len(rows_at_version) < len(expected(world))
+
+    result = reset_to_version(stream, roots, version)
+
+    assert result["resumes_after_batch"] == 0 and result["tables"]["sink"]["restored"]
+    assert bronze(world) == rows_at_version
+    assert [batches_in(checkpoint, f) for f in ("offsets", "commits", "sources/0")] == [[0], [0], [0]]
+    assert Path(result["backup"], "offsets", "2").exists() and Path(result["moved_to"], "commits", "2").exists()
+    assert DeltaTable(stream.sink_path(roots)).transaction_version(query_id) == 0
+    newest = table_history(stream.sink_path(roots), limit=1)[0]
+    assert (newest["operation"], newest["query_id"], newest["reset_after_batch"]) == ("RESTORE", query_id, 0)
+    assert report_of(world).codes == []
+
+    assert_next_run_gives_the_exact_tables(spark, world, batches=2)
+
+
+def test_reset_resolves_a_restored_old_backup(spark: Any, world: tuple[Catalog, Roots, Path]) -> None:
+    catalog, roots, _ = world
+    stream = catalog.get("events")
+    checkpoint = checkpoint_of(world)
+    for folder in ("offsets", "commits", "sources/0"):
+        for batch in ("1", "2"):
+            remove(checkpoint / folder / batch)
+    report = report_of(world)
+    finding = report.findings[report.codes.index("SINK_AHEAD_OF_CHECKPOINT")]
+    reachable = finding.evidence["reset_version"]
+    assert reachable == version_of_batch(stream.sink_path(roots), 0)
+    assert f"reset --stream events --version {reachable}" in finding.message
+    newest = DeltaTable(stream.sink_path(roots)).version()
+    with pytest.raises(RepairError, match=f"newest committed batch is 0.*Reset to version {reachable} or earlier"):
+        reset_to_version(stream, roots, newest)
+    assert DeltaTable(stream.sink_path(roots)).version() == newest, "a refused reset changes nothing"
+
+    reset_to_version(stream, roots, reachable)
+
+    assert report_of(world).status is Health.OK
+    assert_next_run_gives_the_exact_tables(spark, world, batches=2)
+
+
+def test_reset_to_before_the_first_batch_reads_everything_again(spark: Any, world: tuple[Catalog, Roots, Path]) -> None:
+    catalog, roots, _ = world
+    stream = catalog.get("events")
+    checkpoint = checkpoint_of(world)
+
+    result = reset_to_version(stream, roots, 0)
+
+    assert result["resumes_after_batch"] == -1
+    assert [p.name for p in checkpoint.rglob("*") if p.is_file()] == ["metadata"], "only the query id is left"
+    assert bronze(world) == [] and dead_letter_count(world) == 0
+    assert report_of(world).codes == ["NEW"]
+    assert_next_run_gives_the_exact_tables(spark, world, batches=3)
+
+
+def test_reset_refusals_change_nothing(world: tuple[Catalog, Roots, Path]) -> None:
+    catalog, roots, _ = world
+    stream = catalog.get("events")
+    checkpoint = checkpoint_of(world)
+    before = (sorted(str(p) for p in checkpoint.rglob("*")), DeltaTable(stream.sink_path(roots)).version())
+    with pytest.raises(RepairError, match=r"^version: 99 is not a version of .* which has versions 0 to \d+$"):
+        reset_to_version(stream, roots, 99)
+    with pytest.raises(RepairError, match="version: expected a Delta version number"):
+        reset_to_version(stream, roots, "1")  # type: ignore[arg-type]
+    with StreamLock(checkpoint, "events", "live-run"), pytest.raises(RepairError, match="live-run"):
+        reset_to_version(stream, roots, 1)
+    assert (sorted(str(p) for p in checkpoint.rglob("*")), DeltaTable(stream.sink_path(roots)).version()) == before
+    assert not list(checkpoint.parent.glob("events.reset-*"))
+    (checkpoint / "metadata").unlink()
+    with pytest.raises(RepairError, match="no query id"):
+        reset_to_version(stream, roots, 1)
