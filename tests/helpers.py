@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
@@ -37,15 +38,17 @@ def roots_in(folder: Path) -> Roots:
     return Roots(landing=str(folder / "landing"), lake=str(folder / "lake"), checkpoints=str(folder / "checkpoints"))
 
 
-def expected_events(landing: Path) -> tuple[list[tuple[Any, ...]], int]:
+def expected_events(landing: Path, *, between: tuple[datetime, datetime] | None = None,
+                    files: list[Path] | None = None) -> tuple[list[tuple[Any, ...]], int]:
     """The good bronze rows and the dead-letter count, computed from the files with the json module alone.
 
     A line is good when it is a JSON object whose required fields are present and whose amount is a number.
     Rows are (event_id, lower-cased event_type, user_id, amount as Decimal or None, event date string).
+    ``between`` keeps the good rows whose event time is in ``[start, end)``; ``files`` reads only those files.
     """
     good: list[tuple[Any, ...]] = []
     bad = 0
-    for path in sorted(landing.rglob("*.json")):
+    for path in sorted(files if files is not None else landing.rglob("*.json")):
         for line in path.read_text(encoding="utf-8").splitlines():
             if not line.strip():
                 continue
@@ -65,6 +68,8 @@ def expected_events(landing: Path) -> tuple[list[tuple[Any, ...]], int]:
             except InvalidOperation:
                 bad += 1
                 continue
+            if between and not between[0] <= datetime.fromisoformat(record["event_time"]) < between[1]:
+                continue
             good.append((record["event_id"], record["event_type"].strip().lower(), record["user_id"], parsed,
                          record["event_time"][:10]))
     return sorted(good, key=repr), bad
@@ -76,3 +81,23 @@ def table_rows(path: str, columns: list[str], *, version: int | None = None) -> 
 
     data = read_table(path, columns, version=version).to_pylist()
     return sorted((tuple(row[c] for c in columns) for row in data), key=repr)
+
+
+def keep_pristine(folder: Path) -> Path:
+    """Copy a world (landing, lake, checkpoints, catalog) beside itself, for :func:`fresh_world` to restore."""
+    import shutil
+
+    shutil.copytree(folder, folder.with_name("pristine"))
+    return folder
+
+
+def fresh_world(golden: Path) -> tuple[Any, Roots, Path]:
+    """Restore the pristine copy of a world at the same path: Spark's file source log records absolute paths, so
+    a checkpoint copied elsewhere would see every file as new. Returns its catalog, roots and folder."""
+    import shutil
+
+    from sluice.catalog import load_catalog
+
+    shutil.rmtree(golden)
+    shutil.copytree(golden.with_name("pristine"), golden)
+    return load_catalog(golden / "catalog.yaml"), roots_in(golden), golden

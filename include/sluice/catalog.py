@@ -154,6 +154,16 @@ class AlertSpec:
 
 
 @dataclass(frozen=True)
+class BackfillSpec:
+    """What a backfill of the stream may do: the event-time column that ranges select on (none: file time
+    only), the longest range one backfill may cover, and how far an event may be ahead of its file's time."""
+
+    event_time_column: str | None = None
+    max_range_days: int = 31
+    clock_skew_seconds: int = 300
+
+
+@dataclass(frozen=True)
 class StreamSpec:
     """One catalog stream: everything the runner, the DAG factory and the checks need to know about it."""
 
@@ -172,6 +182,7 @@ class StreamSpec:
     # A new checkpoint in front of a table this stream already fed is refused (QUERY_ID_UNKNOWN_TO_SINK) unless
     # this is set, for a deliberate full reload into a table whose rows are replaced downstream.
     allow_new_query_id: bool = False
+    backfill: BackfillSpec = field(default_factory=BackfillSpec)
 
     def source_path(self, roots: Roots) -> str:
         return join(roots.landing, self.source.path)
@@ -275,6 +286,24 @@ def _parse_alerts(section: _Section) -> AlertSpec:
     return alerts
 
 
+def _parse_backfill(section: _Section, source: SourceSpec) -> BackfillSpec:
+    column = section.get("event_time_column", str)
+    spec = BackfillSpec(
+        event_time_column=column,
+        max_range_days=section.positive_int("max_range_days") or BackfillSpec.max_range_days,
+        clock_skew_seconds=section.get("clock_skew_seconds", int, BackfillSpec.clock_skew_seconds),
+    )
+    section.done()
+    if column is not None:
+        types = {c.name: c.sql_type.lower() for c in source.schema.columns}
+        if types.get(column) != "timestamp":
+            raise section.error("event_time_column", f"must name a timestamp column of the source schema, got "
+                                f"{column!r} ({types.get(column, 'not declared')})")
+    if spec.clock_skew_seconds < 0:
+        raise section.error("clock_skew_seconds", f"must not be negative, got {spec.clock_skew_seconds}")
+    return spec
+
+
 def _check_transform(stream: str, name: str, source: SourceSpec, sink: SinkSpec) -> None:
     spec = TRANSFORMS.get(name)
     if spec is None:
@@ -319,6 +348,7 @@ def parse_stream(raw: object, *, index: int) -> StreamSpec:
     trigger = _parse_trigger(top.section("trigger"))
     alerts = _parse_alerts(top.section("alerts"))
     allow_new_query_id = top.get("allow_new_query_id", bool, False)
+    backfill = _parse_backfill(top.section("backfill"), source)
     owner = top.get("owner", str, "data-eng")
     tags = top.get("tags", list, [])
     if not all(isinstance(tag, str) and tag for tag in tags):
@@ -338,6 +368,7 @@ def parse_stream(raw: object, *, index: int) -> StreamSpec:
         owner=owner,
         tags=tuple(tags),
         allow_new_query_id=allow_new_query_id,
+        backfill=backfill,
     )
 
 

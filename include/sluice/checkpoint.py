@@ -144,6 +144,33 @@ class CheckpointReader:
                 ids.append(int(name))
         return sorted(ids)
 
+    def file_source_entries(self, source: int = 0) -> dict[str, int]:
+        """Every file the file source has recorded, as local path -> modification time (ms): the newest
+        ``.compact`` file (which holds every entry before it) plus the delta files after it."""
+        from urllib.parse import unquote, urlsplit
+
+        folder = self.root / "sources" / str(source)
+        ids = self.file_source_log(source)
+        compacts = [i for i in ids if (folder / f"{i}.compact").exists()]
+        start = max(compacts, default=None)
+        names = ([f"{start}.compact"] if start is not None else []) + [
+            str(i) for i in ids if start is None or i > start]
+        entries: dict[str, int] = {}
+        for name in names:
+            try:
+                lines = (folder / name).read_text(encoding="utf-8").splitlines()[1:]
+            except OSError as exc:
+                raise CheckpointError(f"{folder / name}: cannot read ({exc})") from exc
+            for line in lines:
+                if not line.strip():
+                    continue
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise CheckpointError(f"{folder / name}: a line is not JSON ({exc.msg})") from exc
+                entries[unquote(urlsplit(entry["path"]).path)] = int(entry["timestamp"])
+        return entries
+
     def has_state(self) -> bool:
         return (self.root / "state").is_dir()
 

@@ -34,6 +34,8 @@ SOURCE_FILE_COLUMN = "_source_file"
 
 # The marker in front of the run summary JSON line on the driver's stdout.
 SUMMARY_MARKER = "SLUICE_RUN_SUMMARY "
+# ... and in front of a backfill's summary.
+BACKFILL_MARKER = "SLUICE_BACKFILL_SUMMARY "
 
 # Delta commit info keys that Sluice writes on every batch commit, and reads back for summaries and checks.
 COMMIT_INFO_STREAM = "sluice.stream"

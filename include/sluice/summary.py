@@ -73,20 +73,25 @@ class RunSummary:
         return cls.from_dict(data)
 
 
-def find_summary_line(lines: Iterable[str]) -> RunSummary | None:
-    """The last run summary among log lines, or None.
+def find_marked_json(lines: Iterable[str], marker: str) -> Any:
+    """The JSON value after the last ``marker`` among log lines, or None.
 
     A logger may wrap the line: text before the marker and after the JSON object is ignored.
     """
-    found: RunSummary | None = None
+    found: Any = None
     decoder = json.JSONDecoder()
     for line in lines:
-        position = line.find(SUMMARY_MARKER)
+        position = line.find(marker)
         if position < 0:
             continue
         try:
-            data, _ = decoder.raw_decode(line[position + len(SUMMARY_MARKER):].lstrip())
+            found, _ = decoder.raw_decode(line[position + len(marker):].lstrip())
         except json.JSONDecodeError as exc:
-            raise StreamRunError(f"run summary is not valid JSON: {exc}") from exc
-        found = RunSummary.from_dict(data)
+            raise StreamRunError(f"summary after {marker.strip()} is not valid JSON: {exc}") from exc
     return found
+
+
+def find_summary_line(lines: Iterable[str]) -> RunSummary | None:
+    """The last run summary among log lines, or None."""
+    data = find_marked_json(lines, SUMMARY_MARKER)
+    return None if data is None else RunSummary.from_dict(data)

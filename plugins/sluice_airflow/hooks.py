@@ -2,7 +2,7 @@
 
 - A local default: when the Airflow connection is not defined, Sluice runs on ``local[*]`` instead of the
   provider's fallback to YARN, which would fail on a laptop with an unrelated error.
-- The run summary line the runner prints is captured from the driver log as it streams by.
+- The summary line the runner (or the backfill runner) prints is captured from the driver log as it streams by.
 - spark-submit runs in its own process group, so killing the task kills the driver, its Python process and its
   Python workers, not just the launcher.
 """
@@ -19,8 +19,8 @@ from typing import Any
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
-from sluice.constants import SUMMARY_MARKER
-from sluice.summary import RunSummary, find_summary_line
+from sluice.constants import BACKFILL_MARKER, SUMMARY_MARKER
+from sluice.summary import RunSummary, find_marked_json, find_summary_line
 
 DEFAULT_LOCAL_MASTER = "local[*]"
 _KILL_GRACE_SECONDS = 10
@@ -54,7 +54,7 @@ class SluiceSparkSubmitHook(SparkSubmitHook):
     def _process_spark_submit_log(self, itr: Any) -> None:
         def watch(lines: Any) -> Any:
             for line in lines:
-                if SUMMARY_MARKER in line:
+                if SUMMARY_MARKER in line or BACKFILL_MARKER in line:
                     self.summary_lines.append(line)
                 yield line
 
@@ -63,6 +63,11 @@ class SluiceSparkSubmitHook(SparkSubmitHook):
     @property
     def run_summary(self) -> RunSummary | None:
         return find_summary_line(self.summary_lines)
+
+    @property
+    def backfill_summary(self) -> dict[str, Any] | None:
+        found = find_marked_json(self.summary_lines, BACKFILL_MARKER)
+        return found if isinstance(found, dict) else None
 
     def on_kill(self) -> None:
         # The provider first: it kills YARN applications and Kubernetes drivers only while spark-submit lives.

@@ -1,4 +1,4 @@
-"""``StreamRunOperator``: run catalog streams with availableNow through spark-submit and push their summary."""
+"""Sluice's operators: stream runs and backfills through spark-submit, checkpoint health checks and repairs."""
 
 from __future__ import annotations
 
@@ -21,20 +21,21 @@ from sluice.summary import RunSummary
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+    from sluice.backfill import BackfillRequest
     from sluice_airflow.hooks import SluiceSparkSubmitHook
 
 DEFAULT_SPARK_CONN_ID = "sluice_spark"
 
 
-def default_application() -> str:
-    """The runner's path: ``SLUICE_SPARK_APP``, else ``stream_runner.py`` beside the ``sluice_spark`` package."""
+def default_application(script: str = "stream_runner.py") -> str:
+    """A Spark entry point beside the ``sluice_spark`` package; ``SLUICE_SPARK_APP`` overrides the stream runner."""
     override = os.environ.get("SLUICE_SPARK_APP")
-    if override:
+    if override and script == "stream_runner.py":
         return override
     spec = find_spec("sluice_spark")
     if spec is None or spec.origin is None:
         raise AirflowException("cannot locate the sluice_spark package; install the project or set SLUICE_SPARK_APP")
-    return str(Path(spec.origin).parent.parent / "stream_runner.py")
+    return str(Path(spec.origin).parent.parent / script)
 
 
 def resolve_roots(landing: str | None, lake: str | None, checkpoints: str | None) -> Roots:
@@ -44,14 +45,11 @@ def resolve_roots(landing: str | None, lake: str | None, checkpoints: str | None
                  checkpoints=checkpoints or defaults.checkpoints)
 
 
-class StreamRunOperator(BaseOperator):
-    """Run one or more catalog streams to the end of their available input in one Spark application.
+class SparkAppOperator(BaseOperator):
+    """Base of the operators that spark-submit a Sluice application: the connection (``local[*]`` when it is not
+    defined), the roots, the project's interpreter for the driver and the workers, and killing the whole process
+    tree on kill. Cluster deploy mode is refused: the summary is read from the driver's output.
 
-    The task log holds the driver log; the run summary (batches, rows in, rows out, dead-letter rows, Delta
-    versions, query ids) is the task's XCom return value. The task fails when Spark fails or any stream fails,
-    and killing the task stops the Spark application.
-
-    :param streams: catalog stream names (templated)
     :param catalog: path of the stream catalog; default ``SLUICE_CATALOG`` or the bundled catalog (templated)
     :param conn_id: Airflow Spark connection; when it is not defined the run uses ``local[*]``
     :param landing_root: root of relative source paths; default from ``SLUICE_*`` environment (templated)
@@ -63,15 +61,12 @@ class StreamRunOperator(BaseOperator):
     :param spark_submit_kwargs: further ``SparkSubmitHook`` arguments (jars, packages, executor sizes, ...)
     """
 
-    template_fields: Sequence[str] = ("streams", "catalog", "landing_root", "lake_root", "checkpoint_root", "conf",
-                                      "env_vars")
+    template_fields: Sequence[str] = ("catalog", "landing_root", "lake_root", "checkpoint_root", "conf", "env_vars")
     template_fields_renderers = {"conf": "json", "env_vars": "json"}
-    ui_color = "#d7ecfb"
 
     def __init__(
         self,
         *,
-        streams: list[str],
         catalog: str | None = None,
         conn_id: str = DEFAULT_SPARK_CONN_ID,
         landing_root: str | None = None,
@@ -85,7 +80,6 @@ class StreamRunOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.streams = streams
         self.catalog = catalog
         self.conn_id = conn_id
         self.landing_root = landing_root
@@ -101,17 +95,11 @@ class StreamRunOperator(BaseOperator):
     def resolved_roots(self) -> Roots:
         return resolve_roots(self.landing_root, self.lake_root, self.checkpoint_root)
 
-    def application_args(self, *, run_id: str, summary_file: str) -> list[str]:
-        if not self.streams or not all(isinstance(name, str) and name for name in self.streams):
-            raise AirflowException(f"streams must be a non-empty list of stream names, got {self.streams!r}")
-        args = ["--catalog", self.catalog or os.environ.get("SLUICE_CATALOG") or str(DEFAULT_CATALOG)]
-        for name in self.streams:
-            args += ["--stream", name]
-        args += self.resolved_roots().as_args()
-        args += ["--run-id", run_id, "--summary-file", summary_file]
-        if self.engine:
-            args += ["--engine", self.engine]
-        return args
+    def engine_args(self) -> list[str]:
+        return ["--engine", self.engine] if self.engine else []
+
+    def catalog_path(self) -> str:
+        return self.catalog or os.environ.get("SLUICE_CATALOG") or str(DEFAULT_CATALOG)
 
     def spark_env(self) -> dict[str, str]:
         """The project's interpreter for the driver and the Python workers, and its bin folder for spark-submit."""
@@ -124,32 +112,64 @@ class StreamRunOperator(BaseOperator):
         env.update(self.env_vars or {})
         return env
 
-    def execute(self, context: Context) -> dict[str, Any]:
+    def submit(self, script: str, args: list[str], *, name: str) -> AirflowException | None:
+        """spark-submit ``script`` (beside the ``sluice_spark`` package unless ``application`` is set). The
+        provider's failure, if any, is returned for the caller to weigh against the summary."""
         from sluice_airflow.hooks import SluiceSparkSubmitHook
 
+        self._hook = SluiceSparkSubmitHook(conn_id=self.conn_id, application_args=args, env_vars=self.spark_env(),
+                                           conf=self.conf, name=name, **(self.spark_submit_kwargs or {}))
+        if self._hook._connection.get("deploy_mode") == "cluster":
+            raise AirflowFailException(
+                f"connection {self.conn_id!r} asks for deploy-mode cluster, which Sluice does not support yet: the "
+                "run summary is read from the driver's output, which a cluster-mode driver does not send back. "
+                "Use client mode (the default)"
+            )
+        try:
+            self._hook.submit(self.application or default_application(script))
+        except AirflowException as exc:
+            return exc
+        return None
+
+    def on_kill(self) -> None:
+        if self._hook is not None:
+            self._hook.on_kill()
+
+
+class StreamRunOperator(SparkAppOperator):
+    """Run one or more catalog streams to the end of their available input in one Spark application.
+
+    The task log holds the driver log; the run summary (batches, rows in, rows out, dead-letter rows, Delta
+    versions, query ids) is the task's XCom return value. The task fails when Spark fails or any stream fails,
+    and killing the task stops the Spark application. Takes the :class:`SparkAppOperator` arguments.
+
+    :param streams: catalog stream names (templated)
+    """
+
+    template_fields: Sequence[str] = ("streams", *SparkAppOperator.template_fields)
+    ui_color = "#d7ecfb"
+
+    def __init__(self, *, streams: list[str], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.streams = streams
+
+    def application_args(self, *, run_id: str, summary_file: str) -> list[str]:
+        if not self.streams or not all(isinstance(name, str) and name for name in self.streams):
+            raise AirflowException(f"streams must be a non-empty list of stream names, got {self.streams!r}")
+        args = ["--catalog", self.catalog_path()]
+        for name in self.streams:
+            args += ["--stream", name]
+        args += self.resolved_roots().as_args()
+        args += ["--run-id", run_id, "--summary-file", summary_file]
+        return args + self.engine_args()
+
+    def execute(self, context: Context) -> dict[str, Any]:
         run_id = f"{self.dag_id}/{context['run_id']}/{self.task_id}"
         with tempfile.TemporaryDirectory(prefix="sluice-run-") as folder:
             summary_file = str(Path(folder) / "summary.json")
-            self._hook = SluiceSparkSubmitHook(
-                conn_id=self.conn_id,
-                application_args=self.application_args(run_id=run_id, summary_file=summary_file),
-                env_vars=self.spark_env(),
-                conf=self.conf,
-                name=f"sluice-{'-'.join(self.streams)}",
-                **(self.spark_submit_kwargs or {}),
-            )
-            if self._hook._connection.get("deploy_mode") == "cluster":
-                raise AirflowFailException(
-                    f"connection {self.conn_id!r} asks for deploy-mode cluster, which Sluice does not support yet: the "
-                    "run summary is read from the driver's output, which a cluster-mode driver does not send back. "
-                    "Use client mode (the default)"
-                )
-            failure: AirflowException | None = None
-            try:
-                self._hook.submit(self.application or default_application())
-            except AirflowException as exc:
-                failure = exc
-            summary = self._hook.run_summary
+            failure = self.submit("stream_runner.py", self.application_args(run_id=run_id, summary_file=summary_file),
+                                  name=f"sluice-{'-'.join(self.streams)}")
+            summary = self._hook.run_summary if self._hook else None
             if summary is None and Path(summary_file).exists():
                 summary = RunSummary.from_json(Path(summary_file).read_text(encoding="utf-8"))
         if summary is None:
@@ -170,10 +190,6 @@ class StreamRunOperator(BaseOperator):
                 raise AirflowFailException(f"Stream run failed, and a retry cannot fix it: {errors}")
             raise AirflowException(f"Stream run failed: {errors or failure}")
         return result
-
-    def on_kill(self) -> None:
-        if self._hook is not None:
-            self._hook.on_kill()
 
 
 class CheckpointHealthCheckOperator(BaseOperator):
@@ -266,3 +282,73 @@ class CheckpointRepairOperator(BaseOperator):
             raise AirflowFailException(f"repair refused, nothing was changed: {exc}") from exc
         self.log.info("Repair %s of stream %s: %s", self.action, self.stream, json.dumps(result, default=str))
         return result
+
+
+def _backfill_request(context: Context, catalog: str | None) -> BackfillRequest:
+    """The DAG run's params as a validated backfill request; a refusal fails the task without retries."""
+    from sluice.backfill import BackfillError, parse_request
+    from sluice.catalog import load_catalog
+
+    try:
+        return parse_request(dict(context["params"]), load_catalog(catalog), run_id=str(context["run_id"]))
+    except BackfillError as exc:
+        raise AirflowFailException(f"backfill refused, nothing was read or written: {exc}") from None
+
+
+class BackfillPlanOperator(BaseOperator):
+    """Validate the DAG run's backfill params and plan the backfill without Spark: the files it would read, the
+    files left to the live stream, and the rows ``replace`` would swap out. The plan is the XCom return value.
+
+    :param catalog: path of the stream catalog; default ``SLUICE_CATALOG`` or the bundled catalog
+    """
+
+    ui_color = "#e8dff5"
+
+    def __init__(self, *, catalog: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.catalog = catalog
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from sluice.backfill import plan_backfill
+        from sluice.catalog import load_catalog
+
+        request = _backfill_request(context, self.catalog)
+        plan = plan_backfill(request, load_catalog(self.catalog).get(request.stream), Roots.from_env())
+        result = plan.to_dict(sample=100)
+        self.log.info("Backfill of %s from %s to %s (%s, by %s): %d file(s), %d bytes; %d left to the live stream; "
+                      "%d already held; %d row(s) to replace", request.stream, request.start, request.end,
+                      request.mode, request.select_by, result["file_count"], result["file_bytes"],
+                      plan.pending_files, plan.held_files, plan.rows_to_replace)
+        for note in plan.notes:
+            self.log.info("%s", note)
+        return result
+
+
+class BackfillOperator(SparkAppOperator):
+    """Run the DAG run's backfill (its params, validated again) as a bounded availableNow Spark job with its own
+    checkpoint, under the live stream's lock. The summary (rows read, written, replaced and dead-lettered, Delta
+    versions, duration) is the XCom return value. Takes the :class:`SparkAppOperator` arguments.
+    """
+
+    ui_color = "#d9c8f0"
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        request = _backfill_request(context, self.catalog)
+        with tempfile.TemporaryDirectory(prefix="sluice-backfill-") as folder:
+            summary_file = Path(folder) / "summary.json"
+            args = ["--catalog", self.catalog_path(), *request.to_args(), *self.resolved_roots().as_args(),
+                    "--summary-file", str(summary_file), *self.engine_args()]
+            failure = self.submit("backfill_runner.py", args, name=f"sluice-backfill-{request.stream}")
+            summary = self._hook.backfill_summary if self._hook else None
+            if summary is None and summary_file.exists():
+                summary = json.loads(summary_file.read_text(encoding="utf-8"))
+        if summary is None:
+            raise AirflowException(f"backfill of {request.stream} produced no summary: {failure}")
+        self.log.info("Backfill summary: %s", json.dumps(summary, sort_keys=True))
+        if failure is not None or summary.get("status") != "succeeded":
+            context["ti"].xcom_push(key="failed_summary", value=summary)
+            message = f"backfill of {request.stream} failed: {summary.get('error') or failure}"
+            if not summary.get("retryable", True):
+                raise AirflowFailException(message)
+            raise AirflowException(message)
+        return dict(summary)

@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming import StreamingQuery
 
-from sluice.catalog import Catalog, StreamSpec
+from sluice.catalog import Catalog, StreamSpec, TriggerSpec
 from sluice.checkpoint import ensure_query_id
 from sluice.constants import INGEST_TIME_COLUMN, SOURCE_FILE_COLUMN, DeltaEngine
 from sluice.delta import batch_commits, ensure_table, table_version
@@ -63,10 +63,11 @@ class PreparedStream:
     summary: StreamRunSummary
 
 
-def build_routed_frame(spark: SparkSession, stream: StreamSpec, roots: Roots) -> tuple[DataFrame, list[str]]:
+def build_routed_frame(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | None = None,
+                       trigger: TriggerSpec | None = None) -> tuple[DataFrame, list[str]]:
     """Source -> dead-letter flag -> transform -> one frame carrying a route column. Returns it and the data
-    columns of the stream's table."""
-    parsed = flag_dead_letters(read_stream(spark, stream, roots), stream)
+    columns of the stream's table. ``path`` and ``trigger`` override the source's (see ``read_stream``)."""
+    parsed = flag_dead_letters(read_stream(spark, stream, roots, path=path, trigger=trigger), stream)
     before = set(parsed.columns)
     transformed = get_transform(stream.transform)(parsed)
     lost = sorted(before - set(transformed.columns))
@@ -90,6 +91,25 @@ def build_routed_frame(spark: SparkSession, stream: StreamSpec, roots: Roots) ->
     return routed, [*data_columns, INGEST_TIME_COLUMN]
 
 
+def sink_targets(stream: StreamSpec, roots: Roots, data_columns: list[str]) -> list[TableTarget]:
+    """The stream's table (good rows) and its dead-letter table, as routes of the routed frame."""
+    return [
+        TableTarget(GOOD_ROUTE, stream.sink_path(roots), tuple((c, c) for c in data_columns), stream.sink.partition_by),
+        TableTarget(DEAD_LETTER_ROUTE, stream.dead_letter_table_path(roots), _DEAD_LETTER_FIELDS),
+    ]
+
+
+def create_tables(stream: StreamSpec, routed: DataFrame, targets: list[TableTarget]) -> None:
+    """Create the targets' Delta tables with delta-rs from the routed frame's schema (the jvm engine creates its
+    own on first write); an existing table must have the same schema."""
+    arrow_schema = to_arrow_schema(routed.schema, timezone="UTC")
+    for target in targets:
+        fields = [arrow_schema.field(source).with_name(name) for source, name in target.columns]
+        ensure_table(target.path, pa.schema(fields), target.partition_by,
+                     name=stream.name if target.route == GOOD_ROUTE else f"{stream.name}_dead_letter",
+                     description=stream.description)
+
+
 def prepare_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, run_id: str,
                    engine: DeltaEngine | None = None) -> PreparedStream:
     """Pin the query id, build the frame and create the Delta tables, all before Spark starts the query."""
@@ -97,17 +117,9 @@ def prepare_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, run
     query_id = ensure_query_id(checkpoint)
     resolved = resolve_engine(spark, engine or stream.sink.engine)
     routed, data_columns = build_routed_frame(spark, stream, roots)
-    targets = [
-        TableTarget(GOOD_ROUTE, stream.sink_path(roots), tuple((c, c) for c in data_columns), stream.sink.partition_by),
-        TableTarget(DEAD_LETTER_ROUTE, stream.dead_letter_table_path(roots), _DEAD_LETTER_FIELDS),
-    ]
+    targets = sink_targets(stream, roots, data_columns)
     if resolved is DeltaEngine.RS:
-        arrow_schema = to_arrow_schema(routed.schema, timezone="UTC")
-        for target in targets:
-            fields = [arrow_schema.field(source).with_name(name) for source, name in target.columns]
-            ensure_table(target.path, pa.schema(fields), target.partition_by,
-                         name=stream.name if target.route == GOOD_ROUTE else f"{stream.name}_dead_letter",
-                         description=stream.description)
+        create_tables(stream, routed, targets)
     summary = StreamRunSummary(
         stream=stream.name,
         query_id=query_id,
@@ -176,7 +188,7 @@ def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: floa
     error = query.exception()
     if error is not None:
         summary.status = "failed"
-        summary.error = _error_message(error)
+        summary.error = error_message(error)
     elif summary.input_rows != summary.output_rows + summary.dead_letter_rows:
         summary.status = "failed"
         summary.retryable = False
@@ -189,7 +201,7 @@ def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: floa
     return summary
 
 
-def _error_message(error: BaseException) -> str:
+def error_message(error: BaseException) -> str:
     """The first line of a query's error, and its root cause: Spark wraps most causes in a generic message."""
     def first_line(exc: BaseException) -> str:
         text = str(exc).strip()
@@ -222,7 +234,7 @@ def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: 
             for item in prepared:
                 running.append((item, start_stream(item)))
             for item, query in running:
-                _await(item, query, held[item.spec.name])
+                await_query(item.spec.name, query, held[item.spec.name])
         finally:
             for _, query in running:
                 if query.isActive:
@@ -235,17 +247,18 @@ def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: 
     return RunSummary(app_id=spark.sparkContext.applicationId, streams=summaries)
 
 
-def _await(item: PreparedStream, query: StreamingQuery, lock: StreamLock) -> None:
-    """Wait for a query to end; stop it if another run took its lock (this run's heartbeat stalled past expiry)."""
+def await_query(name: str, query: StreamingQuery, lock: StreamLock) -> None:
+    """Wait for a query to end; stop it if another run took its lock (this run's heartbeat stalled past expiry).
+    A query's error is left for the caller to read from ``query.exception()``."""
     while True:
         try:
             if query.awaitTermination(2):
                 return
-        except Exception as exc:  # read again from query.exception() in finish_stream
-            log.error("stream %s failed: %s", item.spec.name, exc)
+        except Exception as exc:
+            log.error("query %s failed: %s", name, exc)
             return
         if lock.lost:
-            log.error("stream %s lost its lock to another run; stopping it", item.spec.name)
+            log.error("query %s lost its lock to another run; stopping it", name)
             query.stop()
             return
 

@@ -32,6 +32,8 @@ def configure_sluice(builder: SparkSession.Builder) -> SparkSession.Builder:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     return (
         builder.config("spark.sql.session.timeZone", "UTC")
+        # Parquet that Spark stages for delta-rs (backfills) carries UTC microsecond timestamps, as Delta does.
+        .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         .config("spark.sql.shuffle.partitions", os.environ.get("SLUICE_SHUFFLE_PARTITIONS", "4"))
         # Keep every progress report of a run: the run summary and the row reconciliation are built from them.
         .config("spark.sql.streaming.numRecentProgressUpdates", "100000")

@@ -12,25 +12,32 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from sluice.catalog import StreamSpec
+from sluice.catalog import StreamSpec, TriggerSpec
 from sluice.constants import SOURCE_FILE_COLUMN, FileFormat
 from sluice.paths import Roots
 
 CORRUPT_COLUMN = "_corrupt_record"
 
 
-def read_stream(spark: SparkSession, stream: StreamSpec, roots: Roots) -> DataFrame:
-    """The stream's source as a streaming DataFrame: the declared columns, ``_corrupt_record``, ``_source_file``."""
+def read_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | None = None,
+                trigger: TriggerSpec | None = None) -> DataFrame:
+    """The stream's source as a streaming DataFrame: the declared columns, ``_corrupt_record``, ``_source_file``.
+
+    ``path`` and ``trigger`` replace the catalog's source path and admission limits (a backfill reads a glob of
+    the files it selected, with its own limits).
+    """
     source = stream.source
-    path = stream.source_path(roots)
-    if "://" not in path:
-        # A landing zone nobody has written to yet is empty, not an error: the run finds nothing and ends.
-        Path(path).mkdir(parents=True, exist_ok=True)
+    if path is None:
+        path = stream.source_path(roots)
+        if "://" not in path:
+            # A landing zone nobody has written to yet is empty, not an error: the run finds nothing and ends.
+            Path(path).mkdir(parents=True, exist_ok=True)
+    trigger = trigger or stream.trigger
     reader = spark.readStream.format(source.format.value).options(**source.options)
-    if stream.trigger.max_files_per_trigger:
-        reader = reader.option("maxFilesPerTrigger", stream.trigger.max_files_per_trigger)
-    if stream.trigger.max_bytes_per_trigger:
-        reader = reader.option("maxBytesPerTrigger", stream.trigger.max_bytes_per_trigger)
+    if trigger.max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", trigger.max_files_per_trigger)
+    if trigger.max_bytes_per_trigger:
+        reader = reader.option("maxBytesPerTrigger", trigger.max_bytes_per_trigger)
 
     schema = source.schema.ddl(nullable_only=True)
     if source.format is FileFormat.CSV and source.options.get("header") == "true":

@@ -164,3 +164,45 @@ def test_reset_through_the_repair_dag_then_the_ingest_dag_gives_the_exact_table(
     assert table_rows(sink, ["event_id"]) == sorted((row[0],) for row in good)
     dead_letter = catalog.get("events_bronze").dead_letter_table_path(roots)
     assert len(table_rows(dead_letter, ["raw_record"])) == bad
+
+
+def test_backfill_dag_with_conf_runs_the_real_spark_job(
+    spark: object, airflow_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.utils.state import DagRunState, TaskInstanceState
+    from deltalake import DeltaTable
+
+    from sluice.catalog import load_catalog
+    from sluice.paths import Roots
+    from sluice_spark.runner import run_streams
+    from tests.helpers import table_rows
+
+    monkeypatch.setenv("SLUICE_DATA_ROOT", str(tmp_path))
+    catalog, roots = load_catalog(), Roots.from_env()
+    start = dt.datetime(2026, 11, 22, 9, tzinfo=dt.timezone.utc)
+    DemoProducer(tmp_path / "landing", seed=37).events_file(lines=40, now=start + dt.timedelta(minutes=30))
+    assert run_streams(spark, catalog, ["events_bronze"], roots).ok
+    sink = catalog.get("events_bronze").sink_path(roots)
+    DeltaTable(sink).delete("event_type = 'click'")  # rows lost downstream of the stream: replace restores them
+    version = DeltaTable(sink).version()
+    dag = DagBag(dag_folder=str(Path(__file__).resolve().parents[2] / "dags")).get_dag("backfill")
+    conf = {"stream": "events_bronze", "start": "2026-11-22T10:00:00+01:00", "end": "2026-11-22T12:00:00+01:00",
+            "mode": "replace", "dry_run": False, "reason": "clicks were deleted by mistake"}
+
+    refused = dag.test(run_conf={**conf, "start": "2026-11-22T10:00:00"})
+    assert refused.state == DagRunState.FAILED
+    states = {ti.task_id: ti.state for ti in refused.get_task_instances()}
+    assert states == {"plan": TaskInstanceState.FAILED, "backfill": TaskInstanceState.UPSTREAM_FAILED}
+    assert DeltaTable(sink).version() == version, "a refused backfill writes nothing"
+
+    run = dag.test(run_conf=conf)
+
+    assert run.state == DagRunState.SUCCESS
+    [plan] = xcom_value(dag.dag_id, run.run_id, "plan")
+    [summary] = xcom_value(dag.dag_id, run.run_id, "backfill")
+    good, _ = expected_events(tmp_path / "landing" / "events", between=(start, start + dt.timedelta(hours=2)))
+    assert plan["file_count"] == 1 and summary["status"] == "succeeded"
+    assert summary["rows_written"] == len(good) and summary["delta_version_after"] == version + 1
+    assert table_rows(sink, ["event_id"]) == sorted((row[0],) for row in good)
+    assert DeltaTable(sink).history(1)[0]["sluice.backfill.reason"] == "clicks were deleted by mistake"

@@ -24,7 +24,15 @@ from sluice.lock import LockHeld, StreamLock
 from sluice.paths import Roots
 from sluice.repair import RepairError, backup, quarantine_offsets, repin_query_id, reset_to_version
 from sluice_spark.runner import run_streams
-from tests.helpers import events_stream, expected_events, roots_in, table_rows, write_catalog
+from tests.helpers import (
+    events_stream,
+    expected_events,
+    fresh_world,
+    keep_pristine,
+    roots_in,
+    table_rows,
+    write_catalog,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -44,15 +52,12 @@ def golden(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
         producer.events_file(lines=30, now=NOW + dt.timedelta(minutes=index))
     summary = run_streams(spark, load_catalog(folder / "catalog.yaml"), ["events"], roots_in(folder))
     assert summary.streams[0].batches == 3
-    shutil.copytree(folder, folder.with_name("pristine"))
-    return folder
+    return keep_pristine(folder)
 
 
 @pytest.fixture
 def world(golden: Path) -> tuple[Catalog, Roots, Path]:
-    shutil.rmtree(golden)
-    shutil.copytree(golden.with_name("pristine"), golden)
-    return load_catalog(golden / "catalog.yaml"), roots_in(golden), golden
+    return fresh_world(golden)
 
 
 def report_of(world: tuple[Catalog, Roots, Path]):  # type: ignore[no-untyped-def]

@@ -1,0 +1,382 @@
+"""Backfills that understand streams: a request validated field by field, and the plan of what it reads and writes.
+
+A backfill replays a slice of a stream's source into the stream's own Delta tables, with its own checkpoint, and
+never touches the live stream's checkpoint. Planning is plain Python and delta-rs, no JVM, so that a bad request
+fails in seconds and a dry run's file list costs nothing.
+
+Which files a backfill may read:
+
+- A file the live stream has recorded in its file-source log is the backfill's to re-read.
+- A file the live stream has not recorded yet, but will read on its next run, is left to it: a backfill that read
+  it too would write its rows twice. It is reported as pending.
+- A file the live stream will never read (its modification time is behind the stream's ``maxFileAge`` horizon,
+  as with an archive restored with its old times) is the backfill's too.
+
+Then ``select_by`` picks the slice: ``file_time`` takes the files modified in ``[start, end)`` and all their rows;
+``event_time`` takes the rows whose event time is in ``[start, end)`` from every file modified at or after
+``start`` minus the catalog's clock skew.
+
+``replace`` swaps, in one commit per table, the target rows of the range *that came from the files read* for the
+rows read again: ``<range> AND _source_file IN (<files>)``. Rows of files that were not read are never touched.
+``append`` adds only files the tables do not hold yet, so running it twice adds nothing.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote, urlsplit
+
+from sluice.catalog import Catalog, StreamSpec
+from sluice.checkpoint import CheckpointReader
+from sluice.constants import SOURCE_FILE_COLUMN, SourceType
+from sluice.errors import SluiceError
+from sluice.paths import Roots, require_local
+
+MODES = ("append", "replace")
+SELECT_BY = ("event_time", "file_time")
+PARAMS = ("stream", "start", "end", "timezone", "select_by", "mode", "dry_run", "max_files_per_trigger", "reason")
+MAX_REASON_LENGTH = 500
+# Spark's default for the file source's maxFileAge.
+_DEFAULT_MAX_FILE_AGE = timedelta(days=7)
+_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|min|h|d|w)?\s*$", re.IGNORECASE)
+_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800, None: 0.001}
+_RUN_KEY = re.compile(r"[^A-Za-z0-9._-]+")
+DEAD_LETTER_SOURCE_COLUMN = "source_file"
+
+
+class BackfillError(SluiceError):
+    """A backfill request was refused; nothing was read or written. The message starts with the field."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+
+
+@dataclass(frozen=True)
+class BackfillRequest:
+    """A validated backfill: the range is UTC-aware and ``start < end``."""
+
+    stream: str
+    start: datetime
+    end: datetime
+    mode: str = "append"
+    select_by: str = "event_time"
+    dry_run: bool = False
+    max_files_per_trigger: int | None = None
+    reason: str | None = None
+    run_id: str = "manual"
+
+    @property
+    def run_key(self) -> str:
+        """The run id as a folder name: the backfill's checkpoint is keyed by stream and run id."""
+        return _RUN_KEY.sub("_", self.run_id).strip("._")[:150] or "run"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["start"], data["end"] = self.start.isoformat(), self.end.isoformat()
+        return data
+
+    def to_args(self) -> list[str]:
+        """The backfill runner's command-line arguments for this request."""
+        args = ["--stream", self.stream, "--start", self.start.isoformat(), "--end", self.end.isoformat(),
+                "--mode", self.mode, "--select-by", self.select_by, "--run-id", self.run_id]
+        if self.dry_run:
+            args.append("--dry-run")
+        if self.max_files_per_trigger is not None:
+            args += ["--max-files-per-trigger", str(self.max_files_per_trigger)]
+        if self.reason:
+            args += ["--reason", self.reason]
+        return args
+
+
+def _parse_time(name: str, value: object, zone: Any) -> datetime:
+    import pendulum
+
+    if isinstance(value, datetime):
+        moment = value
+    elif isinstance(value, str) and value.strip():
+        try:
+            parsed = pendulum.parse(value.strip(), exact=True, tz=None)
+        except (ValueError, TypeError) as exc:
+            raise BackfillError(name, f"{value!r} is not an ISO 8601 date-time ({exc})") from None
+        if not isinstance(parsed, datetime):
+            raise BackfillError(name, f"{value!r} is a {type(parsed).__name__}, not a date-time; give a time and "
+                                      "an offset, e.g. 2026-03-29T00:00:00+01:00")
+        moment = parsed
+    else:
+        raise BackfillError(name, f"expected an ISO 8601 date-time, got {value!r}")
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        if zone is None:
+            raise BackfillError(name, f"{value!r} has no UTC offset; add one (e.g. +01:00 or Z), or set timezone "
+                                      "to the IANA zone it is in")
+        # pendulum resolves local times across daylight-saving changes: a skipped hour moves forward, a repeated
+        # hour takes its first occurrence.
+        moment = pendulum.datetime(moment.year, moment.month, moment.day, moment.hour, moment.minute,
+                                   moment.second, moment.microsecond, tz=zone)
+    # A plain datetime in UTC: pendulum's subclasses would turn differences into its own Interval type.
+    return datetime.fromtimestamp(moment.timestamp(), timezone.utc)
+
+
+def _as_bool(name: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in {"true", "false"}:
+        return value.strip().lower() == "true"
+    raise BackfillError(name, f"expected true or false, got {value!r}")
+
+
+def parse_request(params: Mapping[str, Any], catalog: Catalog, *, run_id: str) -> BackfillRequest:
+    """Validate backfill params (from the trigger form or the command line); every refusal names its field.
+
+    No param names a path, a Spark conf or a command: everything else comes from the catalog.
+    """
+    import pendulum
+
+    unknown = sorted(set(params) - set(PARAMS))
+    if unknown:
+        raise BackfillError(unknown[0], f"unknown param(s) {', '.join(unknown)}; a backfill takes {', '.join(PARAMS)}")
+    name = params.get("stream")
+    if not isinstance(name, str) or name not in catalog.streams:
+        known = ", ".join(stream.name for stream in catalog)
+        raise BackfillError("stream", f"unknown stream {name!r}; known streams: {known}")
+    stream = catalog.get(name)
+    if stream.source.type is not SourceType.FILES:
+        raise BackfillError("stream", f"stream '{name}' reads a {stream.source.type.value} source; backfills of it "
+                                      "are not supported")
+    zone_name = params.get("timezone")
+    zone = None
+    if zone_name not in (None, ""):
+        try:
+            zone = pendulum.timezone(str(zone_name))
+        except Exception:  # pendulum raises its own InvalidTimezone, or a ZoneInfo error
+            raise BackfillError("timezone", f"unknown time zone {zone_name!r}; use an IANA name such as "
+                                            "Europe/Berlin or UTC") from None
+    start = _parse_time("start", params.get("start"), zone)
+    end = _parse_time("end", params.get("end"), zone)
+    if end <= start:
+        raise BackfillError("end", f"{end.isoformat()} is not after start {start.isoformat()}")
+    longest = timedelta(days=stream.backfill.max_range_days)
+    if end - start > longest:
+        raise BackfillError("end", f"the range is {end - start}, longer than the {stream.backfill.max_range_days} "
+                                   f"days stream '{name}' allows (backfill.max_range_days); split it into several "
+                                   "backfills")
+    mode = params.get("mode") or "append"
+    if mode not in MODES:
+        raise BackfillError("mode", f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
+    select_by = params.get("select_by") or "event_time"
+    if select_by not in SELECT_BY:
+        raise BackfillError("select_by", f"unknown value {select_by!r}; expected one of {', '.join(SELECT_BY)}")
+    if select_by == "event_time" and stream.backfill.event_time_column is None:
+        raise BackfillError("select_by", f"stream '{name}' declares no backfill.event_time_column; select by "
+                                         "file_time, or declare the column in the catalog")
+    limit = params.get("max_files_per_trigger")
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise BackfillError("max_files_per_trigger", f"expected a positive integer, got {limit!r}")
+        if mode == "replace":
+            raise BackfillError("max_files_per_trigger", "replace reads the range in one batch, so that it is "
+                                                         "swapped in one commit; leave it empty")
+    reason = params.get("reason")
+    if reason in ("",):
+        reason = None
+    if reason is not None and (not isinstance(reason, str) or len(reason) > MAX_REASON_LENGTH
+                               or not reason.isprintable()):
+        raise BackfillError("reason", f"expected one line of text of at most {MAX_REASON_LENGTH} characters")
+    return BackfillRequest(stream=name, start=start, end=end, mode=mode, select_by=select_by,
+                           dry_run=_as_bool("dry_run", params.get("dry_run", False)),
+                           max_files_per_trigger=limit, reason=reason, run_id=run_id)
+
+
+def parse_duration(text: str) -> timedelta:
+    """A Spark duration option such as ``7d``, ``36h`` or ``600000`` (milliseconds)."""
+    match = _DURATION.match(text)
+    if not match:
+        raise SluiceError(f"cannot read {text!r} as a duration (e.g. 7d, 36h, 30m)")
+    unit = match.group(2).lower() if match.group(2) else None
+    return timedelta(seconds=int(match.group(1)) * _DURATION_UNITS[unit])
+
+
+def spark_file_uri(path: str) -> str:
+    """The ``_metadata.file_path`` Spark records for a local file: ``file:`` and the percent-encoded path."""
+    return "file:" + quote(path, safe="/-_.~!$&'()*+,;=:@")
+
+
+def local_file_path(uri: str) -> str:
+    return unquote(urlsplit(uri).path) if "://" in uri or uri.startswith("file:") else uri
+
+
+@dataclass(frozen=True)
+class PlannedFile:
+    path: str
+    size: int
+    modified: float
+
+    @property
+    def uri(self) -> str:
+        return spark_file_uri(self.path)
+
+
+@dataclass
+class BackfillPlan:
+    """What a backfill will read and replace. Frozen into the backfill's checkpoint on its first attempt."""
+
+    request: dict[str, Any]
+    files: list[PlannedFile]
+    pending_files: int = 0
+    pending_bytes: int = 0
+    held_files: int = 0
+    sink_predicate: str | None = None
+    dead_letter_predicate: str | None = None
+    rows_to_replace: int = 0
+    dead_letter_rows_to_replace: int = 0
+    event_time_column: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def to_dict(self, *, sample: int | None = None) -> dict[str, Any]:
+        data = asdict(self)
+        data["file_count"], data["file_bytes"] = len(self.files), self.bytes
+        if sample is not None:
+            data["files"] = [f["path"] for f in data["files"][:sample]]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BackfillPlan:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        known["files"] = [PlannedFile(**f) for f in data["files"]]
+        return cls(**known)
+
+
+def list_source_files(stream: StreamSpec, roots: Roots) -> list[PlannedFile]:
+    """The files Spark's file source would consider: the glob filter, recursive lookup or not, no hidden files."""
+    root = Path(require_local(stream.source_path(roots), what=f"stream '{stream.name}': source path"))
+    glob = stream.source.options.get("pathGlobFilter")
+    recursive = str(stream.source.options.get("recursiveFileLookup", "false")).lower() == "true"
+    found: list[PlannedFile] = []
+    if not root.is_dir():
+        return found
+    for folder, directories, files in os.walk(root):
+        # Spark skips names starting with '_' or '.'; without recursive lookup only partition folders (k=v) count.
+        directories[:] = sorted(d for d in directories if not d.startswith(("_", "."))
+                                and (recursive or "=" in d))
+        for name in sorted(files):
+            if name.startswith(("_", ".")) or (glob and not fnmatch.fnmatchcase(name, glob)):
+                continue
+            stat = os.stat(os.path.join(folder, name))
+            found.append(PlannedFile(os.path.join(folder, name), stat.st_size, stat.st_mtime))
+    return found
+
+
+def _sql_string(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _utc_literal(moment: datetime) -> str:
+    return _sql_string(moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
+
+
+def range_predicate(column: str, start: datetime, end: datetime) -> str:
+    return f"`{column}` >= {_utc_literal(start)} AND `{column}` < {_utc_literal(end)}"
+
+
+def files_predicate(column: str, uris: list[str]) -> str:
+    return f"`{column}` IN ({', '.join(_sql_string(uri) for uri in uris)})"
+
+
+def _distinct(path: str, column: str, where: str | None) -> set[str]:
+    from deltalake import DeltaTable, QueryBuilder
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        table = DeltaTable(path)
+    except TableNotFoundError:
+        return set()
+    query = f'SELECT DISTINCT "{column}" AS v FROM t' + (f" WHERE {_datafusion(where)}" if where else "")
+    import pyarrow as pa
+
+    rows = pa.table(QueryBuilder().register("t", table).execute(query)).column("v").to_pylist()
+    return {str(value) for value in rows if value is not None}
+
+
+def count_rows(path: str, where: str) -> int:
+    """Rows of a Delta table matching a predicate, counted by delta-rs; 0 when there is no table."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, QueryBuilder
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        table = DeltaTable(path)
+    except TableNotFoundError:
+        return 0
+    result = QueryBuilder().register("t", table).execute(f"SELECT count(*) AS n FROM t WHERE {_datafusion(where)}")
+    return int(pa.table(result).column("n")[0].as_py())
+
+
+def _datafusion(predicate: str) -> str:
+    """Delta predicates quote names with backticks; DataFusion SQL wants double quotes and typed timestamps."""
+    text = re.sub(r"`([^`]+)`", r'"\1"', predicate)
+    return re.sub(r"'(\d{4}-\d\d-\d\dT[\d:.]+Z)'", r"TIMESTAMP '\1'", text)
+
+
+def plan_backfill(request: BackfillRequest, stream: StreamSpec, roots: Roots) -> BackfillPlan:
+    """The files to read, the files left to the live stream, and what ``replace`` would swap out."""
+    live = CheckpointReader(stream.checkpoint_path(roots))
+    recorded = live.file_source_entries() if live.exists else {}
+    max_age = parse_duration(stream.source.options["maxFileAge"]) if "maxFileAge" in stream.source.options \
+        else _DEFAULT_MAX_FILE_AGE
+    horizon = (max(recorded.values()) / 1000 - max_age.total_seconds()) if recorded else None
+    start, end = request.start.timestamp(), request.end.timestamp()
+    if request.select_by == "file_time":
+        in_slice = lambda f: start <= f.modified < end  # noqa: E731
+    else:
+        earliest = start - stream.backfill.clock_skew_seconds
+        in_slice = lambda f: f.modified >= earliest  # noqa: E731
+    plan = BackfillPlan(request=request.to_dict(), files=[],
+                        event_time_column=stream.backfill.event_time_column if request.select_by == "event_time"
+                        else None)
+    for planned in list_source_files(stream, roots):
+        if not in_slice(planned):
+            continue
+        if planned.path not in recorded and (horizon is None or planned.modified >= horizon):
+            plan.pending_files += 1
+            plan.pending_bytes += planned.size
+            continue
+        plan.files.append(planned)
+    if plan.pending_files:
+        plan.notes.append(f"{plan.pending_files} file(s) of the slice are not read yet by the live stream; its "
+                          "next run ingests them, so the backfill leaves them alone")
+    where = range_predicate(plan.event_time_column, request.start, request.end) if plan.event_time_column else None
+    if request.mode == "append":
+        held = {local_file_path(uri) for uri in _distinct(stream.sink_path(roots), SOURCE_FILE_COLUMN, where)}
+        held |= {local_file_path(uri) for uri in _distinct(stream.dead_letter_table_path(roots),
+                                                           DEAD_LETTER_SOURCE_COLUMN, None)}
+        kept = [f for f in plan.files if f.path not in held]
+        plan.held_files = len(plan.files) - len(kept)
+        plan.files = kept
+    elif plan.files:
+        uris = _stored_uris(stream, roots, plan.files)
+        files_only = files_predicate(SOURCE_FILE_COLUMN, uris)
+        plan.sink_predicate = f"{where} AND {files_only}" if where else files_only
+        plan.dead_letter_predicate = files_predicate(DEAD_LETTER_SOURCE_COLUMN, uris)
+        plan.rows_to_replace = count_rows(stream.sink_path(roots), plan.sink_predicate)
+        plan.dead_letter_rows_to_replace = count_rows(stream.dead_letter_table_path(roots),
+                                                      plan.dead_letter_predicate)
+    return plan
+
+
+def _stored_uris(stream: StreamSpec, roots: Roots, files: list[PlannedFile]) -> list[str]:
+    """How the tables spell each file (as Spark recorded it), or how Spark will spell it."""
+    stored = _distinct(stream.sink_path(roots), SOURCE_FILE_COLUMN, None) | _distinct(
+        stream.dead_letter_table_path(roots), DEAD_LETTER_SOURCE_COLUMN, None)
+    by_path = {local_file_path(uri): uri for uri in stored}
+    return sorted({by_path.get(f.path, f.uri) for f in files} | {f.uri for f in files})

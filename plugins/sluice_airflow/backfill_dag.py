@@ -1,0 +1,54 @@
+"""The manual backfill DAG: a trigger form with typed params, a plan without Spark, then the bounded Spark job."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.sdk import DAG, Param
+
+from sluice.backfill import MAX_REASON_LENGTH, MODES, SELECT_BY
+from sluice.catalog import Catalog, load_catalog
+from sluice_airflow.dag_factory import START_DATE
+from sluice_airflow.operators import BackfillOperator, BackfillPlanOperator
+
+
+def backfill_dag(catalog: Catalog | None = None, *, doc: str = "") -> DAG:
+    streams = [stream.name for stream in (catalog or load_catalog())]
+    with DAG(
+        dag_id="backfill",
+        description="Replay a time range of a stream's source into its Delta table: append or replace, or dry run",
+        schedule=None,
+        start_date=START_DATE,
+        catchup=False,
+        max_active_runs=1,
+        default_args={"owner": "data-eng", "retries": 1, "retry_delay": timedelta(minutes=1)},
+        tags=["sluice", "backfill"],
+        doc_md=doc,
+        params={
+            "stream": Param(streams[0] if streams else "", type="string", enum=streams, title="Stream",
+                            description="The catalog stream to backfill; it writes into the stream's own tables"),
+            "start": Param(None, type=["null", "string"], format="date-time", title="Start (inclusive)",
+                           description="ISO 8601 with an offset, e.g. 2026-03-29T00:00:00+01:00; without one, "
+                                       "the time zone below applies"),
+            "end": Param(None, type=["null", "string"], format="date-time", title="End (exclusive)",
+                         description="ISO 8601, after start"),
+            "timezone": Param(None, type=["null", "string"], title="Time zone of naive times",
+                              description="An IANA name (e.g. Europe/Berlin) for start and end without an offset"),
+            "select_by": Param("event_time", type="string", enum=list(SELECT_BY), title="Select by",
+                               description="event_time: rows whose event time is in the range. file_time: every "
+                                           "row of the files modified in the range"),
+            "mode": Param("append", type="string", enum=list(MODES), title="Mode",
+                          description="append: add the files the tables do not hold yet (running it twice adds "
+                                      "nothing). replace: swap the range's rows from the files read, in one commit"),
+            "dry_run": Param(True, type="boolean", title="Dry run",
+                             description="Report the files, the rows to write and the rows to replace; write nothing"),
+            "max_files_per_trigger": Param(None, type=["null", "integer"], minimum=1, title="Files per batch",
+                                           description="append only: files per micro-batch (default: all at once)"),
+            "reason": Param(None, type=["null", "string"], maxLength=MAX_REASON_LENGTH, title="Reason",
+                            description="Recorded in the Delta commit info of every backfill commit"),
+        },
+    ) as dag:
+        plan = BackfillPlanOperator(task_id="plan")
+        run = BackfillOperator(task_id="backfill")
+        plan >> run
+    return dag

@@ -1,0 +1,187 @@
+"""Backfills with real Spark into tables that a real stream filled: replace, append, dry run, daylight saving.
+
+The oracle is the json module over the landing files (tests.helpers.expected_events), never the code under test.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+
+from sluice.backfill import parse_request
+from sluice.catalog import Catalog, load_catalog
+from sluice.demo_producer import DemoProducer
+from sluice.paths import Roots
+from sluice_spark.backfill import run_backfill
+from sluice_spark.runner import run_streams
+from tests.helpers import (
+    events_stream,
+    expected_events,
+    fresh_world,
+    keep_pristine,
+    roots_in,
+    table_rows,
+    write_catalog,
+)
+
+pytestmark = pytest.mark.spark
+
+UTC = dt.timezone.utc
+NOW = dt.datetime(2026, 11, 22, 8, 0, tzinfo=UTC)
+COLUMNS = ["event_id", "event_type", "user_id", "amount"]
+# The range backfilled: the second and third files' events, minus their late ones.
+START, END = NOW + dt.timedelta(minutes=50), NOW + dt.timedelta(hours=2, minutes=10)
+
+
+@pytest.fixture(scope="module")
+def golden(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three hourly files ingested by a real stream run; each test gets a fresh copy at the same path (the file
+    source log records absolute paths). ``maxFileAge`` is one hour, so a file restored with old times is never
+    read by the stream."""
+    folder = tmp_path_factory.mktemp("backfill") / "world"
+    folder.mkdir()
+    write_catalog(folder, events_stream(
+        source={**events_stream()["source"], "options": {"recursiveFileLookup": True, "pathGlobFilter": "*.json",
+                                                          "maxFileAge": "1h"}},
+        backfill={"event_time_column": "event_time", "max_range_days": 3},
+    ))
+    producer = DemoProducer(folder / "landing", seed=61, malformed_rate=0.05, late_rate=0.2)
+    for hour in range(3):
+        produced = producer.events_file(lines=30, now=NOW + dt.timedelta(hours=hour))
+        stamp = (NOW + dt.timedelta(hours=hour)).timestamp()
+        os.utime(produced.files[0], (stamp, stamp))
+    assert run_streams(spark, load_catalog(folder / "catalog.yaml"), ["events"], roots_in(folder)).ok
+    return keep_pristine(folder)
+
+
+@pytest.fixture
+def world(golden: Path) -> tuple[Catalog, Roots, Path]:
+    return fresh_world(golden)
+
+
+def request(catalog: Catalog, run_id: str, **params: Any) -> Any:
+    defaults = {"stream": "events", "start": START.isoformat(), "end": END.isoformat(), "mode": "replace"}
+    return parse_request({**defaults, **params}, catalog, run_id=run_id)
+
+
+def rows(roots: Roots, **where: Any) -> list[tuple[Any, ...]]:
+    return table_rows(Path(roots.lake, "bronze", "events").as_posix(), COLUMNS, **where)
+
+
+def in_range(row: tuple[Any, ...], times: dict[str, dt.datetime]) -> bool:
+    return START <= times[row[0]] < END
+
+
+def event_times(landing: Path) -> dict[str, dt.datetime]:
+    times = {}
+    for path in landing.rglob("*.json"):
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+                times[record["event_id"]] = dt.datetime.fromisoformat(record["event_time"])
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue
+    return times
+
+
+def checkpoint_digest(checkpoint: Path) -> dict[str, str]:
+    return {str(p.relative_to(checkpoint)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(checkpoint.rglob("*")) if p.is_file()}
+
+
+def test_replace_repairs_the_range_only_and_twice_is_the_same(spark: Any, world: tuple[Catalog, Roots, Path]) -> None:
+    catalog, roots, folder = world
+    landing = folder / "landing" / "events"
+    sink = catalog.get("events").sink_path(roots)
+    live = Path(catalog.get("events").checkpoint_path(roots))
+    live_before = checkpoint_digest(live)
+    times = event_times(landing)
+    # Corrupt every amount, inside the range and outside it.
+    DeltaTable(sink).update(updates={"amount": "amount + 1000"}, predicate="amount IS NOT NULL")
+    corrupted = rows(roots)
+
+    dry = run_backfill(spark, catalog, request(catalog, "dry", dry_run=True), roots)
+    version = DeltaTable(sink).version()
+    assert dry.ok and dry.delta_version_after == version and rows(roots) == corrupted, "a dry run writes nothing"
+    wanted_in_range = [row[:4] for row in expected_events(landing, between=(START, END))[0]]
+    assert dry.rows_written == len(wanted_in_range) and dry.rows_replaced == len(wanted_in_range)
+    assert dry.files == 2 and dry.pending_files == 0, "the file written before the range holds none of it"
+
+    summary = run_backfill(spark, catalog, request(catalog, "first", reason="amounts were corrupted"), roots)
+
+    assert summary.ok and summary.batches == 1
+    assert summary.delta_version_after == version + 1, "the range is swapped in one commit"
+    assert summary.input_rows == summary.rows_written + summary.rows_outside_range + summary.dead_letter_rows
+    after = rows(roots)
+    assert sorted((r for r in after if in_range(r, times)), key=repr) == sorted(wanted_in_range, key=repr)
+    assert [r for r in after if not in_range(r, times)] == [r for r in corrupted if not in_range(r, times)]
+    commit = DeltaTable(sink).history(1)[0]
+    assert (commit["sluice.backfill.runId"], commit["sluice.backfill.reason"]) == ("first", "amounts were corrupted")
+
+    again = run_backfill(spark, catalog, request(catalog, "second"), roots)
+    assert again.ok and rows(roots) == after, "the same backfill again gives the same table"
+    assert checkpoint_digest(live) == live_before, "the live checkpoint is byte-for-byte unchanged"
+
+    producer = DemoProducer(folder / "landing", seed=62)
+    new = producer.events_file(lines=12, now=NOW + dt.timedelta(hours=3))
+    stream = run_streams(spark, catalog, ["events"], roots).streams[0]
+    assert stream.batches == 1 and stream.input_rows == len(new.files[0].read_text().splitlines())
+
+
+def test_append_fills_a_file_the_stream_never_reads_once(spark: Any, world: tuple[Catalog, Roots, Path]) -> None:
+    catalog, roots, folder = world
+    two_days_ago = NOW - dt.timedelta(days=2)
+    archive = DemoProducer(folder / "landing", seed=63, malformed_rate=0.1).events_file(lines=25, now=two_days_ago)
+    stamp = two_days_ago.timestamp()
+    os.utime(archive.files[0], (stamp, stamp))
+    # Older than the stream's maxFileAge horizon: the live stream skips it for good.
+    assert run_streams(spark, catalog, ["events"], roots).streams[0].batches == 0
+    before = rows(roots)
+    dead_letter = catalog.get("events").dead_letter_table_path(roots)
+    dead_before = len(table_rows(dead_letter, ["raw_record"]))
+    window = {"start": (two_days_ago - dt.timedelta(hours=1)).isoformat(), "end": (NOW + dt.timedelta(hours=3))
+              .isoformat(), "select_by": "file_time", "mode": "append", "max_files_per_trigger": 1}
+
+    summary = run_backfill(spark, catalog, request(catalog, "archive", **window), roots)
+
+    good, bad = expected_events(folder / "landing", files=archive.files)
+    assert summary.ok and summary.files == 1 and summary.held_files == 3
+    assert (summary.rows_written, summary.dead_letter_rows) == (len(good), bad)
+    assert rows(roots) == sorted(before + [row[:4] for row in good], key=repr)
+    assert len(table_rows(dead_letter, ["raw_record"])) == dead_before + bad
+    version = DeltaTable(catalog.get("events").sink_path(roots)).version()
+
+    again = run_backfill(spark, catalog, request(catalog, "archive-again", **window), roots)
+
+    assert again.ok and again.files == 0 and again.held_files == 4
+    assert DeltaTable(catalog.get("events").sink_path(roots)).version() == version, "running it twice adds nothing"
+
+
+def test_a_range_across_daylight_saving_selects_the_intended_hours(spark: Any, tmp_path: Path) -> None:
+    """Europe/Berlin skips 02:00-03:00 on 2026-03-29: local 00:00 to 06:00 is five hours, 23:00Z to 04:00Z."""
+    write_catalog(tmp_path, events_stream(backfill={"event_time_column": "event_time"}))
+    catalog, roots = load_catalog(tmp_path / "catalog.yaml"), roots_in(tmp_path)
+    first = dt.datetime(2026, 3, 28, 20, tzinfo=UTC)
+    lines = [json.dumps({"event_id": f"e{i}", "event_type": "click", "user_id": "u1",
+                         "event_time": (first + dt.timedelta(minutes=15 * i)).isoformat().replace("+00:00", "Z")})
+             for i in range(48)]
+    path = Path(roots.landing, "events", "2026-03-29", "quarter-hours.json")
+    path.parent.mkdir(parents=True)
+    path.write_text("\n".join(lines) + "\n")
+    stamp = (first + dt.timedelta(hours=12)).timestamp()
+    os.utime(path, (stamp, stamp))
+    assert run_streams(spark, catalog, ["events"], roots).ok
+    params = {"start": "2026-03-29T00:00:00", "end": "2026-03-29T06:00:00", "timezone": "Europe/Berlin"}
+    ask = parse_request({"stream": "events", "mode": "replace", "dry_run": True, **params}, catalog, run_id="dst")
+    assert (ask.start, ask.end) == (dt.datetime(2026, 3, 28, 23, tzinfo=UTC), dt.datetime(2026, 3, 29, 4, tzinfo=UTC))
+
+    summary = run_backfill(spark, catalog, ask, roots)
+
+    assert summary.ok and summary.rows_written == 5 * 4 and summary.rows_replaced == 5 * 4

@@ -1,0 +1,67 @@
+"""Backfill params: every refusal names its field, and nothing in them reaches a path, a conf or a command."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+
+from sluice.backfill import BackfillError, parse_request
+from sluice.catalog import Catalog, load_catalog
+
+UTC = dt.timezone.utc
+
+
+@pytest.fixture(scope="module")
+def catalog() -> Catalog:
+    return load_catalog()
+
+
+def ask(catalog: Catalog, **params: Any) -> Any:
+    base = {"stream": "events_bronze", "start": "2026-11-01T00:00:00Z", "end": "2026-11-02T00:00:00Z"}
+    return parse_request({**base, **params}, catalog, run_id="manual__2026-11-22T10:00:00+00:00")
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"stream": "nope"}, "stream: unknown stream 'nope'; known streams: events_bronze, orders_bronze"),
+        ({"stream": "../events_bronze"}, "stream: unknown stream '../events_bronze'"),
+        ({"stream": "/data/lake/bronze/events"}, "stream: unknown stream '/data/lake/bronze/events'"),
+        ({"end": "2026-10-31T00:00:00Z"}, "end: 2026-10-31T00:00:00+00:00 is not after start"),
+        ({"end": "2026-12-15T00:00:00Z"}, "end: the range is 44 days, 0:00:00, longer than the 31 days"),
+        ({"start": "2026-11-01T00:00:00"}, "start: '2026-11-01T00:00:00' has no UTC offset"),
+        ({"start": "last tuesday"}, "start: 'last tuesday' is not an ISO 8601 date-time"),
+        ({"start": "2026-11-01"}, "start: '2026-11-01' is a Date, not a date-time"),
+        ({"timezone": "../../etc/localtime"}, "timezone: unknown time zone"),
+        ({"mode": "merge"}, "mode: unknown mode 'merge'; expected one of append, replace"),
+        ({"select_by": "partition"}, "select_by: unknown value 'partition'"),
+        ({"mode": "replace", "max_files_per_trigger": 5}, "max_files_per_trigger: replace reads the range in one"),
+        ({"max_files_per_trigger": 0}, "max_files_per_trigger: expected a positive integer"),
+        ({"dry_run": "maybe"}, "dry_run: expected true or false"),
+        ({"reason": "line one\nline two"}, "reason: expected one line of text"),
+        ({"spark.driver.memory": "64g"}, "spark.driver.memory: unknown param(s) spark.driver.memory"),
+        ({"checkpoint": "/tmp/elsewhere"}, "checkpoint: unknown param(s) checkpoint"),
+    ],
+)
+def test_bad_params_are_refused_with_the_field(catalog: Catalog, params: dict[str, Any], message: str) -> None:
+    with pytest.raises(BackfillError) as refused:
+        ask(catalog, **params)
+    assert str(refused.value).startswith(message)
+
+
+def test_naive_times_take_the_time_zone_across_daylight_saving(catalog: Catalog) -> None:
+    spring = ask(catalog, start="2026-03-29T00:00:00", end="2026-03-29T06:00:00", timezone="Europe/Berlin")
+    assert (spring.start, spring.end) == (dt.datetime(2026, 3, 28, 23, tzinfo=UTC), dt.datetime(2026, 3, 29, 4,
+                                                                                                 tzinfo=UTC))
+    autumn = ask(catalog, start="2026-10-25T00:00:00", end="2026-10-25T06:00:00", timezone="Europe/Berlin")
+    assert autumn.end - autumn.start == dt.timedelta(hours=7)
+
+
+def test_offsets_win_and_defaults_apply(catalog: Catalog) -> None:
+    request = ask(catalog, start="2026-11-01T00:00:00+01:00", dry_run="true")
+    assert request.start == dt.datetime(2026, 10, 31, 23, tzinfo=UTC)
+    assert (request.mode, request.select_by, request.dry_run) == ("append", "event_time", True)
+    assert request.run_key == "manual__2026-11-22T10_00_00_00_00"
+    assert "--dry-run" in request.to_args() and "--max-files-per-trigger" not in request.to_args()
