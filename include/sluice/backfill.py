@@ -47,6 +47,8 @@ MAX_REASON_LENGTH = 500
 _DEFAULT_MAX_FILE_AGE = timedelta(days=7)
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|min|h|d|w)?\s*$", re.IGNORECASE)
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800, None: 0.001}
+# Characters a Hadoop glob alternation cannot hold, even escaped (commas can be escaped).
+_GLOB_UNSAFE = ("{", "}", "[", "]", "*", "?", "\\")
 _RUN_KEY = re.compile(r"[^A-Za-z0-9._-]+")
 DEAD_LETTER_SOURCE_COLUMN = "source_file"
 
@@ -352,6 +354,11 @@ def plan_backfill(request: BackfillRequest, stream: StreamSpec, roots: Roots) ->
             plan.pending_bytes += planned.size
             continue
         plan.files.append(planned)
+    unreadable = [f.path for f in plan.files if any(char in f.path for char in _GLOB_UNSAFE)]
+    if unreadable:
+        # The job reads its files as one Hadoop glob alternation, and Hadoop cannot escape these inside one.
+        raise SluiceError(f"stream '{stream.name}': cannot backfill {len(unreadable)} file(s) whose path contains one "
+                          f"of {' '.join(_GLOB_UNSAFE)}, e.g. {unreadable[0]}; rename them, or narrow the range")
     if plan.pending_files:
         plan.notes.append(f"{plan.pending_files} file(s) of the slice are not read yet by the live stream; its "
                           "next run ingests them, so the backfill leaves them alone")

@@ -108,7 +108,8 @@ def backfill_checkpoint(stream: StreamSpec, roots: Roots, request: BackfillReque
 
 def hadoop_glob(paths: list[str]) -> str:
     """One glob that matches exactly ``paths`` (absolute): ``<common folder>/{a,b/c,...}`` with Hadoop's special
-    characters escaped. Hadoop expands the braces, slashes included, before it matches."""
+    characters escaped. Hadoop expands the braces, slashes included, before it matches. Escaped braces inside the
+    alternation are not expanded correctly: the planner refuses such paths first."""
     def escape(path: str) -> str:
         return "".join(f"\\{char}" if char in _GLOB_SPECIAL else char for char in path)
 

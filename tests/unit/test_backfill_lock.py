@@ -1,0 +1,41 @@
+"""A backfill waits for the live stream's lock instead of writing beside a running stream."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from sluice.lock import LockHeld, StreamLock, read_lock
+from sluice_spark.backfill import _stream_lock, hadoop_glob
+
+
+def test_backfill_waits_for_a_running_stream_then_holds_the_lock(tmp_path: Path) -> None:
+    live = StreamLock(tmp_path, "events", "live-run")
+    live.acquire()
+    released = threading.Event()
+
+    def finish_the_live_run() -> None:
+        time.sleep(0.3)
+        live.release()
+        released.set()
+
+    threading.Thread(target=finish_the_live_run).start()
+    with _stream_lock(str(tmp_path), "events", "backfill/run-1", wait_seconds=30):
+        assert released.is_set(), "the backfill got the lock only after the live run released it"
+        holder = read_lock(tmp_path)
+        assert holder is not None and holder.run_id == "backfill/run-1"
+    assert read_lock(tmp_path) is None
+
+
+def test_backfill_gives_up_after_its_wait(tmp_path: Path) -> None:
+    with StreamLock(tmp_path, "events", "live-run"), pytest.raises(LockHeld, match="live-run"), \
+            _stream_lock(str(tmp_path), "events", "backfill/run-2", wait_seconds=0.2):
+        pytest.fail("the backfill must not run while the stream holds the lock")
+
+
+def test_glob_matches_exactly_the_planned_files() -> None:
+    assert hadoop_glob(["/l/e/2026-03-29/b.json", "/l/e/2026-03-28/a,1.json"]) == \
+        "/l/e/{2026-03-28/a\\,1.json,2026-03-29/b.json}"
