@@ -59,6 +59,10 @@ run: $(AIRFLOW_HOME)/airflow.db  ## Airflow standalone with the ingest DAGs on t
 demo: $(AIRFLOW_HOME)/airflow.db  ## headless: produce events, `airflow dags test` an ingest DAG, print a summary
 	$(BIN)/python -m sluice.demo
 
+.PHONY: status
+status: $(STAMP)  ## every stream's lag status, backlog, last commit and checkpoint health (STATUS_ARGS=--reasons)
+	@$(BIN)/python -m sluice.status $(STATUS_ARGS)
+
 .PHONY: test
 test: $(STAMP)  ## the whole suite: unit, Spark integration and Airflow end-to-end
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -73,9 +77,10 @@ lint: $(STAMP)  ## ruff and mypy
 	$(BIN)/mypy include plugins
 
 .PHONY: bench
-bench: $(STAMP)  ## benchmarks: ingest (Delta sink vs Parquet sink, BENCH_ROWS=1000000) and the health check
+bench: $(STAMP)  ## benchmarks: ingest (Delta sink vs Parquet sink, BENCH_ROWS=1000000), health check, lag check
 	$(BIN)/python bench/bench_ingest.py --rows $${BENCH_ROWS:-1000000}
 	$(BIN)/python bench/bench_health.py
+	$(BIN)/python bench/bench_lag.py
 
 .PHONY: freeze
 freeze: $(STAMP)  ## rewrite requirements.txt from the environment after an upgrade

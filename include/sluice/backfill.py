@@ -23,30 +23,23 @@ rows read again: ``<range> AND _source_file IN (<files>)``. Rows of files that w
 
 from __future__ import annotations
 
-import fnmatch
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote, urlsplit
 
 from sluice.catalog import Catalog, StreamSpec
 from sluice.checkpoint import CheckpointReader
 from sluice.constants import SOURCE_FILE_COLUMN, SourceType
 from sluice.errors import SluiceError
-from sluice.paths import Roots, require_local
+from sluice.paths import Roots
+from sluice.source_files import SourceFile, list_source_files, local_file_path, max_file_age, read_horizon
 
 MODES = ("append", "replace")
 SELECT_BY = ("event_time", "file_time")
 PARAMS = ("stream", "start", "end", "timezone", "select_by", "mode", "dry_run", "max_files_per_trigger", "reason")
 MAX_REASON_LENGTH = 500
-# Spark's default for the file source's maxFileAge.
-_DEFAULT_MAX_FILE_AGE = timedelta(days=7)
-_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|min|h|d|w)?\s*$", re.IGNORECASE)
-_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800, None: 0.001}
 # Characters a Hadoop glob alternation cannot hold, even escaped (commas can be escaped).
 _GLOB_UNSAFE = ("{", "}", "[", "]", "*", "?", "\\")
 _RUN_KEY = re.compile(r"[^A-Za-z0-9._-]+")
@@ -196,41 +189,12 @@ def parse_request(params: Mapping[str, Any], catalog: Catalog, *, run_id: str) -
                            max_files_per_trigger=limit, reason=reason, run_id=run_id)
 
 
-def parse_duration(text: str) -> timedelta:
-    """A Spark duration option such as ``7d``, ``36h`` or ``600000`` (milliseconds)."""
-    match = _DURATION.match(text)
-    if not match:
-        raise SluiceError(f"cannot read {text!r} as a duration (e.g. 7d, 36h, 30m)")
-    unit = match.group(2).lower() if match.group(2) else None
-    return timedelta(seconds=int(match.group(1)) * _DURATION_UNITS[unit])
-
-
-def spark_file_uri(path: str) -> str:
-    """The ``_metadata.file_path`` Spark records for a local file: ``file:`` and the percent-encoded path."""
-    return "file:" + quote(path, safe="/-_.~!$&'()*+,;=:@")
-
-
-def local_file_path(uri: str) -> str:
-    return unquote(urlsplit(uri).path) if "://" in uri or uri.startswith("file:") else uri
-
-
-@dataclass(frozen=True)
-class PlannedFile:
-    path: str
-    size: int
-    modified: float
-
-    @property
-    def uri(self) -> str:
-        return spark_file_uri(self.path)
-
-
 @dataclass
 class BackfillPlan:
     """What a backfill will read and replace. Frozen into the backfill's checkpoint on its first attempt."""
 
     request: dict[str, Any]
-    files: list[PlannedFile]
+    files: list[SourceFile]
     pending_files: int = 0
     pending_bytes: int = 0
     held_files: int = 0
@@ -255,28 +219,8 @@ class BackfillPlan:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BackfillPlan:
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        known["files"] = [PlannedFile(**f) for f in data["files"]]
+        known["files"] = [SourceFile(**f) for f in data["files"]]
         return cls(**known)
-
-
-def list_source_files(stream: StreamSpec, roots: Roots) -> list[PlannedFile]:
-    """The files Spark's file source would consider: the glob filter, recursive lookup or not, no hidden files."""
-    root = Path(require_local(stream.source_path(roots), what=f"stream '{stream.name}': source path"))
-    glob = stream.source.options.get("pathGlobFilter")
-    recursive = str(stream.source.options.get("recursiveFileLookup", "false")).lower() == "true"
-    found: list[PlannedFile] = []
-    if not root.is_dir():
-        return found
-    for folder, directories, files in os.walk(root):
-        # Spark skips names starting with '_' or '.'; without recursive lookup only partition folders (k=v) count.
-        directories[:] = sorted(d for d in directories if not d.startswith(("_", "."))
-                                and (recursive or "=" in d))
-        for name in sorted(files):
-            if name.startswith(("_", ".")) or (glob and not fnmatch.fnmatchcase(name, glob)):
-                continue
-            stat = os.stat(os.path.join(folder, name))
-            found.append(PlannedFile(os.path.join(folder, name), stat.st_size, stat.st_mtime))
-    return found
 
 
 def _sql_string(value: str) -> str:
@@ -334,9 +278,7 @@ def plan_backfill(request: BackfillRequest, stream: StreamSpec, roots: Roots) ->
     """The files to read, the files left to the live stream, and what ``replace`` would swap out."""
     live = CheckpointReader(stream.checkpoint_path(roots))
     recorded = live.file_source_entries() if live.exists else {}
-    max_age = parse_duration(stream.source.options["maxFileAge"]) if "maxFileAge" in stream.source.options \
-        else _DEFAULT_MAX_FILE_AGE
-    horizon = (max(recorded.values()) / 1000 - max_age.total_seconds()) if recorded else None
+    horizon = read_horizon(recorded, max_file_age(stream))
     start, end = request.start.timestamp(), request.end.timestamp()
     if request.select_by == "file_time":
         in_slice = lambda f: start <= f.modified < end  # noqa: E731
@@ -381,7 +323,7 @@ def plan_backfill(request: BackfillRequest, stream: StreamSpec, roots: Roots) ->
     return plan
 
 
-def _stored_uris(stream: StreamSpec, roots: Roots, files: list[PlannedFile]) -> list[str]:
+def _stored_uris(stream: StreamSpec, roots: Roots, files: list[SourceFile]) -> list[str]:
     """How the tables spell each file (as Spark recorded it), or how Spark will spell it."""
     stored = _distinct(stream.sink_path(roots), SOURCE_FILE_COLUMN, None) | _distinct(
         stream.dead_letter_table_path(roots), DEAD_LETTER_SOURCE_COLUMN, None)

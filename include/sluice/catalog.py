@@ -142,15 +142,27 @@ class TriggerSpec:
 
 @dataclass(frozen=True)
 class AlertSpec:
-    """Thresholds for the lag sensors and the staleness check; WARN must not exceed CRITICAL."""
+    """Thresholds for the lag sensors, the lag monitor and the staleness check; WARN must not exceed CRITICAL.
+
+    ``records`` are Kafka offsets or Delta rows behind; ``files`` and ``bytes`` what the source holds unread;
+    ``seconds`` the age of the oldest unread data. A stream with a backlog and no commit for longer than
+    ``stale_after_seconds`` is STOPPED; one whose backlog grew over ``stall_observations`` observations without a
+    commit is STALLED. ``catch_up`` lets the lag monitor trigger the stream's DAG when it is CRITICAL or STOPPED
+    and no run is active. ``email_to`` receives the monitor's alerts by email (through Airflow's SMTP connection).
+    """
 
     stale_after_seconds: int | None = None
+    warn_records: int | None = None
+    critical_records: int | None = None
     warn_files: int | None = None
     critical_files: int | None = None
     warn_bytes: int | None = None
     critical_bytes: int | None = None
     warn_seconds: int | None = None
     critical_seconds: int | None = None
+    stall_observations: int = 5
+    catch_up: bool = False
+    email_to: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -276,10 +288,26 @@ def _parse_trigger(section: _Section) -> TriggerSpec:
     return trigger
 
 
+_MEASURES = ("records", "files", "bytes", "seconds")
+
+
 def _parse_alerts(section: _Section) -> AlertSpec:
-    alerts = AlertSpec(**{name: section.positive_int(name) for name in AlertSpec.__dataclass_fields__})
+    thresholds = {f"{level}_{measure}": section.positive_int(f"{level}_{measure}")
+                  for measure in _MEASURES for level in ("warn", "critical")}
+    email_to = section.get("email_to", list, [])
+    if not all(isinstance(address, str) and "@" in address for address in email_to):
+        raise section.error("email_to", f"expected a list of email addresses, got {email_to!r}")
+    alerts = AlertSpec(
+        stale_after_seconds=section.positive_int("stale_after_seconds"),
+        stall_observations=section.positive_int("stall_observations") or AlertSpec.stall_observations,
+        catch_up=section.get("catch_up", bool, False),
+        email_to=tuple(email_to),
+        **thresholds,
+    )
     section.done()
-    for measure in ("files", "bytes", "seconds"):
+    if alerts.stall_observations < 2:
+        raise section.error("stall_observations", "a trend needs at least 2 observations")
+    for measure in _MEASURES:
         warn, critical = getattr(alerts, f"warn_{measure}"), getattr(alerts, f"critical_{measure}")
         if warn is not None and critical is not None and warn > critical:
             raise section.error(f"warn_{measure}", f"WARN threshold {warn} exceeds CRITICAL threshold {critical}")

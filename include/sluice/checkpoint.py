@@ -17,6 +17,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from sluice.errors import SluiceError
 
@@ -61,6 +62,34 @@ def ensure_query_id(checkpoint: str | os.PathLike[str]) -> str:
     temporary.write_text(json.dumps({"id": query_id}) + "\n", encoding="utf-8")
     os.replace(temporary, root / "metadata")
     return query_id
+
+
+def _local_path(uri: str) -> str:
+    """The local path of a ``file:///...`` URI from the source log; the common unescaped case without a parse."""
+    if uri.startswith("file:///") and "%" not in uri and "?" not in uri and "#" not in uri:
+        return uri[7:]
+    return unquote(urlsplit(uri).path)
+
+
+def _log_entries(path: Path) -> list[dict[str, Any]]:
+    """The JSON entries of a Spark metadata log file (its first line is the version), parsed in one call: a
+    compacted source log holds every file the stream ever read."""
+    try:
+        lines = [line for line in path.read_text(encoding="utf-8").split("\n")[1:] if line.strip()]
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read ({exc})") from exc
+    try:
+        entries = json.loads("[" + ",".join(lines) + "]")
+    except json.JSONDecodeError:
+        for number, line in enumerate(lines, start=2):
+            try:
+                json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise CheckpointError(f"{path}: line {number} is not JSON ({exc.msg})") from exc
+        raise CheckpointError(f"{path}: the entries are not JSON objects") from None
+    if not all(isinstance(entry, dict) for entry in entries):
+        raise CheckpointError(f"{path}: the entries are not JSON objects")
+    return entries
 
 
 def _batch_ids(folder: Path) -> list[int]:
@@ -147,8 +176,6 @@ class CheckpointReader:
     def file_source_entries(self, source: int = 0) -> dict[str, int]:
         """Every file the file source has recorded, as local path -> modification time (ms): the newest
         ``.compact`` file (which holds every entry before it) plus the delta files after it."""
-        from urllib.parse import unquote, urlsplit
-
         folder = self.root / "sources" / str(source)
         ids = self.file_source_log(source)
         compacts = [i for i in ids if (folder / f"{i}.compact").exists()]
@@ -157,18 +184,8 @@ class CheckpointReader:
             str(i) for i in ids if start is None or i > start]
         entries: dict[str, int] = {}
         for name in names:
-            try:
-                lines = (folder / name).read_text(encoding="utf-8").splitlines()[1:]
-            except OSError as exc:
-                raise CheckpointError(f"{folder / name}: cannot read ({exc})") from exc
-            for line in lines:
-                if not line.strip():
-                    continue
-                try:
-                    entry = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise CheckpointError(f"{folder / name}: a line is not JSON ({exc.msg})") from exc
-                entries[unquote(urlsplit(entry["path"]).path)] = int(entry["timestamp"])
+            for entry in _log_entries(folder / name):
+                entries[_local_path(entry["path"])] = int(entry["timestamp"])
         return entries
 
     def has_state(self) -> bool:
