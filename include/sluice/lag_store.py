@@ -16,7 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from sluice.lag import LagObservation, LagReport, LagStatus
+from sluice.catalog import StreamSpec
+from sluice.lag import LagObservation, LagReport, LagStatus, check
 from sluice.paths import Roots, require_local
 
 DEFAULT_RETENTION_DAYS = 14.0
@@ -123,3 +124,11 @@ class LagStore:
         with self._connect() as db:
             db.execute("INSERT OR REPLACE INTO alert_state VALUES (?, ?, ?, ?)",
                        (state.stream, state.status.value, state.since, state.notified_at))
+
+
+def check_against_history(stream: StreamSpec, roots: Roots, *, now: float | None = None) -> LagReport:
+    """A stream's lag report, with STALLED judged against the recorded history; records nothing (sensors)."""
+    path = default_path(roots)
+    history = LagStore(path).observations(stream.name, limit=stream.alerts.stall_observations) \
+        if os.path.exists(path) else []
+    return check(stream, roots, history=history, now=now)

@@ -45,7 +45,7 @@ from sluice_spark.runner import (
     error_message,
     sink_targets,
 )
-from sluice_spark.session import resolve_engine
+from sluice_spark.session import activate, resolve_engine
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +160,7 @@ def run_backfill(spark: SparkSession, catalog: Catalog, request: BackfillRequest
                  engine: DeltaEngine | None = None, lock_wait_seconds: float = 600) -> BackfillSummary:
     """Plan and run one backfill under the live stream's lock; a dry run plans and counts, and writes nothing."""
     stream = catalog.get(request.stream)
+    activate(spark)
     summary = BackfillSummary(stream=stream.name, run_id=request.run_id, mode=request.mode,
                               select_by=request.select_by, start=request.start.isoformat(),
                               end=request.end.isoformat(), dry_run=request.dry_run, reason=request.reason)

@@ -29,7 +29,7 @@ from sluice.paths import Roots, require_local
 from sluice.summary import RunSummary, StreamRunSummary
 from sluice_spark.delta_rs_sink import TableTarget
 from sluice_spark.quality import RAW_COLUMN, REASON_COLUMN, flag_dead_letters
-from sluice_spark.session import resolve_engine
+from sluice_spark.session import activate, resolve_engine
 from sluice_spark.sinks import delta_writer
 from sluice_spark.sources import CORRUPT_COLUMN, read_stream
 from sluice_spark.transforms import get_transform
@@ -221,6 +221,7 @@ def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: 
     """Run the named streams to the end of their available input, concurrently, and summarise each."""
     run_id = run_id or str(uuid.uuid4())
     streams = catalog.select(names)
+    activate(spark)
     with contextlib.ExitStack() as locks:
         # One writer per checkpoint: every lock is taken before anything is read or written.
         held: dict[str, StreamLock] = {}

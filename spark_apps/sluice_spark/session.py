@@ -48,6 +48,16 @@ def register_data_sources(spark: SparkSession) -> None:
     spark.dataSource.register(DeltaRsDataSource)
 
 
+def activate(spark: SparkSession) -> None:
+    """Make ``spark`` the JVM's active session in the calling thread. Spark finds Python data sources through the
+    active session of the JVM thread that PySpark pins to the Python thread; in a thread other than the one that
+    built the session there is none, and ``format("sluice_delta")`` fails with DATA_SOURCE_NOT_FOUND (measured on
+    Spark 4.2)."""
+    jvm = spark.sparkContext._jvm
+    if jvm is not None:
+        jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+
+
 def delta_jvm_available(spark: SparkSession) -> bool:
     """True when delta-spark's JVM classes are on the session's classpath."""
     jvm = spark.sparkContext._jvm

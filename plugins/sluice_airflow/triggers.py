@@ -1,0 +1,65 @@
+"""Triggers that poll on the triggerer: a stream's lag, checked without a JVM until it is within its thresholds."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+
+class StreamLagTrigger(BaseTrigger):
+    """Check a stream's lag every ``poke_interval`` seconds; fire once it is at ``max_status`` or better
+    (``{"status": "success", "report": ...}``), or when ``deadline`` passes (``{"status": "timeout", ...}``).
+
+    The check reads files, the checkpoint and Delta metadata; it runs in a thread so the triggerer's event loop
+    never blocks on it.
+
+    :param stream: catalog stream name
+    :param catalog: catalog path; None for ``SLUICE_CATALOG`` or the bundled catalog
+    :param roots: the deployment roots, ``{"landing": ..., "lake": ..., "checkpoints": ...}``
+    :param max_status: the worst lag status that counts as caught up (OK, WARN, STALLED, CRITICAL)
+    :param poke_interval: seconds between checks
+    :param deadline: when to give up, in seconds since the epoch; None to wait for the deferral timeout
+    """
+
+    def __init__(self, *, stream: str, catalog: str | None, roots: dict[str, str], max_status: str = "OK",
+                 poke_interval: float = 60.0, deadline: float | None = None) -> None:
+        super().__init__()
+        self.stream = stream
+        self.catalog = catalog
+        self.roots = roots
+        self.max_status = max_status
+        self.poke_interval = poke_interval
+        self.deadline = deadline
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{type(self).__module__}.{type(self).__qualname__}", {
+            "stream": self.stream, "catalog": self.catalog, "roots": dict(self.roots),
+            "max_status": self.max_status, "poke_interval": self.poke_interval, "deadline": self.deadline})
+
+    def _check(self) -> dict[str, Any]:
+        from sluice.catalog import load_catalog
+        from sluice.lag import LagStatus
+        from sluice.lag_store import check_against_history
+        from sluice.paths import Roots
+
+        report = check_against_history(load_catalog(self.catalog).get(self.stream), Roots(**self.roots))
+        caught_up = report.status.rank <= LagStatus(self.max_status).rank
+        return {"caught_up": caught_up, "report": report.to_dict(), "describe": report.describe()}
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        checks = 0
+        while True:
+            result = await asyncio.to_thread(self._check)
+            checks += 1
+            if result["caught_up"]:
+                yield TriggerEvent({"status": "success", "checks": checks, "report": result["report"]})
+                return
+            if self.deadline is not None and time.time() + self.poke_interval > self.deadline:
+                yield TriggerEvent({"status": "timeout", "checks": checks, "report": result["report"]})
+                return
+            self.log.info("%s; checking again in %ss", result["describe"], self.poke_interval)
+            await asyncio.sleep(self.poke_interval)
