@@ -2,8 +2,9 @@
 
 No repeats: while a stream's status stays the same (or improves without reaching OK) nothing is sent, unless a
 reminder interval is set. A worse status is an escalation (WARN -> CRITICAL -> STOPPED); the return to OK is a
-resolve message. The last alert of each stream is kept in the lag store, and is saved only after the message went
-out, so a failed delivery is tried again on the next tick.
+resolve message. The last alert of each stream and channel (log, webhook, email) is kept in the lag store, and is
+saved only after the message went out on that channel, so a failed delivery is tried again on the next tick and
+the channels that worked do not repeat it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from enum import Enum
 from typing import Any
 
 from sluice.catalog import Catalog, StreamSpec
-from sluice.lag import LagReport, LagStatus, check
+from sluice.lag import LagReport, LagStatus, check, error_report
 from sluice.lag_store import AlertState, LagStore
 from sluice.paths import Roots
 
@@ -96,48 +97,45 @@ def _duration(seconds: float | None) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
-def decide(previous: AlertState | None, report: LagReport, *,
+def decide(previous: AlertState | None, report: LagReport, *, channel: str = "log",
            repeat_after_seconds: float | None = None) -> tuple[Alert | None, AlertState | None]:
-    """The alert to send for a new report, and the alert state to keep once it is sent (None: keep the old)."""
+    """The alert a channel should send for a new report, and the state to keep once it is sent (None: keep the
+    old). A better status that is not OK sends nothing, but is kept, so that a return to the worse one escalates
+    again."""
     now = report.observation.observed_at
     status = report.status
     was = previous.status if previous else LagStatus.OK
     if was is LagStatus.OK:
         if status is LagStatus.OK:
             return None, None
-        return Alert(AlertKind.FIRING, report, was, now), AlertState(report.stream, status, now, now)
+        return Alert(AlertKind.FIRING, report, was, now), AlertState(report.stream, channel, status, now, now)
     assert previous is not None
     if status is LagStatus.OK:
         return (Alert(AlertKind.RESOLVED, report, was, previous.since),
-                AlertState(report.stream, LagStatus.OK, now, now))
+                AlertState(report.stream, channel, LagStatus.OK, now, now))
     if status.rank > was.rank:
         return (Alert(AlertKind.ESCALATED, report, was, previous.since),
-                AlertState(report.stream, status, previous.since, now))
+                AlertState(report.stream, channel, status, previous.since, now))
     if repeat_after_seconds is not None and now - previous.notified_at >= repeat_after_seconds:
         return (Alert(AlertKind.REMINDER, report, was, previous.since),
-                AlertState(report.stream, was, previous.since, now))
+                AlertState(report.stream, channel, status, previous.since, now))
+    if status is not was:
+        return None, AlertState(report.stream, channel, status, previous.since, previous.notified_at)
     return None, None
 
 
-@dataclass
-class Tick:
-    """One stream's part of a monitor tick: its report, and the alert to send with the state to save after."""
-
-    report: LagReport
-    alert: Alert | None = None
-    state: AlertState | None = None
-
-
 def monitor_tick(streams: Catalog | Sequence[StreamSpec], roots: Roots, store: LagStore, *,
-                 now: float | None = None, repeat_after_seconds: float | None = None) -> list[Tick]:
-    """Observe every stream, record the observations, and decide the alerts. Sending them and saving their
-    state (:meth:`LagStore.save_alert_state`) is the caller's."""
+                 now: float | None = None) -> list[LagReport]:
+    """Observe every stream and record the observations. A stream whose lag cannot be measured gets an ERROR
+    report, and the others are still observed."""
     now = now if now is not None else time.time()
-    ticks = []
+    reports = []
     for stream in streams:
-        history = store.observations(stream.name, limit=stream.alerts.stall_observations)
-        report = check(stream, roots, history=history, now=now)
+        try:
+            history = store.observations(stream.name, limit=stream.alerts.stall_observations)
+            report = check(stream, roots, history=history, now=now)
+        except Exception as exc:  # one broken stream must not silence the monitor for the others
+            report = error_report(stream, exc, now=now)
         store.record(report)
-        alert, state = decide(store.alert_state(stream.name), report, repeat_after_seconds=repeat_after_seconds)
-        ticks.append(Tick(report, alert, state))
-    return ticks
+        reports.append(report)
+    return reports

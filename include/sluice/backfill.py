@@ -8,7 +8,8 @@ Which files a backfill may read:
 
 - A file the live stream has recorded in its file-source log is the backfill's to re-read.
 - A file the live stream has not recorded yet, but will read on its next run, is left to it: a backfill that read
-  it too would write its rows twice. It is reported as pending.
+  it too would write its rows twice. So is a file of a batch the live stream planned but never committed (its next
+  run replays the batch). Both are reported as pending.
 - A file the live stream will never read (its modification time is behind the stream's ``maxFileAge`` horizon,
   as with an archive restored with its old times) is the backfill's too.
 
@@ -34,7 +35,7 @@ from sluice.checkpoint import CheckpointReader
 from sluice.constants import SOURCE_FILE_COLUMN, SourceType
 from sluice.errors import SluiceError
 from sluice.paths import Roots
-from sluice.source_files import SourceFile, list_source_files, local_file_path, max_file_age, read_horizon
+from sluice.source_files import SourceFile, SourceState, list_source_files, local_file_path
 
 MODES = ("append", "replace")
 SELECT_BY = ("event_time", "file_time")
@@ -276,9 +277,7 @@ def _datafusion(predicate: str) -> str:
 
 def plan_backfill(request: BackfillRequest, stream: StreamSpec, roots: Roots) -> BackfillPlan:
     """The files to read, the files left to the live stream, and what ``replace`` would swap out."""
-    live = CheckpointReader(stream.checkpoint_path(roots))
-    recorded = live.file_source_entries() if live.exists else {}
-    horizon = read_horizon(recorded, max_file_age(stream))
+    live = SourceState.of(stream, CheckpointReader(stream.checkpoint_path(roots)))
     start, end = request.start.timestamp(), request.end.timestamp()
     if request.select_by == "file_time":
         in_slice = lambda f: start <= f.modified < end  # noqa: E731
@@ -291,7 +290,7 @@ def plan_backfill(request: BackfillRequest, stream: StreamSpec, roots: Roots) ->
     for planned in list_source_files(stream, roots):
         if not in_slice(planned):
             continue
-        if planned.path not in recorded and (horizon is None or planned.modified >= horizon):
+        if live.will_read(planned):
             plan.pending_files += 1
             plan.pending_bytes += planned.size
             continue

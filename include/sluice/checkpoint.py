@@ -16,7 +16,7 @@ import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote, urlsplit
 
 from sluice.errors import SluiceError
@@ -112,6 +112,14 @@ class OffsetEntry:
     sources: list[Any]
 
 
+class FileEntry(NamedTuple):
+    """A file source log entry: the file's modification time (ms) and the batch that planned it. A tuple: a compacted
+    log holds every file the stream ever read, and a tuple is the cheapest record to build 100,000 of."""
+
+    timestamp_ms: int
+    batch_id: int
+
+
 class CheckpointReader:
     """Reads a streaming checkpoint's layout from plain files: newest entries and listings, never the history."""
 
@@ -174,19 +182,23 @@ class CheckpointReader:
         return sorted(ids)
 
     def file_source_entries(self, source: int = 0) -> dict[str, int]:
-        """Every file the file source has recorded, as local path -> modification time (ms): the newest
-        ``.compact`` file (which holds every entry before it) plus the delta files after it."""
+        """Every file the file source has recorded, as local path -> modification time (ms)."""
+        return {path: entry.timestamp_ms for path, entry in self.file_source_files(source).items()}
+
+    def file_source_files(self, source: int = 0) -> dict[str, FileEntry]:
+        """Every file the file source has recorded, by local path, with its time and the batch that planned it: the
+        newest ``.compact`` file (which holds every entry before it) plus the delta files after it."""
         folder = self.root / "sources" / str(source)
         ids = self.file_source_log(source)
         compacts = [i for i in ids if (folder / f"{i}.compact").exists()]
         start = max(compacts, default=None)
         names = ([f"{start}.compact"] if start is not None else []) + [
             str(i) for i in ids if start is None or i > start]
-        entries: dict[str, int] = {}
+        files: dict[str, FileEntry] = {}
         for name in names:
-            for entry in _log_entries(folder / name):
-                entries[_local_path(entry["path"])] = int(entry["timestamp"])
-        return entries
+            files.update((_local_path(entry["path"]), FileEntry(entry["timestamp"], entry.get("batchId", -1)))
+                         for entry in _log_entries(folder / name))
+        return files
 
     def has_state(self) -> bool:
         return (self.root / "state").is_dir()

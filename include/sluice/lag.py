@@ -37,7 +37,7 @@ from sluice.checkpoint import CheckpointError, CheckpointReader
 from sluice.constants import SourceType
 from sluice.errors import SluiceError
 from sluice.paths import Roots, require_local
-from sluice.source_files import unread_files
+from sluice.source_files import SourceState, unread_files
 
 
 class LagStatus(str, Enum):
@@ -48,6 +48,8 @@ class LagStatus(str, Enum):
     STALLED = "STALLED"
     CRITICAL = "CRITICAL"
     STOPPED = "STOPPED"
+    # The lag could not be measured (an unreadable checkpoint, a bad option, an unreachable broker).
+    ERROR = "ERROR"
 
     @property
     def rank(self) -> int:
@@ -158,10 +160,13 @@ def _iso(seconds: float) -> str:
 
 def file_backlog(stream: StreamSpec, roots: Roots, reader: CheckpointReader) -> Backlog:
     """Files (and their bytes) the next run will read, and when the oldest of them was written."""
-    recorded = reader.file_source_entries() if reader.exists else {}
-    unread = unread_files(stream, roots, recorded)
-    return Backlog(files=len(unread), bytes=sum(f.size for f in unread),
-                   oldest_unread_at=min((f.modified for f in unread), default=None))
+    unread = unread_files(stream, roots, SourceState.of(stream, reader))
+    backlog = Backlog(files=len(unread.files), bytes=sum(f.size for f in unread.files),
+                      oldest_unread_at=min((f.modified for f in unread.files), default=None))
+    if unread.behind_horizon:
+        backlog.notes.append(f"{unread.behind_horizon} file(s) are older than the stream's maxFileAge horizon and "
+                             "will never be read by it; backfill them (mode append) if they belong in the table")
+    return backlog
 
 
 # --- Kafka ---------------------------------------------------------------------------------------------------
@@ -169,32 +174,47 @@ def file_backlog(stream: StreamSpec, roots: Roots, reader: CheckpointReader) -> 
 Watermarks = Mapping[tuple[str, int], tuple[int, int]]
 
 
-def kafka_backlog(processed: Mapping[str, Mapping[str, int]] | None, watermarks: Watermarks) -> Backlog:
+def kafka_backlog(processed: Mapping[str, Mapping[str, int]] | None, watermarks: Watermarks, *,
+                  starting_offsets: str | Mapping[str, Mapping[str, int]] = "latest") -> Backlog:
     """Offsets behind per partition: the broker's end offset minus the checkpoint's, for every partition the
     broker has. ``processed`` is the Kafka source's offset JSON of the last committed batch (``{topic: {partition:
     next offset}}``, as in ``offsets/N``); ``watermarks`` maps (topic, partition) to the (earliest, end) offsets.
 
-    A partition the checkpoint does not know is new: Spark reads it from its earliest offset. A checkpoint offset
-    below the earliest one means retention deleted data the stream never read; it is counted from the earliest
-    offset and noted.
+    Without a committed batch the first run starts at ``startingOffsets`` (Spark's default for a stream: latest,
+    so nothing is behind; ``earliest``; or per-partition JSON where -2 is earliest and -1 latest). With one, a
+    partition the checkpoint does not know is new, and Spark reads it from its earliest offset. A checkpoint offset
+    below the earliest one means retention deleted data the stream never read; it counts from the earliest offset
+    and is noted.
     """
     backlog = Backlog(records=0)
+    total = 0
     for (topic, partition), (earliest, end) in sorted(watermarks.items()):
         key = f"{topic}:{partition}"
-        offset = (processed or {}).get(topic, {}).get(str(partition))
-        if offset is None:
-            behind = end - earliest
+        if processed is None:
+            offset = _starting_offset(starting_offsets, topic, partition, earliest, end)
+        elif str(partition) in processed.get(topic, {}):
+            offset = int(processed[topic][str(partition)])
+        else:
+            offset = earliest
             backlog.new_partitions.append(key)
-        elif offset < earliest:
-            behind = end - earliest
+        if offset < earliest:
             backlog.notes.append(f"{key}: offsets {offset}..{earliest - 1} were deleted by retention before the "
                                  "stream read them")
-        else:
-            behind = max(end - offset, 0)
-        backlog.partitions[key] = behind
-        assert backlog.records is not None
-        backlog.records += behind
+            offset = earliest
+        backlog.partitions[key] = max(end - offset, 0)
+        total += backlog.partitions[key]
+    backlog.records = total
     return backlog
+
+
+def _starting_offset(starting: str | Mapping[str, Mapping[str, int]], topic: str, partition: int, earliest: int,
+                     end: int) -> int:
+    if isinstance(starting, str):
+        if starting not in ("earliest", "latest"):
+            raise SluiceError(f"startingOffsets {starting!r}: expected earliest, latest or per-partition offsets")
+        return earliest if starting == "earliest" else end
+    offset = int(starting.get(topic, {}).get(str(partition), -1))
+    return earliest if offset == -2 else end if offset == -1 else offset
 
 
 def kafka_watermarks(config: Mapping[str, Any], *, topics: Sequence[str] = (), pattern: str | None = None,
@@ -350,9 +370,9 @@ def evaluate(observation: LagObservation, alerts: AlertSpec,
             continue
         critical, warn = getattr(alerts, f"critical_{measure}"), getattr(alerts, f"warn_{measure}")
         if critical is not None and value >= critical:
-            raise_to(LagStatus.CRITICAL, f"{value:g} {measure} behind (critical at {critical})")
+            raise_to(LagStatus.CRITICAL, f"{value:,.0f} {measure} behind (critical at {critical:,})")
         elif warn is not None and value >= warn:
-            raise_to(LagStatus.WARN, f"{value:g} {measure} behind (warn at {warn})")
+            raise_to(LagStatus.WARN, f"{value:,.0f} {measure} behind (warn at {warn:,})")
 
     window = [*history[-(alerts.stall_observations - 1):], observation]
     growth = _growth(window) if len(window) == alerts.stall_observations else None
@@ -391,3 +411,10 @@ def check(stream: StreamSpec, roots: Roots, *, history: Sequence[LagObservation]
           now: float | None = None) -> LagReport:
     """Observe and evaluate one stream."""
     return evaluate(observe(stream, roots, now=now), stream.alerts, history)
+
+
+def error_report(stream: StreamSpec, error: Exception, *, now: float | None = None) -> LagReport:
+    """The report of a stream whose lag could not be measured: an ERROR, so that it is alerted on, not hidden."""
+    observation = LagObservation(stream.name, stream.source.type.value, now if now is not None else time.time(),
+                                 Backlog(notes=[f"{type(error).__name__}: {error}"]))
+    return LagReport(observation, LagStatus.ERROR, [f"ERROR: the lag could not be measured: {error}"])

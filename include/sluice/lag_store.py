@@ -1,9 +1,9 @@
 """The lag history: every observation of every stream, with its status, and what each stream's alert last said.
 
-A small SQLite file (WAL mode, one writer at a time), by default ``<checkpoint root>/_sluice/lag.sqlite`` or
-``SLUICE_LAG_DB``. Observations older than the retention (default 14 days, ``SLUICE_LAG_RETENTION_DAYS``) are
-deleted as new ones are recorded. The STALLED rule reads the last observations back; the status view and the
-monitor show the trend.
+A small SQLite file, by default ``<checkpoint root>/_sluice/lag.sqlite`` or ``SLUICE_LAG_DB``, with SQLite's
+rollback journal (WAL needs shared memory, which a shared volume does not give). Observations older than the
+retention (default 14 days, ``SLUICE_LAG_RETENTION_DAYS``) are deleted as new ones are recorded. The STALLED rule
+reads the last observations back; the status view and the monitor show the trend.
 """
 
 from __future__ import annotations
@@ -34,21 +34,25 @@ CREATE TABLE IF NOT EXISTS observations (
     report TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS observations_by_stream ON observations (stream, observed_at);
-CREATE TABLE IF NOT EXISTS alert_state (
-    stream TEXT PRIMARY KEY,
+CREATE INDEX IF NOT EXISTS observations_by_time ON observations (observed_at);
+CREATE TABLE IF NOT EXISTS alert_channel_state (
+    stream TEXT NOT NULL,
+    channel TEXT NOT NULL,
     status TEXT NOT NULL,
     since REAL NOT NULL,
-    notified_at REAL NOT NULL
+    notified_at REAL NOT NULL,
+    PRIMARY KEY (stream, channel)
 );
 """
 
 
 @dataclass(frozen=True)
 class AlertState:
-    """What the last alert of a stream said: the status it reported, since when the stream has been out of OK,
-    and when the alert was sent."""
+    """What a channel's last alert of a stream said: the status it reported, since when the stream has been out of
+    OK, and when the alert was sent."""
 
     stream: str
+    channel: str
     status: LagStatus
     since: float
     notified_at: float
@@ -79,7 +83,6 @@ class LagStore:
     def _connect(self) -> Iterator[sqlite3.Connection]:
         db = sqlite3.connect(self.path, timeout=30)
         try:
-            db.execute("PRAGMA journal_mode=WAL")
             with db:
                 yield db
         finally:
@@ -114,21 +117,25 @@ class LagStore:
                 "SELECT COUNT(*) FROM observations", ())
             return int(db.execute(query, args).fetchone()[0])
 
-    def alert_state(self, stream: str) -> AlertState | None:
+    def alert_state(self, stream: str, channel: str) -> AlertState | None:
         with self._connect() as db:
-            row = db.execute("SELECT stream, status, since, notified_at FROM alert_state WHERE stream = ?",
-                             (stream,)).fetchone()
-        return None if row is None else AlertState(row[0], LagStatus(row[1]), row[2], row[3])
+            row = db.execute("SELECT stream, channel, status, since, notified_at FROM alert_channel_state "
+                             "WHERE stream = ? AND channel = ?", (stream, channel)).fetchone()
+        return None if row is None else AlertState(row[0], row[1], LagStatus(row[2]), row[3], row[4])
 
     def save_alert_state(self, state: AlertState) -> None:
         with self._connect() as db:
-            db.execute("INSERT OR REPLACE INTO alert_state VALUES (?, ?, ?, ?)",
-                       (state.stream, state.status.value, state.since, state.notified_at))
+            db.execute("INSERT OR REPLACE INTO alert_channel_state VALUES (?, ?, ?, ?, ?)",
+                       (state.stream, state.channel, state.status.value, state.since, state.notified_at))
+
+
+def recorded_history(roots: Roots, stream: str, *, limit: int) -> list[LagReport]:
+    """A stream's last recorded reports, oldest first; none when there is no lag history yet (nothing is created)."""
+    path = default_path(roots)
+    return LagStore(path).history(stream, limit=limit) if os.path.exists(path) else []
 
 
 def check_against_history(stream: StreamSpec, roots: Roots, *, now: float | None = None) -> LagReport:
     """A stream's lag report, with STALLED judged against the recorded history; records nothing (sensors)."""
-    path = default_path(roots)
-    history = LagStore(path).observations(stream.name, limit=stream.alerts.stall_observations) \
-        if os.path.exists(path) else []
-    return check(stream, roots, history=history, now=now)
+    history = recorded_history(roots, stream.name, limit=stream.alerts.stall_observations)
+    return check(stream, roots, history=[seen.observation for seen in history], now=now)

@@ -3,16 +3,16 @@ which it will still read. Plain Python, no JVM: the lag checks and the backfill 
 
 Spark's rules, as implemented by ``FileStreamSource`` (Spark 4):
 
-- Listing skips names starting with ``_`` or ``.``; ``pathGlobFilter`` matches the file name; without
-  ``recursiveFileLookup`` only partition folders (``key=value``) are descended into.
-- A file is new when its path is not in the source log and its modification time is not older than the newest
-  recorded file's time minus ``maxFileAge`` (default 7 days). ``latestFirst`` together with
-  ``maxFilesPerTrigger`` makes Spark ignore ``maxFileAge``.
+- Listing skips names starting with ``_`` or ``.``; ``pathGlobFilter`` (a Hadoop glob: ``* ? [..] {a,b}``)
+  matches the file name; without ``recursiveFileLookup`` only partition folders (``key=value``) are descended into.
+- A file is new when its path (its name, with ``fileNameOnly``) is not in the source log and its modification
+  time is not older than the newest recorded file's time minus ``maxFileAge`` (default 7 days). ``latestFirst``
+  with ``maxFilesPerTrigger`` or ``maxBytesPerTrigger`` makes Spark ignore ``maxFileAge``.
+- A file of a batch that was planned but never committed is read again by the next run (Spark replays the batch).
 """
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -21,20 +21,22 @@ from datetime import timedelta
 from urllib.parse import quote, unquote, urlsplit
 
 from sluice.catalog import StreamSpec
+from sluice.checkpoint import CheckpointReader, FileEntry
 from sluice.errors import SluiceError
 from sluice.paths import Roots, require_local
 
 # Spark's default for the file source's maxFileAge.
 DEFAULT_MAX_FILE_AGE = timedelta(days=7)
-_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|min|h|d|w)?\s*$", re.IGNORECASE)
-_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800, None: 0.001}
+# Spark reads maxFileAge with Utils.timeStringAsMs: a number of ms, or with one of these suffixes.
+_DURATION = re.compile(r"^\s*(\d+)\s*(us|ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
+_DURATION_UNITS = {"us": 0.000001, "ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, None: 0.001}
 
 
 def parse_duration(text: str) -> timedelta:
     """A Spark duration option such as ``7d``, ``36h`` or ``600000`` (milliseconds)."""
     match = _DURATION.match(text)
     if not match:
-        raise SluiceError(f"cannot read {text!r} as a duration (e.g. 7d, 36h, 30m)")
+        raise SluiceError(f"cannot read {text!r} as a duration (e.g. 7d, 36h, 30m, 600000ms)")
     unit = match.group(2).lower() if match.group(2) else None
     return timedelta(seconds=int(match.group(1)) * _DURATION_UNITS[unit])
 
@@ -64,7 +66,8 @@ class SourceFile:
 def max_file_age(stream: StreamSpec) -> timedelta | None:
     """How far behind the newest recorded file a new file may be and still be read; None when Spark ignores it."""
     options = stream.source.options
-    if options.get("latestFirst", "false").lower() == "true" and stream.trigger.max_files_per_trigger:
+    limited = stream.trigger.max_files_per_trigger or stream.trigger.max_bytes_per_trigger
+    if options.get("latestFirst", "false").lower() == "true" and limited:
         return None
     return parse_duration(options["maxFileAge"]) if "maxFileAge" in options else DEFAULT_MAX_FILE_AGE
 
@@ -76,11 +79,46 @@ def read_horizon(recorded: Mapping[str, int], age: timedelta | None) -> float | 
     return max(recorded.values()) / 1000 - age.total_seconds()
 
 
+def glob_regex(glob: str) -> re.Pattern[str]:
+    """A Hadoop glob (``GlobPattern``: ``*``, ``?``, ``[...]``, ``[^...]``, ``{a,b}``, ``\\`` escapes) as a regex."""
+    out, depth, index = [], 0, 0
+    while index < len(glob):
+        char = glob[index]
+        if char == "\\" and index + 1 < len(glob):
+            index += 1
+            out.append(re.escape(glob[index]))
+        elif char == "*":
+            out.append("[^/]*")
+        elif char == "?":
+            out.append("[^/]")
+        elif char == "[":
+            end = glob.find("]", index + 2)
+            if end < 0:
+                raise SluiceError(f"pathGlobFilter {glob!r}: '[' without ']'")
+            body = glob[index + 1:end]
+            out.append("[" + ("^" + body[1:] if body[:1] in "!^" else body).replace("\\", "\\\\") + "]")
+            index = end
+        elif char == "{":
+            depth += 1
+            out.append("(?:")
+        elif char == "}" and depth:
+            depth -= 1
+            out.append(")")
+        elif char == "," and depth:
+            out.append("|")
+        else:
+            out.append(re.escape(char))
+        index += 1
+    if depth:
+        raise SluiceError(f"pathGlobFilter {glob!r}: '{{' without '}}'")
+    return re.compile("".join(out) + r"\Z", re.DOTALL)
+
+
 def iter_source_paths(stream: StreamSpec, roots: Roots) -> Iterator[str]:
-    """The paths Spark's file source would list, in a stable order, without a stat per file."""
-    root = require_local(stream.source_path(roots), what=f"stream '{stream.name}': source path")
+    """The absolute paths Spark's file source would list, in no particular order, without a stat per file."""
+    root = os.path.abspath(require_local(stream.source_path(roots), what=f"stream '{stream.name}': source path"))
     glob = stream.source.options.get("pathGlobFilter")
-    matches = re.compile(fnmatch.translate(glob)).match if glob else None
+    matches = glob_regex(glob).match if glob else None
     recursive = str(stream.source.options.get("recursiveFileLookup", "false")).lower() == "true"
     if not os.path.isdir(root):
         return
@@ -88,7 +126,7 @@ def iter_source_paths(stream: StreamSpec, roots: Roots) -> Iterator[str]:
     while pending:
         folder = pending.pop()
         try:
-            entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+            entries = list(os.scandir(folder))
         except FileNotFoundError:
             continue
         folders = []
@@ -113,19 +151,70 @@ def stat_file(path: str) -> SourceFile | None:
 
 
 def list_source_files(stream: StreamSpec, roots: Roots) -> list[SourceFile]:
-    """Every file Spark's file source would consider, with its size and time."""
-    return [found for found in map(stat_file, iter_source_paths(stream, roots)) if found is not None]
+    """Every file Spark's file source would consider, with its size and time, by path."""
+    return [found for found in map(stat_file, sorted(iter_source_paths(stream, roots))) if found is not None]
 
 
-def unread_files(stream: StreamSpec, roots: Roots, recorded: Mapping[str, int]) -> list[SourceFile]:
-    """The files the stream's next run will read: listed, not in its source log, and inside its maxFileAge
-    horizon. Only these are stat'ed, so a landing zone of many recorded files is cheap to check."""
-    horizon = read_horizon(recorded, max_file_age(stream))
-    unread = []
+@dataclass(frozen=True)
+class SourceState:
+    """What a stream's checkpoint says about its landing zone: the files its source log recorded (by path, or by
+    name with ``fileNameOnly``), its last committed batch, and its maxFileAge horizon."""
+
+    recorded: Mapping[str, FileEntry]
+    last_commit: int
+    horizon: float | None
+    file_name_only: bool = False
+
+    @classmethod
+    def of(cls, stream: StreamSpec, reader: CheckpointReader) -> SourceState:
+        files = reader.file_source_files() if reader.exists else {}
+        commits = reader.commit_ids() if reader.exists else []
+        by_name = stream.source.options.get("fileNameOnly", "false").lower() == "true"
+        recorded = {os.path.basename(path): entry for path, entry in files.items()} if by_name else files
+        age = max_file_age(stream)
+        newest = max((entry.timestamp_ms for entry in files.values()), default=None)
+        horizon = None if newest is None or age is None else newest / 1000 - age.total_seconds()
+        return cls(recorded, commits[-1] if commits else -1, horizon, by_name)
+
+    def entry(self, path: str) -> FileEntry | None:
+        return self.recorded.get(os.path.basename(path) if self.file_name_only else path)
+
+    def committed(self, path: str) -> bool:
+        """The file was read by a batch that committed: no run of the stream reads it again."""
+        entry = self.entry(path)
+        return entry is not None and entry.batch_id <= self.last_commit
+
+    def will_read(self, found: SourceFile) -> bool:
+        """The stream's next run reads the file: it is new and inside the horizon, or its batch never committed."""
+        entry = self.entry(found.path)
+        if entry is not None:
+            return entry.batch_id > self.last_commit
+        return self.horizon is None or found.modified >= self.horizon
+
+
+@dataclass
+class Unread:
+    """The files the next run reads, and how many listed files it never will (behind the maxFileAge horizon)."""
+
+    files: list[SourceFile]
+    behind_horizon: int = 0
+
+
+def unread_files(stream: StreamSpec, roots: Roots, state: SourceState) -> Unread:
+    """The files the stream's next run will read. Files of committed batches are skipped without a stat, so a
+    landing zone of many recorded files is cheap to check."""
+    done = {key for key, entry in state.recorded.items() if entry.batch_id <= state.last_commit}
+    by_name = state.file_name_only
+    unread = Unread([])
     for path in iter_source_paths(stream, roots):
-        if path in recorded:
+        if (os.path.basename(path) if by_name else path) in done:
             continue
         found = stat_file(path)
-        if found is not None and (horizon is None or found.modified >= horizon):
-            unread.append(found)
+        if found is None:
+            continue
+        if state.will_read(found):
+            unread.files.append(found)
+        else:
+            unread.behind_horizon += 1
+    unread.files.sort(key=lambda found: found.path)
     return unread

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from sluice.catalog import load_catalog
 from sluice.errors import SluiceError
 from sluice.health import check_stream
-from sluice.lag import LagReport, check
-from sluice.lag_store import LagStore
+from sluice.lag import LagReport, check, error_report
+from sluice.lag_store import LagStore, recorded_history
 from sluice.paths import Roots
 
 COLUMNS = ("STREAM", "STATUS", "FILES", "BYTES", "RECORDS", "LAG", "LAST COMMIT", "HEALTH", "TREND")
@@ -72,18 +72,21 @@ def main(argv: list[str] | None = None) -> int:
         catalog = load_catalog(args.catalog)
         streams = [catalog.get(name) for name in args.stream] if args.stream else list(catalog)
         roots = Roots.from_env()
-        store = LagStore.for_roots(roots)
+        store = LagStore.for_roots(roots) if args.record else None
     except SluiceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     now = time.time()
     rows, reasons = [], []
     for stream in streams:
-        history = store.history(stream.name, limit=max(stream.alerts.stall_observations, 5))
-        report = check(stream, roots, history=[seen.observation for seen in history], now=now)
-        if args.record:
+        history = recorded_history(roots, stream.name, limit=max(stream.alerts.stall_observations, 5))
+        try:
+            report = check(stream, roots, history=[seen.observation for seen in history], now=now)
+            health = check_stream(stream, roots, now=now).status.value
+        except Exception as exc:  # show the others; the broken stream's row says what went wrong
+            report, health = error_report(stream, exc, now=now), "?"
+        if store is not None:
             store.record(report)
-        health = check_stream(stream, roots, now=now).status.value
         if args.json:
             print(json.dumps({**report.to_dict(), "health": health}, default=str))
         else:

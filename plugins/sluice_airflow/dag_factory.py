@@ -30,10 +30,14 @@ def table_asset(stream: StreamSpec) -> Asset:
     return Asset(name=f"sluice.{stream.name}", uri=uri, group="delta")
 
 
+def ingest_dag_id(stream: str) -> str:
+    return f"ingest_{stream}"
+
+
 def ingest_dag(stream: StreamSpec, *, doc: str = "") -> DAG:
     """The scheduled DAG of one stream: a checkpoint health gate, then an availableNow run, on its cron."""
     with DAG(
-        dag_id=f"ingest_{stream.name}",
+        dag_id=ingest_dag_id(stream.name),
         description=(stream.description.strip() or f"Ingest {stream.name}")[:200],
         schedule=stream.schedule,
         start_date=START_DATE,

@@ -1,4 +1,5 @@
-"""The lag monitor: every few minutes, observe every stream's lag, keep the observation, and alert on changes."""
+"""The lag monitor: every few minutes, observe every stream's lag and keep the observation (``observe``), alert on
+status changes (``alert``), and trigger catch-up runs (``catch_up``). Alerting does not hold up catch-up runs."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from airflow.sdk import DAG, BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
 from sluice.catalog import load_catalog
-from sluice_airflow.dag_factory import START_DATE
+from sluice_airflow.dag_factory import START_DATE, ingest_dag_id
 from sluice_airflow.notifiers import DEFAULT_WEBHOOK_CONN_ID, WebhookNotifier
 from sluice_airflow.operators import resolve_roots
 
@@ -36,55 +37,33 @@ def _connection_exists(conn_id: str | None) -> bool:
     return True
 
 
-class LagMonitorOperator(BaseOperator):
-    """Observe every stream's lag (``sluice.lag``), record it in the lag history, and send an alert when a status
-    changes: to the task log always, to a JSON webhook when its connection exists, and by email to the stream's
-    ``alerts.email_to`` through the SMTP provider. Repeats are suppressed; a worse status escalates; the return to
-    OK resolves (``sluice.alerting``). A failed delivery fails the task and is tried again on the next run.
+class _MonitorBase(BaseOperator):
+    template_fields: Sequence[str] = ("catalog", "landing_root", "lake_root", "checkpoint_root")
+
+    def __init__(self, *, catalog: str | None = None, landing_root: str | None = None, lake_root: str | None = None,
+                 checkpoint_root: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.catalog = catalog
+        self.landing_root = landing_root
+        self.lake_root = lake_root
+        self.checkpoint_root = checkpoint_root
+
+
+class LagMonitorOperator(_MonitorBase):
+    """Observe every stream's lag (``sluice.lag``), record it in the lag history, and log each status. A stream
+    whose lag cannot be measured is an ERROR, and the others are still observed. The reports go to the XCom key
+    ``reports`` (for :class:`LagAlertOperator`).
 
     Returns the DAG ids to catch up: streams with ``alerts.catch_up`` that are CRITICAL or STOPPED and whose DAG
     has no queued or running run.
 
     :param catalog: catalog path; default ``SLUICE_CATALOG`` or the bundled catalog (templated)
-    :param webhook_conn_id: HTTP connection of the webhook; no webhook when it is not defined
-    :param smtp_conn_id: SMTP connection for email alerts
-    :param email_from: sender address; default the SMTP connection's ``from_email``
-    :param repeat_after_seconds: remind about an unchanged non-OK status this often; default never
     :param landing_root: as for the other Sluice operators (templated)
     :param lake_root: (templated)
     :param checkpoint_root: (templated)
     """
 
-    template_fields: Sequence[str] = ("catalog", "landing_root", "lake_root", "checkpoint_root")
     ui_color = "#e8f0d9"
-
-    def __init__(self, *, catalog: str | None = None, webhook_conn_id: str | None = DEFAULT_WEBHOOK_CONN_ID,
-                 smtp_conn_id: str = "smtp_default", email_from: str | None = None,
-                 repeat_after_seconds: float | None = None, landing_root: str | None = None,
-                 lake_root: str | None = None, checkpoint_root: str | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.catalog = catalog
-        self.webhook_conn_id = webhook_conn_id
-        self.smtp_conn_id = smtp_conn_id
-        self.email_from = email_from
-        self.repeat_after_seconds = repeat_after_seconds
-        self.landing_root = landing_root
-        self.lake_root = lake_root
-        self.checkpoint_root = checkpoint_root
-
-    def notifiers(self, alert: Alert, stream: StreamSpec, *, webhook: bool) -> dict[str, BaseNotifier]:
-        channels: dict[str, BaseNotifier] = {}
-        if webhook:
-            channels["webhook"] = WebhookNotifier(payload=alert.payload(), conn_id=self.webhook_conn_id or "")
-        if stream.alerts.email_to:
-            from html import escape
-
-            from airflow.providers.smtp.notifications.smtp import SmtpNotifier
-
-            channels["email"] = SmtpNotifier(to=list(stream.alerts.email_to), from_email=self.email_from,
-                                             subject=alert.title, html_content=f"<pre>{escape(alert.text())}</pre>",
-                                             smtp_conn_id=self.smtp_conn_id)
-        return channels
 
     def execute(self, context: Context) -> list[str]:
         from sluice.alerting import monitor_tick
@@ -93,43 +72,102 @@ class LagMonitorOperator(BaseOperator):
 
         catalog = load_catalog(self.catalog)
         roots = resolve_roots(self.landing_root, self.lake_root, self.checkpoint_root)
-        store = LagStore.for_roots(roots)
+        reports = monitor_tick(catalog, roots, LagStore.for_roots(roots))
+        catch_up: list[str] = []
+        for report in reports:
+            level = self.log.info if report.status is LagStatus.OK else self.log.warning
+            level("%s", report.describe())
+            if catalog.get(report.stream).alerts.catch_up and report.status in (LagStatus.CRITICAL,
+                                                                                LagStatus.STOPPED):
+                dag_id = ingest_dag_id(report.stream)
+                if context["ti"].get_dr_count(dag_id=dag_id, states=ACTIVE_RUN_STATES):
+                    self.log.info("%s has a run queued or running; no catch-up run", dag_id)
+                else:
+                    catch_up.append(dag_id)
+        context["ti"].xcom_push(key="reports", value=[report.to_dict() for report in reports])
+        return catch_up
+
+
+class LagAlertOperator(_MonitorBase):
+    """Send the alerts of the lag reports that ``observe_task_id`` pushed: to the task log always, to a JSON webhook
+    when its connection exists, and by email to each stream's ``alerts.email_to`` through the SMTP provider.
+    Each channel keeps its own alert state (``sluice.alerting.decide``): no repeats, escalation, resolve. A failed
+    delivery fails the task; that channel sends the alert again on the next run, and the others do not repeat it.
+
+    :param observe_task_id: the :class:`LagMonitorOperator` task
+    :param catalog: catalog path; default ``SLUICE_CATALOG`` or the bundled catalog (templated)
+    :param webhook_conn_id: HTTP connection of the webhook; no webhook when it is not defined
+    :param smtp_conn_id: SMTP connection for email alerts
+    :param email_from: sender address; default the SMTP connection's ``from_email``
+    :param repeat_after_seconds: remind about an unchanged non-OK status this often; default never
+    """
+
+    ui_color = "#f4e4c1"
+
+    def __init__(self, *, observe_task_id: str, webhook_conn_id: str | None = DEFAULT_WEBHOOK_CONN_ID,
+                 smtp_conn_id: str = "smtp_default", email_from: str | None = None,
+                 repeat_after_seconds: float | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.observe_task_id = observe_task_id
+        self.webhook_conn_id = webhook_conn_id
+        self.smtp_conn_id = smtp_conn_id
+        self.email_from = email_from
+        self.repeat_after_seconds = repeat_after_seconds
+
+    def channels(self, stream: StreamSpec, *, webhook: bool) -> list[str]:
+        return ["log"] + (["webhook"] if webhook else []) + (["email"] if stream.alerts.email_to else [])
+
+    def notifier(self, channel: str, alert: Alert, stream: StreamSpec) -> BaseNotifier | None:
+        """The notifier that sends an alert on a channel; none for the log (the task logs the alert itself)."""
+        if channel == "webhook":
+            return WebhookNotifier(payload=alert.payload(), conn_id=self.webhook_conn_id or "")
+        if channel == "email":
+            from html import escape
+
+            from airflow.providers.smtp.notifications.smtp import SmtpNotifier
+
+            return SmtpNotifier(to=list(stream.alerts.email_to), from_email=self.email_from, subject=alert.title,
+                                html_content=f"<pre>{escape(alert.text())}</pre>", smtp_conn_id=self.smtp_conn_id)
+        return None
+
+    def execute(self, context: Context) -> list[dict[str, str]]:
+        from sluice.alerting import decide
+        from sluice.lag import LagReport
+        from sluice.lag_store import LagStore
+
+        catalog = load_catalog(self.catalog)
+        store = LagStore.for_roots(resolve_roots(self.landing_root, self.lake_root, self.checkpoint_root))
         webhook = _connection_exists(self.webhook_conn_id)
         if not webhook:
             self.log.info("No connection %r: alerts go to the log and to email only", self.webhook_conn_id)
+        reports = context["ti"].xcom_pull(task_ids=self.observe_task_id, key="reports") or []
+        sent: list[dict[str, str]] = []
         failures: list[str] = []
-        catch_up: list[str] = []
-        for tick in monitor_tick(catalog, roots, store, repeat_after_seconds=self.repeat_after_seconds):
-            stream = catalog.get(tick.report.stream)
-            level = self.log.info if tick.report.status is LagStatus.OK else self.log.warning
-            level("%s", tick.report.describe())
-            if tick.alert is not None:
-                self.log.warning("ALERT %s\n%s", tick.alert.kind.value, tick.alert.text())
-                failed = self._deliver(tick.alert, stream, context, webhook=webhook)
-                failures += failed
-                if not failed and tick.state is not None:
-                    store.save_alert_state(tick.state)
-            if stream.alerts.catch_up and tick.report.status in (LagStatus.CRITICAL, LagStatus.STOPPED):
-                dag_id = f"ingest_{stream.name}"
-                if context["ti"].get_dr_count(dag_id=dag_id, states=ACTIVE_RUN_STATES):
-                    self.log.info("%s has a run in progress; no catch-up run", dag_id)
-                else:
-                    catch_up.append(dag_id)
+        for report in map(LagReport.from_dict, reports):
+            stream = catalog.get(report.stream)
+            for channel in self.channels(stream, webhook=webhook):
+                alert, state = decide(store.alert_state(stream.name, channel), report, channel=channel,
+                                      repeat_after_seconds=self.repeat_after_seconds)
+                if alert is not None:
+                    notifier = self.notifier(channel, alert, stream)
+                    try:
+                        if notifier is None:
+                            self.log.warning("ALERT %s\n%s", alert.kind.value, alert.text())
+                        else:
+                            notifier.notify(context)
+                    except Exception as exc:
+                        self.log.error("Could not send the %s alert of %s by %s: %s", alert.kind.value, stream.name,
+                                       channel, exc)
+                        failures.append(f"{stream.name} by {channel}: {exc}")
+                        continue
+                    sent.append({"stream": stream.name, "channel": channel, "kind": alert.kind.value,
+                                 "status": alert.status.value})
+                if state is not None:
+                    store.save_alert_state(state)
         if failures:
-            raise AirflowException(f"alert delivery failed ({'; '.join(failures)}); the alerts are sent again on "
-                                   "the next run")
-        return catch_up
-
-    def _deliver(self, alert: Alert, stream: StreamSpec, context: Context, *, webhook: bool) -> list[str]:
-        failed = []
-        for channel, notifier in self.notifiers(alert, stream, webhook=webhook).items():
-            try:
-                notifier.notify(context)
-            except Exception as exc:
-                self.log.error("Could not send the %s alert of %s by %s: %s", alert.kind.value, stream.name,
-                               channel, exc)
-                failed.append(f"{stream.name} by {channel}: {exc}")
-        return failed
+            raise AirflowException(f"alert delivery failed ({'; '.join(failures)}); these are sent again on the "
+                                   "next run")
+        return sent
 
 
 def lag_monitor_dag(*, doc: str = "", schedule: str = "*/5 * * * *") -> DAG:
@@ -148,7 +186,10 @@ def lag_monitor_dag(*, doc: str = "", schedule: str = "*/5 * * * *") -> DAG:
         tags=["sluice", "monitoring"],
         doc_md=doc,
     ) as dag:
-        observe = LagMonitorOperator(task_id="observe_and_alert", execution_timeout=timedelta(minutes=4))
-        TriggerDagRunOperator.partial(task_id="catch_up", conf={"reason": "lag_monitor catch-up"}).expand(
+        observe = LagMonitorOperator(task_id="observe", execution_timeout=timedelta(minutes=4))
+        alert = LagAlertOperator(task_id="alert", observe_task_id=observe.task_id,
+                                 execution_timeout=timedelta(minutes=2))
+        catch_up = TriggerDagRunOperator.partial(task_id="catch_up", conf={"reason": "lag_monitor catch-up"}).expand(
             trigger_dag_id=observe.output)
+        observe >> [alert, catch_up]
     return dag

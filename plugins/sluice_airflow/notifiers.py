@@ -19,9 +19,9 @@ DEFAULT_WEBHOOK_CONN_ID = "sluice_alert_webhook"
 
 
 def webhook_url(connection: Connection) -> str:
-    """The URL an HTTP connection points at. ``host`` may hold the whole URL; otherwise it is built from schema
-    (default https), host and port. ``password`` (a webhook's secret path, as Slack's) and ``extra.endpoint``
-    are appended, so the secret can live in the connection's password and out of logs."""
+    """The URL an HTTP connection points at: ``host`` (a whole URL, or a host name with ``schema``, default https,
+    and ``port``), then ``password`` and ``extra.endpoint`` as path segments. Keep a webhook's secret path (as
+    Slack's ``T000/B000/XXXX``) in the password: Airflow masks passwords in logs, not hosts."""
     host = (connection.host or "").rstrip("/")
     if not host:
         raise AirflowException(f"connection {connection.conn_id!r} has no host; set the webhook URL as its host")
@@ -62,8 +62,11 @@ class WebhookNotifier(BaseNotifier):
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 status = response.status
+        # The URL may hold a secret path: no message below carries it, and no exception is chained.
         except HTTPError as exc:
             raise AirflowException(f"webhook {self.conn_id!r} answered HTTP {exc.code}") from None
         except URLError as exc:
             raise AirflowException(f"webhook {self.conn_id!r} is unreachable: {exc.reason}") from None
+        except Exception as exc:
+            raise AirflowException(f"webhook {self.conn_id!r} failed: {type(exc).__name__}") from None
         self.log.info("Webhook %s answered HTTP %s", self.conn_id, status)

@@ -12,7 +12,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 class StreamLagTrigger(BaseTrigger):
     """Check a stream's lag every ``poke_interval`` seconds; fire once it is at ``max_status`` or better
-    (``{"status": "success", "report": ...}``), or when ``deadline`` passes (``{"status": "timeout", ...}``).
+    (``{"status": "success", "report": ...}``), or after a last check at ``deadline`` (``{"status": "timeout"}``).
 
     The check reads files, the checkpoint and Delta metadata; it runs in a thread so the triggerer's event loop
     never blocks on it.
@@ -58,8 +58,12 @@ class StreamLagTrigger(BaseTrigger):
             if result["caught_up"]:
                 yield TriggerEvent({"status": "success", "checks": checks, "report": result["report"]})
                 return
-            if self.deadline is not None and time.time() + self.poke_interval > self.deadline:
-                yield TriggerEvent({"status": "timeout", "checks": checks, "report": result["report"]})
-                return
-            self.log.info("%s; checking again in %ss", result["describe"], self.poke_interval)
-            await asyncio.sleep(self.poke_interval)
+            wait = self.poke_interval
+            if self.deadline is not None:
+                left = self.deadline - time.time()
+                if left <= 0:
+                    yield TriggerEvent({"status": "timeout", "checks": checks, "report": result["report"]})
+                    return
+                wait = min(wait, left)  # the last check falls on the deadline
+            self.log.info("%s; checking again in %.0fs", result["describe"], wait)
+            await asyncio.sleep(wait)

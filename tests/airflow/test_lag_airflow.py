@@ -257,22 +257,52 @@ def test_monitor_alerts_once_escalates_and_resolves(airflow_db: Path, spark: Any
     assert {message["To"] for message in smtp} == {"oncall@example.com"}
 
 
-def test_monitor_fails_when_an_alert_cannot_be_sent_and_sends_it_on_the_next_run(
-        airflow_db: Path, world: Path, webhook: list[tuple[str, dict[str, Any]]],
+def test_a_failed_channel_fails_the_run_and_sends_on_the_next_run_without_repeats_elsewhere(
+        airflow_db: Path, world: Path, webhook: list[tuple[str, dict[str, Any]]], smtp: list[Any],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow.dag_processing.dagbag import DagBag
-    from airflow.utils.state import DagRunState
+    import os
 
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.utils.state import DagRunState, TaskInstanceState
+
+    write_catalog(world, events_stream(alerts={"warn_files": 2, "email_to": ["oncall@example.com"]}))
     dag = DagBag(dag_folder=str(DAGS / "lag_monitor.py")).get_dag("lag_monitor")
-    dag.get_task("observe_and_alert").retries = 0  # the retry is the next scheduled run; do not wait for it
+    dag.get_task("alert").retries = 0  # the retry is the next scheduled run; do not wait for it
     land(world, 2, minute=0)
-    working = json.loads(__import__("os").environ["AIRFLOW_CONN_SLUICE_ALERT_WEBHOOK"])
-    monkeypatch.setenv("AIRFLOW_CONN_SLUICE_ALERT_WEBHOOK", json.dumps({**working, "host": "http://127.0.0.1:9"}))
-    assert dag.test().state == DagRunState.FAILED
-    assert webhook == []
-    monkeypatch.setenv("AIRFLOW_CONN_SLUICE_ALERT_WEBHOOK", json.dumps(working))
-    assert dag.test().state == DagRunState.SUCCESS
+    working = os.environ["AIRFLOW_CONN_SMTP_DEFAULT"]
+    monkeypatch.setenv("AIRFLOW_CONN_SMTP_DEFAULT", json.dumps({**json.loads(working), "port": 9}))
+    failed = dag.test()
+    assert failed.state == DagRunState.FAILED
+    assert failed.get_task_instance("observe").state == TaskInstanceState.SUCCESS
     assert [body["sluice"]["kind"] for _, body in webhook] == ["FIRING"]
+    assert smtp == []
+
+    monkeypatch.setenv("AIRFLOW_CONN_SMTP_DEFAULT", working)
+    assert dag.test().state == DagRunState.SUCCESS
+    assert [message["Subject"] for message in smtp] == ["[Sluice] WARN: stream events"]
+    assert len(webhook) == 1, "the webhook already sent it"
+
+
+def test_webhook_errors_never_carry_the_secret_path(airflow_db: Path, world: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capfd: pytest.CaptureFixture[str]) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+
+    from sluice.lag_store import LagStore
+
+    monkeypatch.setenv("AIRFLOW_CONN_SLUICE_ALERT_WEBHOOK", json.dumps({
+        "conn_type": "http", "host": "http://127.0.0.1:9/services", "password": "T000/B000/secret"}))
+    dag = DagBag(dag_folder=str(DAGS / "lag_monitor.py")).get_dag("lag_monitor")
+    dag.get_task("alert").retries = 0
+    land(world, 2, minute=0)
+    run = dag.test()
+    [failed] = [ti for ti in run.get_task_instances() if ti.task_id == "alert"]
+    assert failed.state == "failed"
+    out, err = capfd.readouterr()
+    log = out + err
+    assert "webhook 'sluice_alert_webhook' is unreachable" in log
+    assert "secret" not in log
+    store = LagStore(world / "checkpoints" / "_sluice" / "lag.sqlite")
+    assert store.alert_state("events", "webhook") is None and store.alert_state("events", "log") is not None
 
 
 def test_monitor_triggers_a_catch_up_run_only_when_none_is_active(airflow_db: Path, world: Path,
@@ -292,11 +322,11 @@ def test_monitor_triggers_a_catch_up_run_only_when_none_is_active(airflow_db: Pa
 
     first = dag.test()
     assert first.state == DagRunState.SUCCESS
-    assert xcom_value("lag_monitor", first.run_id, "observe_and_alert") == [["ingest_events"]]
+    assert xcom_value("lag_monitor", first.run_id, "observe") == [["ingest_events"]]
     [triggered] = catch_up_runs()
     assert triggered.conf == {"reason": "lag_monitor catch-up"}
     assert triggered.state in (DagRunState.QUEUED, DagRunState.RUNNING)
 
     second = dag.test()
-    assert xcom_value("lag_monitor", second.run_id, "observe_and_alert") == [[]]
+    assert xcom_value("lag_monitor", second.run_id, "observe") == [[]]
     assert len(catch_up_runs()) == 1, "a run is already queued: no second catch-up"

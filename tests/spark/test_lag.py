@@ -131,3 +131,21 @@ def test_a_growing_backlog_without_commits_is_stalled_then_stopped(world: Any, t
     assert any(reason.startswith("STOPPED: no commit for") for reason in stopped.reasons)
     store.record(stopped)
     assert [r.status for r in store.history("events")][-1] is LagStatus.STOPPED
+
+
+def test_files_of_a_batch_that_never_committed_are_still_unread(spark: Any, world: Any) -> None:
+    """A run killed after Spark planned batch 1 (offsets and source log written) and before it committed: the
+    next run replays the batch, so its files are still backlog."""
+    catalog, roots, folder = world
+    stream = catalog.get("events")
+    new = produce(folder, 2, seed=41)
+    run_streams(spark, catalog, ["events"], roots)
+    checkpoint = Path(stream.checkpoint_path(roots))
+    (checkpoint / "commits" / "1").unlink()
+    (checkpoint / "commits" / ".1.crc").unlink(missing_ok=True)
+
+    backlog = observe(stream, roots).backlog
+    assert (backlog.files, backlog.bytes) == (2, sum(path.stat().st_size for path in new))
+    run_streams(spark, catalog, ["events"], roots)
+    assert (checkpoint / "commits" / "1").exists()
+    assert observe(stream, roots).backlog.files == 0

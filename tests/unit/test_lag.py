@@ -64,10 +64,14 @@ def test_kafka_offsets_behind_per_partition_from_the_last_committed_batch(tmp_pa
     assert backlog.files is None and not backlog.empty
 
 
-def test_kafka_backlog_of_a_checkpoint_without_commits_counts_from_the_earliest_offsets() -> None:
-    backlog = kafka_backlog(None, {("a", 0): (10, 15), ("b", 0): (0, 0)})
-    assert backlog.records == 5
-    assert backlog.new_partitions == ["a:0", "b:0"]
+def test_kafka_backlog_before_the_first_commit_follows_starting_offsets() -> None:
+    watermarks = {("a", 0): (10, 15), ("a", 1): (0, 8), ("b", 0): (0, 0)}
+    assert kafka_backlog(None, watermarks).records == 0, "Spark's default for a stream is latest"
+    assert kafka_backlog(None, watermarks, starting_offsets="earliest").partitions == {"a:0": 5, "a:1": 8, "b:0": 0}
+    assert kafka_backlog(None, watermarks, starting_offsets={"a": {"0": 12, "1": -2}}).partitions == {
+        "a:0": 3, "a:1": 8, "b:0": 0}
+    with pytest.raises(SluiceError, match="startingOffsets 'oldest'"):
+        kafka_backlog(None, watermarks, starting_offsets="oldest")
 
 
 @pytest.mark.skipif(not os.environ.get("KAFKA_BOOTSTRAP_SERVERS"),
@@ -119,12 +123,24 @@ def observation(units: int, *, at: float, batch: int | None = 4, commit_at: floa
                           last_batch_id=batch, last_commit_at=commit_at)
 
 
+def test_error_reports_say_what_failed() -> None:
+    from sluice.catalog import parse_stream
+    from sluice.lag import error_report
+    from tests.helpers import events_stream
+
+    stream = parse_stream(events_stream(), index=0)
+    failed = error_report(stream, ValueError("offsets/7: line 2 is not JSON"), now=T0)
+    assert failed.status is LagStatus.ERROR
+    assert failed.reasons == ["ERROR: the lag could not be measured: offsets/7: line 2 is not JSON"]
+    assert LagReport.from_dict(json.loads(json.dumps(failed.to_dict()))).status is LagStatus.ERROR
+
+
 def test_thresholds_per_measure() -> None:
     alerts = AlertSpec(warn_files=10, critical_files=100, warn_bytes=1000, warn_seconds=60, critical_seconds=600)
     assert evaluate(observation(0, at=T0), alerts).status is LagStatus.OK
     assert evaluate(observation(9, at=T0, oldest=T0 - 59), alerts).status is LagStatus.OK
     assert evaluate(observation(10, at=T0), alerts).status is LagStatus.WARN
-    assert evaluate(observation(1, at=T0, bytes_=1000), alerts).reasons == ["WARN: 1000 bytes behind (warn at 1000)"]
+    assert evaluate(observation(1, at=T0, bytes_=1000), alerts).reasons == ["WARN: 1,000 bytes behind (warn at 1,000)"]
     report = evaluate(observation(1, at=T0, oldest=T0 - 600), alerts)
     assert report.status is LagStatus.CRITICAL
     assert report.reasons == ["CRITICAL: 600 seconds behind (critical at 600)"]
@@ -169,22 +185,34 @@ def report(status: LagStatus, at: float) -> LagReport:
 def test_alert_policy_fires_once_escalates_resolves_and_reminds_only_when_asked() -> None:
     sent = []
     state = None
-    for at, status in enumerate([LagStatus.OK, LagStatus.WARN, LagStatus.WARN, LagStatus.CRITICAL,
+    for at, status in enumerate([LagStatus.OK, LagStatus.WARN, LagStatus.WARN, LagStatus.CRITICAL, LagStatus.WARN,
                                  LagStatus.WARN, LagStatus.CRITICAL, LagStatus.STOPPED, LagStatus.OK, LagStatus.OK]):
-        alert, new_state = decide(state, report(status, T0 + at))
+        alert, new_state = decide(state, report(status, T0 + at), channel="webhook")
         if alert:
             sent.append((alert.kind, alert.status, alert.previous))
         state = new_state or state
     assert sent == [(AlertKind.FIRING, LagStatus.WARN, LagStatus.OK),
                     (AlertKind.ESCALATED, LagStatus.CRITICAL, LagStatus.WARN),
+                    # CRITICAL -> WARN is kept without a message, so that the return to CRITICAL escalates again
+                    (AlertKind.ESCALATED, LagStatus.CRITICAL, LagStatus.WARN),
                     (AlertKind.ESCALATED, LagStatus.STOPPED, LagStatus.CRITICAL),
                     (AlertKind.RESOLVED, LagStatus.OK, LagStatus.STOPPED)]
+    assert state is not None and (state.channel, state.status) == ("webhook", LagStatus.OK)
 
     firing, state = decide(None, report(LagStatus.WARN, T0))
     assert firing is not None and state is not None
     assert decide(state, report(LagStatus.WARN, T0 + 100), repeat_after_seconds=3600) == (None, None)
     reminder, _ = decide(state, report(LagStatus.WARN, T0 + 3600), repeat_after_seconds=3600)
     assert reminder is not None and reminder.kind is AlertKind.REMINDER
+
+
+def test_store_keeps_alert_state_per_channel(tmp_path: Path) -> None:
+    store = LagStore(tmp_path / "lag.sqlite")
+    _, state = decide(None, report(LagStatus.WARN, T0), channel="email")
+    assert state is not None
+    store.save_alert_state(state)
+    assert store.alert_state("s", "email") == state
+    assert store.alert_state("s", "webhook") is None
 
 
 def test_alert_messages_say_what_and_carry_the_report() -> None:

@@ -1,0 +1,89 @@
+"""Spark's file-source rules as Sluice reads them: Hadoop globs, maxFileAge and when Spark ignores it, fileNameOnly,
+files of an uncommitted batch, and relative roots."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sluice.catalog import parse_stream
+from sluice.checkpoint import CheckpointReader
+from sluice.errors import SluiceError
+from sluice.paths import Roots
+from sluice.source_files import SourceState, glob_regex, max_file_age, parse_duration, unread_files
+from tests.helpers import events_stream
+
+
+def stream_with(options: dict[str, Any], **overrides: Any):  # type: ignore[no-untyped-def]
+    source = {**events_stream()["source"], "options": options}
+    return parse_stream(events_stream(source=source, **overrides), index=0)
+
+
+@pytest.mark.parametrize(("glob", "name", "matches"), [
+    ("*.json", "a.json", True), ("*.{csv,json}", "a.csv", True), ("*.{csv,json}", "a.txt", False),
+    ("[!a]*.json", "b.json", True), ("[^a]*.json", "a.json", False), ("part-?.json", "part-10.json", False),
+    ("a\\*b", "a*b", True), ("a\\*b", "axb", False), ("{x,y{1,2}}.json", "y2.json", True),
+])
+def test_hadoop_globs(glob: str, name: str, matches: bool) -> None:
+    assert bool(glob_regex(glob).match(name)) is matches
+
+
+def test_bad_globs_and_durations_are_refused_with_the_option() -> None:
+    with pytest.raises(SluiceError, match=re.escape("'{' without '}'")):
+        glob_regex("*.{csv")
+    assert parse_duration("36h").total_seconds() == 36 * 3600
+    assert parse_duration("600000").total_seconds() == 600
+    with pytest.raises(SluiceError, match="cannot read '2w' as a duration"):
+        parse_duration("2w")
+
+
+def test_latest_first_with_either_trigger_limit_turns_max_file_age_off() -> None:
+    latest = {"latestFirst": True, "maxFileAge": "1h"}
+    assert max_file_age(stream_with(latest)).total_seconds() == 3600  # type: ignore[union-attr]
+    assert max_file_age(stream_with(latest, trigger={"max_files_per_trigger": 5})) is None
+    assert max_file_age(stream_with(latest, trigger={"max_bytes_per_trigger": 5})) is None
+    assert max_file_age(stream_with({})).days == 7  # type: ignore[union-attr]
+
+
+def write_log(checkpoint: Path, entries: list[tuple[Path, int]], commits: list[int]) -> CheckpointReader:
+    """A file source log as Spark writes it (one file per batch, ``file://`` URIs) and the commit files."""
+    (checkpoint / "sources" / "0").mkdir(parents=True)
+    (checkpoint / "commits").mkdir()
+    for batch in sorted({batch for _, batch in entries}):
+        lines = [json.dumps({"path": path.as_uri(), "timestamp": int(path.stat().st_mtime * 1000), "batchId": b})
+                 for path, b in entries if b == batch]
+        (checkpoint / "sources" / "0" / str(batch)).write_text("v1\n" + "\n".join(lines) + "\n")
+    for batch in commits:
+        (checkpoint / "commits" / str(batch)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+    return CheckpointReader(checkpoint)
+
+
+def test_uncommitted_batches_file_names_and_relative_roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    landing = tmp_path / "landing" / "events"
+    (landing / "a").mkdir(parents=True)
+    (landing / "b").mkdir()
+    files = {name: landing / name for name in ("a/1.json", "a/2.json", "b/3.json", "b/1.json", "b/4.csv")}
+    for path in files.values():
+        path.write_text("{}\n")
+    old = time.time() - 30 * 86400
+    os.utime(files["b/3.json"], (old, old))
+    reader = write_log(tmp_path / "ckpt", [(files["a/1.json"], 0), (files["a/2.json"], 1)], commits=[0])
+    monkeypatch.chdir(tmp_path)
+    roots = Roots(landing="landing", lake="lake", checkpoints="checkpoints")
+
+    stream = stream_with({"recursiveFileLookup": True, "pathGlobFilter": "*.{json}"})
+    unread = unread_files(stream, roots, SourceState.of(stream, reader))
+    # a/2.json: planned by batch 1, never committed: the next run replays it. b/1.json: new. b/3.json: older than
+    # the 7-day horizon, never read. b/4.csv: not matched by the glob.
+    assert sorted(f.path for f in unread.files) == [str(files["a/2.json"]), str(files["b/1.json"])]
+    assert unread.behind_horizon == 1
+
+    by_name = stream_with({"recursiveFileLookup": True, "pathGlobFilter": "*.json", "fileNameOnly": True})
+    unread = unread_files(by_name, roots, SourceState.of(by_name, reader))
+    assert sorted(f.path for f in unread.files) == [str(files["a/2.json"])], "b/1.json has a recorded name"
