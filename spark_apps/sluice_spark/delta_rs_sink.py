@@ -23,7 +23,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
-from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
+    WriterCommitMessage,
+)
 
 from sluice.constants import COMMIT_INFO_RECORDS
 from sluice.delta import commit_metadata
@@ -92,11 +97,27 @@ class DeltaCommitMessage(WriterCommitMessage):
 
 class DeltaRsDataSource(DataSource):
     """``df.writeStream.format("sluice_delta")``. Options: ``targets`` (JSON), ``routeColumn``, ``queryId``,
-    ``stream``; ``commitInfo`` (JSON object) is added to every commit's metadata."""
+    ``stream``; ``commitInfo`` (JSON object) is added to every commit's metadata.
+
+    ``spark.readStream.format("sluice_delta").load(path)`` reads a table's new versions
+    (:mod:`sluice_spark.delta_rs_source`)."""
 
     @classmethod
     def name(cls) -> str:
         return DATA_SOURCE_NAME
+
+    def schema(self) -> StructType:
+        from sluice_spark.delta_rs_source import table_schema
+
+        path = {key.lower(): value for key, value in self.options.items()}.get("path")
+        if not path:
+            raise ValueError(f"{DATA_SOURCE_NAME} source needs a path: spark.readStream.format(...).load(path)")
+        return table_schema(path)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from sluice_spark.delta_rs_source import DeltaRsStreamReader
+
+        return DeltaRsStreamReader(schema, dict(self.options))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DeltaRsStreamWriter:
         options = dict(self.options)

@@ -1,0 +1,206 @@
+"""The ``rs`` Delta engine's streaming source: a Delta table read incrementally by version through its commit log,
+without the Delta JVM jars.
+
+The offset is ``{"version": v}``: every version up to ``v`` has been read. A micro-batch reads whole versions
+(the data files each one adds), at least one version per batch, as many as the read limit admits
+(``maxFilesPerTrigger``, ``maxBytesPerTrigger``). With ``Trigger.AvailableNow`` the query reads exactly the versions
+committed before it started. Executors read the Parquet files and yield Arrow batches, with the partition columns
+put back from the commit.
+
+Options:
+
+- ``startingVersion``: the first version to read (default 0), or ``latest`` for only what is committed after the
+  query starts; ``startingTimestamp``: the first version committed at or after an ISO time.
+- ``maxFilesPerTrigger`` / ``maxBytesPerTrigger``: the rate limit.
+- ``skipChangeCommits``: skip versions that remove data (a DELETE, UPDATE or MERGE); without it such a version
+  fails the query, as delta-spark's source does, because an append-only reader cannot apply it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxFiles,
+    SupportsTriggerAvailableNow,
+)
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql.types import StructType
+
+
+class DeltaSourceError(Exception):
+    """A Delta table version the source cannot read as appends."""
+
+
+@dataclass(frozen=True)
+class VersionFiles:
+    """The data files one version adds, and whether it also removes data."""
+
+    version: int
+    files: list[dict[str, Any]] = field(default_factory=list)
+    removes_data: bool = False
+    schema_string: str | None = None
+
+    @property
+    def size(self) -> int:
+        return sum(int(add.get("size", 0)) for add in self.files)
+
+
+def table_schema(path: str) -> StructType:
+    """The Spark schema of a Delta table, from delta-rs."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(pa.schema(DeltaTable(path).schema().to_arrow()))
+
+
+def _log_path(table: str, version: int) -> str:
+    return os.path.join(table, "_delta_log", f"{version:020d}.json")
+
+
+def read_version(table: str, version: int) -> VersionFiles:
+    """The actions of one commit, from its JSON file in ``_delta_log``."""
+    try:
+        with open(_log_path(table, version), encoding="utf-8") as handle:
+            actions = [json.loads(line) for line in handle if line.strip()]
+    except FileNotFoundError:
+        raise DeltaSourceError(f"{table}: the commit file of version {version} is gone (log cleanup); start the "
+                               "stream from a later version (startingVersion) with a new checkpoint") from None
+    files, removes, schema = [], False, None
+    for action in actions:
+        if "add" in action and action["add"].get("dataChange", True):
+            if action["add"].get("deletionVector"):
+                raise DeltaSourceError(f"{table}: version {version} adds a file with a deletion vector, which this "
+                                       "source cannot apply; use the jvm engine")
+            files.append(action["add"])
+        elif "remove" in action and action["remove"].get("dataChange", True):
+            removes = True
+        elif "metaData" in action:
+            schema = action["metaData"].get("schemaString")
+    return VersionFiles(version, files, removes, schema)
+
+
+def latest_version(table: str) -> int:
+    from deltalake import DeltaTable
+
+    return DeltaTable(table).version()
+
+
+def version_at(table: str, moment: str) -> int:
+    """The first version committed at or after ``moment`` (ISO 8601); one past the latest when there is none."""
+    from deltalake import DeltaTable
+
+    when = datetime.fromisoformat(moment)
+    when = when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+    wanted = when.timestamp() * 1000
+    history = sorted(DeltaTable(table).history(), key=lambda commit: commit["version"])
+    return next((commit["version"] for commit in history if commit["timestamp"] >= wanted),
+                history[-1]["version"] + 1 if history else 0)
+
+
+class DeltaRsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Reads the data files that each new version of a Delta table adds."""
+
+    def __init__(self, schema: StructType, options: dict[str, str]) -> None:
+        options = {key.lower(): value for key, value in options.items()}
+        if "path" not in options:
+            raise DeltaSourceError("the sluice_delta source needs a path: spark.readStream.format(...).load(path)")
+        self.path = options["path"]
+        self.schema = schema
+        self.options = options
+        self.max_files = int(options["maxfilespertrigger"]) if "maxfilespertrigger" in options else None
+        self.max_bytes = int(options["maxbytespertrigger"]) if "maxbytespertrigger" in options else None
+        self.skip_changes = options.get("skipchangecommits", "false").lower() == "true"
+        self.target: int | None = None
+        self.schema_string: str | None = None
+
+    def initialOffset(self) -> dict[str, int]:
+        if "startingtimestamp" in self.options:
+            first = version_at(self.path, self.options["startingtimestamp"])
+        elif self.options.get("startingversion", "0") == "latest":
+            first = latest_version(self.path) + 1
+        else:
+            first = int(self.options.get("startingversion", "0"))
+        return {"version": first - 1}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = latest_version(self.path)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.max_files is not None:
+            return ReadMaxFiles(self.max_files)
+        if self.max_bytes is not None:
+            return ReadMaxBytes(self.max_bytes)
+        return ReadAllAvailable()
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        upper = self.target if self.target is not None else latest_version(self.path)
+        version = start["version"]
+        files = size = 0
+        while version < upper:
+            candidate = read_version(self.path, version + 1)
+            files += len(candidate.files)
+            size += candidate.size
+            over = (isinstance(limit, ReadMaxFiles) and files > limit.max_files) or (
+                isinstance(limit, ReadMaxBytes) and size > limit.max_bytes)
+            if over and version > start["version"]:
+                break  # whole versions only, and at least one per batch
+            version += 1
+        return {"version": version}
+
+    def reportLatestOffset(self) -> dict[str, int]:
+        return {"version": latest_version(self.path)}
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+        parts: list[InputPartition] = []
+        for version in range(start["version"] + 1, end["version"] + 1):
+            commit = read_version(self.path, version)
+            self._check_schema(commit)
+            if commit.removes_data:
+                if self.skip_changes:
+                    continue
+                raise DeltaSourceError(
+                    f"{self.path}: version {version} removes or rewrites data (a DELETE, UPDATE or MERGE); this "
+                    "source reads appends only. Set the source option skipChangeCommits to true to skip such "
+                    "versions, or restart the stream after that version (startingVersion) with a new checkpoint")
+            parts += [InputPartition((version, add["path"], add.get("partitionValues") or {}))
+                      for add in commit.files]
+        return parts
+
+    def _check_schema(self, commit: VersionFiles) -> None:
+        if commit.schema_string is None:
+            return
+        if self.schema_string is not None and commit.schema_string != self.schema_string:
+            raise DeltaSourceError(f"{self.path}: the table's schema changed at version {commit.version}; restart "
+                                   "the stream with a new checkpoint to read the new schema")
+        self.schema_string = commit.schema_string
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        _, relative, partition_values = partition.value
+        target = to_arrow_schema(self.schema, timezone="UTC")
+        data_columns = [name for name in target.names if name not in partition_values]
+        table = pq.read_table(os.path.join(self.path, unquote(relative)), columns=data_columns)
+        for name, value in partition_values.items():
+            column_type = target.field(name).type
+            table = table.append_column(name, pa.array([value] * table.num_rows, pa.string()).cast(column_type))
+        yield from table.select(target.names).cast(target).to_batches()
+
+    def commit(self, end: dict[str, int]) -> None:
+        pass
