@@ -40,6 +40,8 @@ _FORMAT_OPTIONS = {
     | {"header", "enforceSchema", "sep", "delimiter", "quote", "escape", "comment", "nullValue", "emptyValue",
        "multiLine", "lineSep", "ignoreLeadingWhiteSpace", "ignoreTrailingWhiteSpace"},
     FileFormat.PARQUET: _COMMON_FILE_OPTIONS | {"mergeSchema", "datetimeRebaseMode", "int96RebaseMode"},
+    # Options both Delta engines' streaming sources take (delta-spark's names).
+    FileFormat.DELTA: frozenset({"startingVersion", "startingTimestamp", "skipChangeCommits"}),
 }
 
 
@@ -113,7 +115,8 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
 
 @dataclass(frozen=True)
 class SourceSpec:
-    """A file landing zone read with a declared schema."""
+    """A file landing zone (``path`` under the landing root), or a Delta table (``type: delta``, ``path`` under the
+    lake root), read with a declared schema."""
 
     type: SourceType
     format: FileFormat
@@ -186,7 +189,7 @@ class StreamSpec:
     sink: SinkSpec
     dead_letter_path: str
     checkpoint: str
-    schedule: str
+    schedule: str | None
     trigger: TriggerSpec
     alerts: AlertSpec
     owner: str = "data-eng"
@@ -197,7 +200,7 @@ class StreamSpec:
     backfill: BackfillSpec = field(default_factory=BackfillSpec)
 
     def source_path(self, roots: Roots) -> str:
-        return join(roots.landing, self.source.path)
+        return join(roots.lake if self.source.type is SourceType.DELTA else roots.landing, self.source.path)
 
     def sink_path(self, roots: Roots) -> str:
         return join(roots.lake, self.sink.path)
@@ -229,6 +232,13 @@ class Catalog:
             known = ", ".join(self.streams) or "none"
             raise CatalogError(f"unknown stream {name!r}; the catalog has: {known}") from None
 
+    def upstream_of(self, stream: StreamSpec) -> StreamSpec | None:
+        """The stream whose table a Delta-source stream reads, when another stream of the catalog writes it."""
+        if stream.source.type is not SourceType.DELTA:
+            return None
+        wanted = os.path.normpath(stream.source.path)
+        return next((other for other in self if os.path.normpath(other.sink.path) == wanted), None)
+
     def select(self, names: list[str]) -> list[StreamSpec]:
         if not names:
             raise CatalogError("no stream named; pass at least one stream")
@@ -237,11 +247,14 @@ class Catalog:
 
 def _parse_source(stream: str, section: _Section) -> SourceSpec:
     source_type = section.enum("type", SourceType, required=True)
-    file_format = section.enum("format", FileFormat, required=True)
+    file_format = section.enum("format", FileFormat, FileFormat.DELTA if source_type is SourceType.DELTA else None,
+                               required=source_type is not SourceType.DELTA)
+    if (source_type is SourceType.DELTA) != (file_format is FileFormat.DELTA):
+        raise section.error("format", f"a {source_type.value} source cannot have format {file_format.value}")
     path = check_relative_path(section.get("path", str, required=True), stream=stream, field=section.field("path"))
     if "schema" not in section.raw or section.raw["schema"] is None:
-        raise section.error("schema", f"a {file_format.value} file source needs a declared schema; "
-                                      "inferring one from whatever files arrive first is not reproducible")
+        raise section.error("schema", f"a {file_format.value} source needs a declared schema; inferring one from "
+                                      "whatever arrives first is not reproducible")
     schema = parse_schema(section.get("schema", Mapping), stream=stream, field=section.field("schema"))
     options_section = section.section("options")
     allowed = _FORMAT_OPTIONS[file_format]
@@ -370,8 +383,8 @@ def parse_stream(raw: object, *, index: int) -> StreamSpec:
     )
     dead_letter.done()
     checkpoint = check_relative_path(top.get("checkpoint", str, name), stream=name, field="checkpoint")
-    schedule = top.get("schedule", str, required=True)
-    if not croniter.is_valid(schedule):
+    schedule = top.get("schedule", str, required=source.type is not SourceType.DELTA)
+    if schedule is not None and not croniter.is_valid(schedule):
         raise top.error("schedule", f"{schedule!r} is not a valid cron expression (five fields, e.g. '*/5 * * * *')")
     trigger = _parse_trigger(top.section("trigger"))
     alerts = _parse_alerts(top.section("alerts"))
@@ -427,7 +440,15 @@ def parse_catalog(raw: object, *, source_file: str | None = None) -> Catalog:
         _claim(tables, stream.sink.path, stream.name, "sink table", "sink.path")
         _claim(tables, stream.dead_letter_path, stream.name, "dead-letter table", "dead_letter.path")
         streams[stream.name] = stream
-    return Catalog(streams=streams, source_file=source_file)
+    catalog = Catalog(streams=streams, source_file=source_file)
+    for stream in catalog:
+        upstream = catalog.upstream_of(stream)
+        if upstream is not None and upstream.name == stream.name:
+            raise CatalogError("a stream cannot read its own table", stream=stream.name, field="source.path")
+        if stream.schedule is None and upstream is None:
+            raise CatalogError(f"is required: no stream of the catalog writes {stream.source.path!r}, so there is no "
+                               "table update to schedule the stream on", stream=stream.name, field="schedule")
+    return catalog
 
 
 def load_catalog(path: str | os.PathLike[str] | None = None) -> Catalog:

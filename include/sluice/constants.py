@@ -8,12 +8,15 @@ from enum import Enum
 class SourceType(str, Enum):
     FILES = "files"
     RATE = "rate"
+    # Another Delta table, read by version: a silver or gold stream reading bronze or silver.
+    DELTA = "delta"
 
 
 class FileFormat(str, Enum):
     JSON = "json"
     CSV = "csv"
     PARQUET = "parquet"
+    DELTA = "delta"
 
 
 class SinkMode(str, Enum):

@@ -328,10 +328,30 @@ def newest_event_time(stream: StreamSpec, roots: Roots, reader: CheckpointReader
     return None if newest is None else newest.isoformat()
 
 
+def delta_source_backlog(stream: StreamSpec, roots: Roots, reader: CheckpointReader) -> Backlog:
+    """The versions of a Delta-source stream's table that its next run reads."""
+    from deltalake.exceptions import TableNotFoundError
+
+    offset = processed_source_offset(reader)
+    if offset is None:
+        options = stream.source.options
+        if options.get("startingVersion") == "latest" or "startingTimestamp" in options:
+            return Backlog(versions=0, bytes=0, records=0, notes=["the first run starts at the table's latest "
+                                                                  "version or a timestamp"])
+        next_version = int(options.get("startingVersion", "0"))
+    else:
+        next_version = delta_next_version(offset)
+    try:
+        return delta_backlog(stream.source_path(roots), next_version)
+    except TableNotFoundError:
+        return Backlog(versions=0, bytes=0, records=0, notes=[f"the source table {stream.source.path} does not "
+                                                               "exist yet"])
+
+
 BacklogProbe = Callable[[StreamSpec, Roots, CheckpointReader], Backlog]
-# Source types whose backlog Sluice can measure. Delta and Kafka sources are measured by delta_backlog and
-# kafka_backlog once the catalog declares them (issues 6 and 7).
-PROBES: dict[SourceType, BacklogProbe] = {SourceType.FILES: file_backlog}
+# Source types whose backlog Sluice can measure. Kafka sources are measured by kafka_backlog once the catalog
+# declares them (issue 7).
+PROBES: dict[SourceType, BacklogProbe] = {SourceType.FILES: file_backlog, SourceType.DELTA: delta_source_backlog}
 
 
 def observe(stream: StreamSpec, roots: Roots, *, now: float | None = None) -> LagObservation:

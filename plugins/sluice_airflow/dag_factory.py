@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pendulum
 from airflow.sdk import DAG, Asset
@@ -34,12 +35,27 @@ def ingest_dag_id(stream: str) -> str:
     return f"ingest_{stream}"
 
 
-def ingest_dag(stream: StreamSpec, *, doc: str = "") -> DAG:
-    """The scheduled DAG of one stream: a checkpoint health gate, then an availableNow run, on its cron."""
+def stream_schedule(stream: StreamSpec, catalog: Catalog) -> Any:
+    """A stream's cron; for a stream that reads another stream's table, that table's Asset (data-aware: it runs
+    after each update), or the Asset or the cron when it has both."""
+    from airflow.sdk import AssetOrTimeSchedule, CronTriggerTimetable
+
+    upstream = catalog.upstream_of(stream)
+    if upstream is None:
+        return stream.schedule
+    if stream.schedule is None:
+        return [table_asset(upstream)]
+    return AssetOrTimeSchedule(timetable=CronTriggerTimetable(stream.schedule, timezone="UTC"),
+                               assets=[table_asset(upstream)])
+
+
+def ingest_dag(stream: StreamSpec, *, catalog: Catalog | None = None, doc: str = "") -> DAG:
+    """The scheduled DAG of one stream: a checkpoint health gate, then an availableNow run, on its cron or on the
+    table it reads."""
     with DAG(
         dag_id=ingest_dag_id(stream.name),
         description=(stream.description.strip() or f"Ingest {stream.name}")[:200],
-        schedule=stream.schedule,
+        schedule=stream_schedule(stream, catalog) if catalog is not None else stream.schedule,
         start_date=START_DATE,
         catchup=False,
         max_active_runs=1,
@@ -61,4 +77,4 @@ def ingest_dag(stream: StreamSpec, *, doc: str = "") -> DAG:
 def ingest_dags(catalog: Catalog | None = None, *, doc: str = "") -> dict[str, DAG]:
     """Every stream's DAG, by dag id."""
     catalog = catalog or load_catalog()
-    return {dag.dag_id: dag for dag in (ingest_dag(stream, doc=doc) for stream in catalog)}
+    return {dag.dag_id: dag for dag in (ingest_dag(stream, catalog=catalog, doc=doc) for stream in catalog)}

@@ -3,6 +3,11 @@
 A file source is read with its declared schema in PERMISSIVE mode, so that a malformed record becomes a row with
 ``_corrupt_record`` set instead of failing the batch; :mod:`sluice_spark.quality` then routes it to the dead-letter
 table with a reason.
+
+A Delta source (a silver stream reading bronze) is read by version: delta-spark's ``format("delta")`` on the jvm
+engine, Sluice's ``sluice_delta`` on rs. The declared columns are selected and cast; a row that lacks a required
+one goes to the dead-letter table like a file record. ``_source_file`` carries the upstream's lineage when the
+table has it.
 """
 
 from __future__ import annotations
@@ -13,7 +18,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sluice.catalog import StreamSpec, TriggerSpec
-from sluice.constants import SOURCE_FILE_COLUMN, FileFormat
+from sluice.constants import SOURCE_FILE_COLUMN, DeltaEngine, FileFormat, SourceType
+from sluice.errors import SluiceError
 from sluice.paths import Roots
 
 CORRUPT_COLUMN = "_corrupt_record"
@@ -27,6 +33,8 @@ def read_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: 
     the files it selected, with its own limits).
     """
     source = stream.source
+    if source.type is SourceType.DELTA:
+        return _read_delta(spark, stream, roots, trigger or stream.trigger)
     if path is None:
         path = stream.source_path(roots)
         if "://" not in path:
@@ -54,3 +62,30 @@ def read_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: 
             CORRUPT_COLUMN, F.lit(None).cast("string")
         )
     return frame.select(*source.schema.names, CORRUPT_COLUMN, F.col("_metadata.file_path").alias(SOURCE_FILE_COLUMN))
+
+
+def _read_delta(spark: SparkSession, stream: StreamSpec, roots: Roots, trigger: TriggerSpec) -> DataFrame:
+    from sluice_spark.delta_rs_sink import DATA_SOURCE_NAME
+    from sluice_spark.session import resolve_engine
+
+    path = stream.source_path(roots)
+    engine = resolve_engine(spark, stream.sink.engine)
+    reader = spark.readStream.format("delta" if engine is DeltaEngine.JVM else DATA_SOURCE_NAME)
+    reader = reader.options(**stream.source.options)
+    if trigger.max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", trigger.max_files_per_trigger)
+    if trigger.max_bytes_per_trigger:
+        reader = reader.option("maxBytesPerTrigger", trigger.max_bytes_per_trigger)
+    try:
+        frame = reader.load(path)
+    except Exception as exc:
+        raise SluiceError(f"stream '{stream.name}': cannot read the Delta table {path} ({exc}); the stream that "
+                          "writes it must have run once") from exc
+    missing = [name for name in stream.source.schema.names if name not in frame.columns]
+    if missing:
+        raise SluiceError(f"stream '{stream.name}': the Delta table {path} has no column(s) {', '.join(missing)}; "
+                          f"it has {', '.join(frame.columns)}")
+    declared = [F.col(f"`{column.name}`").cast(column.sql_type).alias(column.name)
+                for column in stream.source.schema.columns]
+    lineage = F.col(SOURCE_FILE_COLUMN) if SOURCE_FILE_COLUMN in frame.columns else F.lit(path)
+    return frame.select(*declared, F.lit(None).cast("string").alias(CORRUPT_COLUMN), lineage.alias(SOURCE_FILE_COLUMN))

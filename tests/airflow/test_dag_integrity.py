@@ -69,3 +69,25 @@ def test_dag_files_parse_fast_and_import_no_spark() -> None:
     _, imports_pyspark, imports_delta = output.strip().splitlines()[-3:]
     assert imports_pyspark == "False", "DAG files must not import pyspark at parse time"
     assert imports_delta == "False", "DAG files must not import deltalake at parse time"
+
+
+def test_a_stream_reading_another_streams_table_is_scheduled_on_its_asset() -> None:
+    from airflow.sdk import AssetOrTimeSchedule
+
+    from sluice.catalog import parse_catalog
+    from sluice_airflow.dag_factory import ingest_dags
+    from tests.helpers import events_stream
+
+    silver = {"name": "events_silver", "source": {"type": "delta", "path": "bronze/events",
+                                                  "schema": {"event_id": "string not null"}},
+              "sink": {"path": "silver/events"}, "checkpoint": "silver/events"}
+    dags = ingest_dags(parse_catalog({"version": 1, "streams": [events_stream(), silver]}))
+    [asset] = dags["ingest_events_silver"].schedule
+    assert asset == dags["ingest_events"].get_task("run_stream").outlets[0]
+    assert dags["ingest_events"].schedule == "*/5 * * * *"
+
+    with_cron = ingest_dags(parse_catalog({"version": 1, "streams": [events_stream(), {**silver,
+                                                                                      "schedule": "0 * * * *"}]}))
+    schedule = with_cron["ingest_events_silver"].schedule
+    assert isinstance(schedule, AssetOrTimeSchedule)
+    assert schedule.asset_condition.objects == (asset,)

@@ -215,3 +215,39 @@ def test_unreadable_and_invalid_files(tmp_path: Any) -> None:
 def test_boolean_option_is_rendered_for_spark() -> None:
     stream = parse_catalog(catalog_with(events_stream())).get("events")
     assert stream.source.options["recursiveFileLookup"] == "true"
+
+
+def silver(**overrides: Any) -> dict[str, Any]:
+    stream: dict[str, Any] = {
+        "name": "events_silver",
+        "source": {"type": "delta", "path": "bronze/events", "options": {"startingVersion": 0},
+                   "schema": {"event_id": "string not null", "event_time": "timestamp not null"}},
+        "sink": {"path": "silver/events"},
+        "checkpoint": "silver/events",
+    }
+    stream.update(overrides)
+    return stream
+
+
+def test_a_delta_source_reads_under_the_lake_root_and_is_scheduled_on_its_upstream() -> None:
+    catalog = parse_catalog(catalog_with(events_stream(), silver()))
+    stream = catalog.get("events_silver")
+    assert stream.source.format is FileFormat.DELTA and stream.schedule is None
+    roots = Roots(landing="/l", lake="/k", checkpoints="/c")
+    assert stream.source_path(roots) == "/k/bronze/events"
+    assert catalog.upstream_of(stream) is catalog.get("events")
+    assert catalog.upstream_of(catalog.get("events")) is None
+
+
+def test_delta_source_refusals_name_the_field() -> None:
+    rejects(catalog_with(silver()), "stream 'events_silver'", "schedule", "no stream of the catalog writes "
+                                                                         "'bronze/events'")
+    assert parse_catalog(catalog_with(silver(schedule="0 * * * *"))).get("events_silver").schedule == "0 * * * *"
+    rejects(catalog_with(events_stream(), silver(source={**silver()["source"], "format": "csv"})), "source.format",
+            "a delta source cannot have format csv")
+    rejects(catalog_with(events_stream(), silver(source={**silver()["source"], "options": {"header": True}})),
+            "source.options.header", "not a supported delta source option")
+    rejects(catalog_with(events_stream(), silver(source={**silver()["source"], "schema": None})), "source.schema",
+            "a delta source needs a declared schema")
+    own = silver(source={**silver()["source"], "path": "silver/events"}, schedule="@hourly")
+    rejects(catalog_with(own), "source.path", "a stream cannot read its own table")

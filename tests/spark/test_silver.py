@@ -1,0 +1,73 @@
+"""A catalog stream with a Delta source: silver reads bronze by version, through the real runner, on the rs engine.
+
+The oracle is the bronze table read by delta-rs: after each bronze and silver run, silver holds exactly bronze's
+rows, once each, with bronze's lineage column.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+
+from sluice.catalog import load_catalog
+from sluice.demo_producer import DemoProducer
+from sluice.lag import LagStatus, check
+from sluice_spark.runner import run_streams
+from tests.helpers import events_stream, roots_in, table_rows, write_catalog
+
+pytestmark = pytest.mark.spark
+
+NOW = dt.datetime(2026, 11, 22, 11, 0, tzinfo=dt.timezone.utc)
+COLUMNS = ["event_id", "event_type", "user_id", "amount", "event_time", "event_date", "_source_file"]
+SILVER = {
+    "name": "events_silver",
+    "source": {"type": "delta", "path": "bronze/events", "schema": {
+        "event_id": "string not null", "event_type": "string not null", "user_id": "string not null",
+        "amount": "decimal(12,2)", "event_time": "timestamp not null", "event_date": "date"}},
+    "transform": "identity",
+    "sink": {"path": "silver/events", "partition_by": ["event_date"], "engine": "rs"},
+    "checkpoint": "silver/events",
+    "alerts": {"warn_records": 1},
+}
+
+
+def test_silver_reads_each_bronze_version_once_with_its_lineage(spark: Any, tmp_path: Path) -> None:
+    catalog = load_catalog(write_catalog(tmp_path, events_stream(), SILVER))
+    roots = roots_in(tmp_path)
+    silver = catalog.get("events_silver")
+    assert catalog.upstream_of(silver) is catalog.get("events")
+    producer = DemoProducer(tmp_path / "landing", seed=61, malformed_rate=0.05)
+    read_version, previous = -1, 0  # silver has read bronze up to this version, holding this many rows
+
+    for round_ in range(2):
+        for index in range(2):
+            producer.events_file(lines=40, now=NOW + dt.timedelta(minutes=10 * round_ + index))
+        run_streams(spark, catalog, ["events"], roots)
+        bronze = table_rows(str(tmp_path / "lake" / "bronze" / "events"), COLUMNS)
+
+        bronze_version = DeltaTable(str(tmp_path / "lake" / "bronze" / "events")).version()
+        waiting = check(silver, roots)
+        assert waiting.observation.backlog.versions == bronze_version - read_version
+        assert waiting.observation.backlog.records == len(bronze) - previous
+        assert waiting.status is LagStatus.WARN
+
+        run_streams(spark, catalog, ["events_silver"], roots)
+        assert table_rows(str(tmp_path / "lake" / "silver" / "events"), COLUMNS) == bronze
+        assert check(silver, roots).status is LagStatus.OK
+        read_version, previous = bronze_version, len(bronze)
+
+
+def test_a_silver_table_with_a_missing_column_fails_with_its_name(spark: Any, tmp_path: Path) -> None:
+    from sluice.errors import SluiceError
+
+    schema = {**SILVER["source"]["schema"], "country": "string"}  # type: ignore[index]
+    broken = {**SILVER, "source": {**SILVER["source"], "schema": schema}}  # type: ignore[dict-item]
+    catalog = load_catalog(write_catalog(tmp_path, events_stream(), broken))
+    DemoProducer(tmp_path / "landing", seed=62).events_file(lines=10, now=NOW)
+    run_streams(spark, catalog, ["events"], roots_in(tmp_path))
+    with pytest.raises(SluiceError, match="has no column\\(s\\) country"):
+        run_streams(spark, catalog, ["events_silver"], roots_in(tmp_path))
