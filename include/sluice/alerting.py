@@ -98,10 +98,12 @@ def _duration(seconds: float | None) -> str:
 
 
 def decide(previous: AlertState | None, report: LagReport, *, channel: str = "log",
-           repeat_after_seconds: float | None = None) -> tuple[Alert | None, AlertState | None]:
+           repeat_after_seconds: float | None = None, ok_streak: int = 1,
+           resolve_after: int = 1) -> tuple[Alert | None, AlertState | None]:
     """The alert a channel should send for a new report, and the state to keep once it is sent (None: keep the
     old). A better status that is not OK sends nothing, but is kept, so that a return to the worse one escalates
-    again."""
+    again. A resolve waits until ``ok_streak`` (OK observations in a row, this one included) reaches
+    ``resolve_after``."""
     now = report.observation.observed_at
     status = report.status
     was = previous.status if previous else LagStatus.OK
@@ -111,6 +113,8 @@ def decide(previous: AlertState | None, report: LagReport, *, channel: str = "lo
         return Alert(AlertKind.FIRING, report, was, now), AlertState(report.stream, channel, status, now, now)
     assert previous is not None
     if status is LagStatus.OK:
+        if ok_streak < resolve_after:
+            return None, None
         return (Alert(AlertKind.RESOLVED, report, was, previous.since),
                 AlertState(report.stream, channel, LagStatus.OK, now, now))
     if status.rank > was.rank:

@@ -33,6 +33,7 @@ from typing import Any
 from sluice.catalog import Catalog, StreamSpec
 from sluice.checkpoint import CheckpointReader
 from sluice.constants import SOURCE_FILE_COLUMN, SourceType
+from sluice.delta import query
 from sluice.errors import SluiceError
 from sluice.paths import Roots
 from sluice.source_files import SourceFile, SourceState, list_source_files, local_file_path
@@ -241,32 +242,14 @@ def files_predicate(column: str, uris: list[str]) -> str:
 
 
 def _distinct(path: str, column: str, where: str | None) -> set[str]:
-    from deltalake import DeltaTable, QueryBuilder
-    from deltalake.exceptions import TableNotFoundError
-
-    try:
-        table = DeltaTable(path)
-    except TableNotFoundError:
-        return set()
-    query = f'SELECT DISTINCT "{column}" AS v FROM t' + (f" WHERE {_datafusion(where)}" if where else "")
-    import pyarrow as pa
-
-    rows = pa.table(QueryBuilder().register("t", table).execute(query)).column("v").to_pylist()
-    return {str(value) for value in rows if value is not None}
+    rows = query(path, f'SELECT DISTINCT "{column}" AS v FROM t' + (f" WHERE {_datafusion(where)}" if where else ""))
+    return set() if rows is None else {str(value) for value in rows.column("v").to_pylist() if value is not None}
 
 
 def count_rows(path: str, where: str) -> int:
     """Rows of a Delta table matching a predicate, counted by delta-rs; 0 when there is no table."""
-    import pyarrow as pa
-    from deltalake import DeltaTable, QueryBuilder
-    from deltalake.exceptions import TableNotFoundError
-
-    try:
-        table = DeltaTable(path)
-    except TableNotFoundError:
-        return 0
-    result = QueryBuilder().register("t", table).execute(f"SELECT count(*) AS n FROM t WHERE {_datafusion(where)}")
-    return int(pa.table(result).column("n")[0].as_py())
+    rows = query(path, f"SELECT count(*) AS n FROM t WHERE {_datafusion(where)}")
+    return 0 if rows is None else int(rows.column("n")[0].as_py())
 
 
 def _datafusion(predicate: str) -> str:

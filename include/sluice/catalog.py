@@ -150,8 +150,10 @@ class AlertSpec:
     ``records`` are Kafka offsets or Delta rows behind; ``files`` and ``bytes`` what the source holds unread;
     ``seconds`` the age of the oldest unread data. A stream with a backlog and no commit for longer than
     ``stale_after_seconds`` is STOPPED; one whose backlog grew over ``stall_observations`` observations without a
-    commit is STALLED. ``catch_up`` lets the lag monitor trigger the stream's DAG when it is CRITICAL or STOPPED
-    and no run is active. ``email_to`` receives the monitor's alerts by email (through Airflow's SMTP connection).
+    commit is STALLED. A resolve message waits for ``resolve_after_observations`` OK observations in a row (against
+    a stream that flaps around a threshold). ``catch_up`` lets the lag monitor trigger the stream's DAG when it is
+    CRITICAL or STOPPED and no run is active. ``email_to`` receives the monitor's alerts by email (through Airflow's
+    SMTP connection).
     """
 
     stale_after_seconds: int | None = None
@@ -164,6 +166,7 @@ class AlertSpec:
     warn_seconds: int | None = None
     critical_seconds: int | None = None
     stall_observations: int = 5
+    resolve_after_observations: int = 1
     catch_up: bool = False
     email_to: tuple[str, ...] = ()
 
@@ -313,6 +316,8 @@ def _parse_alerts(section: _Section) -> AlertSpec:
     alerts = AlertSpec(
         stale_after_seconds=section.positive_int("stale_after_seconds"),
         stall_observations=section.positive_int("stall_observations") or AlertSpec.stall_observations,
+        resolve_after_observations=section.positive_int("resolve_after_observations")
+        or AlertSpec.resolve_after_observations,
         catch_up=section.get("catch_up", bool, False),
         email_to=tuple(email_to),
         **thresholds,

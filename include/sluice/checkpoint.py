@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +91,20 @@ def _log_entries(path: Path) -> list[dict[str, Any]]:
     if not all(isinstance(entry, dict) for entry in entries):
         raise CheckpointError(f"{path}: the entries are not JSON objects")
     return entries
+
+
+_LOG_FILE = re.compile(r"^(\.)?(\d+)(\.compact)?(\.crc)?$")
+
+
+def log_file_batch(name: str, *, with_checksums: bool = False) -> int | None:
+    """The batch id of a Spark metadata log file name (``N``, ``N.compact``; ``.N.crc`` and ``.N.compact.crc``
+    too when ``with_checksums``); None for anything else (Spark's ``.N.<uuid>.tmp`` files included)."""
+    match = _LOG_FILE.match(name)
+    if match is None or bool(match.group(1)) != bool(match.group(4)):
+        return None
+    if match.group(4) and not with_checksums:
+        return None
+    return int(match.group(2))
 
 
 def _batch_ids(folder: Path) -> list[int]:
@@ -174,12 +189,7 @@ class CheckpointReader:
         folder = self.root / "sources" / str(source)
         if not folder.is_dir():
             return []
-        ids = []
-        for entry in os.scandir(folder):
-            name = entry.name.removesuffix(".compact")
-            if name.isdigit():
-                ids.append(int(name))
-        return sorted(ids)
+        return sorted(batch for entry in os.scandir(folder) if (batch := log_file_batch(entry.name)) is not None)
 
     def file_source_entries(self, source: int = 0) -> dict[str, int]:
         """Every file the file source has recorded, as local path -> modification time (ms)."""

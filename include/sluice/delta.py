@@ -150,22 +150,37 @@ def _batch_commit(info: dict[str, Any]) -> BatchCommit | None:
                        meta.get(COMMIT_INFO_STREAM))
 
 
-def read_table(path: str, columns: Iterable[str] | None = None, *, version: int | None = None) -> Any:
-    """A Delta table's rows (current, or as of ``version``) as a pyarrow Table, read by delta-rs's own engine.
+def query(path: str, sql: str, *, version: int | None = None) -> Any:
+    """Run SQL over a Delta table registered as ``t`` (current, or as of ``version``) with delta-rs's own engine,
+    as a pyarrow Table with plain strings; None when there is no table.
 
     This avoids ``DeltaTable.to_pyarrow_table``: reading through pyarrow's dataset layer on delta-rs's Python
     filesystem adapter leaves threads that abort the interpreter at exit.
     """
     import pyarrow as pa
     from deltalake import DeltaTable, QueryBuilder
+    from deltalake.exceptions import TableNotFoundError
 
-    selected = ", ".join(f'"{column}"' for column in columns) if columns else "*"
-    reader = QueryBuilder().register("t", DeltaTable(path, version=version)).execute(f"SELECT {selected} FROM t")
-    table = pa.table(reader)
+    try:
+        table = DeltaTable(path, version=version)
+    except TableNotFoundError:
+        return None
+    result = pa.table(QueryBuilder().register("t", table).execute(sql))
     # DataFusion hands strings over as string_view; plain strings are what every caller expects.
-    return table.cast(pa.schema([
-        field.with_type(pa.string()) if pa.types.is_string_view(field.type) else field for field in table.schema
+    return result.cast(pa.schema([
+        field.with_type(pa.string()) if pa.types.is_string_view(field.type) else field for field in result.schema
     ]))
+
+
+def read_table(path: str, columns: Iterable[str] | None = None, *, version: int | None = None) -> Any:
+    """A Delta table's rows (current, or as of ``version``) as a pyarrow Table; the table must exist."""
+    selected = ", ".join(f'"{column}"' for column in columns) if columns else "*"
+    rows = query(path, f"SELECT {selected} FROM t", version=version)
+    if rows is None:
+        from deltalake.exceptions import TableNotFoundError
+
+        raise TableNotFoundError(f"no Delta table at {path}")
+    return rows
 
 
 def stream_query_ids(path: str, stream: str, *, limit: int = 200) -> list[str]:

@@ -111,6 +111,13 @@ class LagStore:
     def observations(self, stream: str, *, limit: int = 50) -> list[LagObservation]:
         return [report.observation for report in self.history(stream, limit=limit)]
 
+    def ok_streak(self, stream: str, *, limit: int = 100) -> int:
+        """How many of the stream's latest observations in a row are OK."""
+        with self._connect() as db:
+            rows = db.execute("SELECT status FROM observations WHERE stream = ? ORDER BY observed_at DESC LIMIT ?",
+                              (stream, limit)).fetchall()
+        return next((index for index, (status,) in enumerate(rows) if status != LagStatus.OK.value), len(rows))
+
     def count(self, stream: str | None = None) -> int:
         with self._connect() as db:
             query, args = ("SELECT COUNT(*) FROM observations WHERE stream = ?", (stream,)) if stream else (

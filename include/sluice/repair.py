@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from sluice.catalog import StreamSpec, load_catalog
-from sluice.checkpoint import CheckpointError, CheckpointReader, read_query_id
+from sluice.checkpoint import CheckpointError, CheckpointReader, log_file_batch, read_query_id
 from sluice.constants import (
     COMMIT_INFO_ACTION,
     COMMIT_INFO_RESET_BATCH,
@@ -42,8 +42,6 @@ READ_ONLY_ACTIONS = frozenset({"history"})
 # Files of a state store version: HDFS-backed ``N.delta`` / ``N.snapshot``, RocksDB ``N.zip`` / ``N.changelog``
 # (``N_<id>.zip`` in checkpoint format v2), and their ``.crc`` files.
 _STATE_FILE = re.compile(r"^\.?(\d+)(?:_[^.]*)?\.(?:delta|snapshot|zip|changelog)(?:\.crc)?$")
-# Files of a Spark metadata log: ``N``, ``N.compact`` and their ``.crc`` files.
-_LOG_FILE = re.compile(r"^\.?(\d+)(?:\.compact)?(?:\.crc)?$")
 
 
 class RepairError(SluiceError):
@@ -298,16 +296,16 @@ def _cut_checkpoint(checkpoint: Path, batch: int, log_offsets: dict[int, int], a
     for log_name in ("offsets", "commits"):
         folder = checkpoint / log_name
         for path in sorted(folder.iterdir()) if folder.is_dir() else []:
-            match = _LOG_FILE.match(path.name)
-            if match and int(match.group(1)) > batch:
+            logged = log_file_batch(path.name, with_checksums=True)
+            if logged is not None and logged > batch:
                 move(path)
     for folder in sorted((checkpoint / "sources").glob("*")):
         if batch < 0:
             move(folder)
         elif folder.name.isdigit() and int(folder.name) in log_offsets:
             for path in sorted(folder.iterdir()):
-                match = _LOG_FILE.match(path.name)
-                if match and int(match.group(1)) > log_offsets[int(folder.name)]:
+                logged = log_file_batch(path.name, with_checksums=True)
+                if logged is not None and logged > log_offsets[int(folder.name)]:
                     move(path)
     state = checkpoint / "state"
     if state.is_dir() and batch < 0:

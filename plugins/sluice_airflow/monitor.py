@@ -145,9 +145,11 @@ class LagAlertOperator(_MonitorBase):
         failures: list[str] = []
         for report in map(LagReport.from_dict, reports):
             stream = catalog.get(report.stream)
+            ok_streak = store.ok_streak(stream.name, limit=stream.alerts.resolve_after_observations)
             for channel in self.channels(stream, webhook=webhook):
                 alert, state = decide(store.alert_state(stream.name, channel), report, channel=channel,
-                                      repeat_after_seconds=self.repeat_after_seconds)
+                                      repeat_after_seconds=self.repeat_after_seconds, ok_streak=ok_streak,
+                                      resolve_after=stream.alerts.resolve_after_observations)
                 if alert is not None:
                     notifier = self.notifier(channel, alert, stream)
                     try:

@@ -249,3 +249,19 @@ def test_status_view_prints_every_stream(tmp_path: Path, monkeypatch: pytest.Mon
     printed = json.loads(capsys.readouterr().out)
     assert (printed["status"], printed["backlog"]["files"], printed["health"]) == ("WARN", 3, "OK")
     assert main(["--catalog", str(catalog), "--stream", "nope"]) == 2
+
+
+def test_a_resolve_waits_for_enough_ok_observations_in_a_row(tmp_path: Path) -> None:
+    store = LagStore(tmp_path / "lag.sqlite")
+    _, state = decide(None, report(LagStatus.WARN, T0))
+    statuses = [LagStatus.WARN, LagStatus.OK, LagStatus.WARN, LagStatus.OK, LagStatus.OK, LagStatus.OK]
+    kinds = []
+    for at, status in enumerate(statuses, start=1):
+        store.record(report(status, T0 + at))
+        alert, new_state = decide(state, report(status, T0 + at), ok_streak=store.ok_streak("s", limit=3),
+                                  resolve_after=3)
+        kinds.append(alert.kind if alert else None)
+        state = new_state or state
+    # The flap back to WARN sends nothing (the alert is still open); the resolve comes with the third OK in a row.
+    assert kinds == [None, None, None, None, None, AlertKind.RESOLVED]
+    assert store.ok_streak("s") == 3
