@@ -13,6 +13,8 @@ export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
 export AIRFLOW__CORE__PLUGINS_FOLDER := $(CURDIR)/plugins
 export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export AIRFLOW__CORE__EXECUTOR ?= LocalExecutor
+# LocalExecutor keeps one worker process per parallelism slot; each Spark run is heavy, and one machine runs few.
+export AIRFLOW__CORE__PARALLELISM ?= 4
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS ?= True
 export SLUICE_DATA_ROOT ?= $(CURDIR)/data
 export PYSPARK_PYTHON := $(BIN)/python
@@ -51,9 +53,22 @@ run: $(AIRFLOW_HOME)/airflow.db  ## Airflow standalone with the ingest DAGs on t
 	@echo "Demo producer: a round of events every 60 s into $(SLUICE_DATA_ROOT)/landing"
 	@$(BIN)/python -m sluice.demo_producer --landing-root $(SLUICE_DATA_ROOT)/landing --loop --interval 60 \
 		> $(AIRFLOW_HOME)/producer.log 2>&1 & echo $$! > $(AIRFLOW_HOME)/producer.pid
-	@echo "Airflow UI: http://localhost:8080 (ingest DAGs run on their cron schedules). Ctrl-C stops everything."
+	@echo "Airflow UI: http://localhost:8080 (ingest DAGs run on their cron schedules). Ctrl-C, then 'make stop'."
 	@trap 'kill $$(cat $(AIRFLOW_HOME)/producer.pid) 2>/dev/null' EXIT; \
 		AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION=False $(BIN)/airflow standalone
+
+.PHONY: stop
+stop:  ## stop what `make run` started: Airflow standalone, its LocalExecutor workers, the demo producer
+	@kill $$(cat $(AIRFLOW_HOME)/producer.pid 2>/dev/null) 2>/dev/null || true
+	@for signal in TERM KILL; do \
+		for pid in $$(pgrep -f 'airflow|sluice.demo_producer'); do \
+			[ $$pid = $$$$ ] && continue; \
+			{ tr '\0' '\n' < /proc/$$pid/environ; } 2>/dev/null | grep -qxF "AIRFLOW_HOME=$(AIRFLOW_HOME)" \
+				&& kill -$$signal $$pid 2>/dev/null; \
+		done; \
+		[ $$signal = KILL ] || sleep 10; \
+	done; true
+	@echo "stopped Airflow and the producer of $(AIRFLOW_HOME)"
 
 .PHONY: demo
 demo: $(AIRFLOW_HOME)/airflow.db  ## headless: produce events, `airflow dags test` an ingest DAG, print a summary
