@@ -12,12 +12,11 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from enum import Enum
 from typing import Any
 
 from sluice.catalog import Catalog, StreamSpec
-from sluice.lag import LagReport, LagStatus, check, error_report
+from sluice.lag import LagReport, LagStatus, check, error_report, iso_utc
 from sluice.lag_store import AlertState, LagStore
 from sluice.paths import Roots
 
@@ -86,7 +85,7 @@ def _value(status: LagStatus | None) -> str:
 
 
 def _iso(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="seconds")
+    return iso_utc(seconds, timespec="seconds")
 
 
 def _duration(seconds: float | None) -> str:

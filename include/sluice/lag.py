@@ -151,8 +151,9 @@ def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 1)
 
 
-def _iso(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, timezone.utc).isoformat()
+def iso_utc(seconds: float, *, timespec: str = "auto") -> str:
+    """Seconds since the epoch as an ISO 8601 UTC time."""
+    return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec=timespec)
 
 
 # --- files ---------------------------------------------------------------------------------------------------
@@ -309,7 +310,7 @@ def newest_event_time(stream: StreamSpec, roots: Roots, reader: CheckpointReader
         except CheckpointError:
             watermark = 0
         if watermark > 0:
-            return _iso(watermark / 1000)
+            return iso_utc(watermark / 1000)
     column = stream.backfill.event_time_column
     if column is None:
         return None

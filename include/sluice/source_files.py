@@ -72,11 +72,12 @@ def max_file_age(stream: StreamSpec) -> timedelta | None:
     return parse_duration(options["maxFileAge"]) if "maxFileAge" in options else DEFAULT_MAX_FILE_AGE
 
 
-def read_horizon(recorded: Mapping[str, int], age: timedelta | None) -> float | None:
-    """The oldest modification time (seconds) a file may have for Spark to still read it; None when any will do."""
-    if not recorded or age is None:
+def read_horizon(newest_recorded_ms: int | None, age: timedelta | None) -> float | None:
+    """The oldest modification time (seconds) a file may have for Spark to still read it, given the newest recorded
+    file's time; None when any will do."""
+    if newest_recorded_ms is None or age is None:
         return None
-    return max(recorded.values()) / 1000 - age.total_seconds()
+    return newest_recorded_ms / 1000 - age.total_seconds()
 
 
 def glob_regex(glob: str) -> re.Pattern[str]:
@@ -171,18 +172,11 @@ class SourceState:
         commits = reader.commit_ids() if reader.exists else []
         by_name = stream.source.options.get("fileNameOnly", "false").lower() == "true"
         recorded = {os.path.basename(path): entry for path, entry in files.items()} if by_name else files
-        age = max_file_age(stream)
         newest = max((entry.timestamp_ms for entry in files.values()), default=None)
-        horizon = None if newest is None or age is None else newest / 1000 - age.total_seconds()
-        return cls(recorded, commits[-1] if commits else -1, horizon, by_name)
+        return cls(recorded, commits[-1] if commits else -1, read_horizon(newest, max_file_age(stream)), by_name)
 
     def entry(self, path: str) -> FileEntry | None:
         return self.recorded.get(os.path.basename(path) if self.file_name_only else path)
-
-    def committed(self, path: str) -> bool:
-        """The file was read by a batch that committed: no run of the stream reads it again."""
-        entry = self.entry(path)
-        return entry is not None and entry.batch_id <= self.last_commit
 
     def will_read(self, found: SourceFile) -> bool:
         """The stream's next run reads the file: it is new and inside the horizon, or its batch never committed."""
@@ -203,6 +197,7 @@ class Unread:
 def unread_files(stream: StreamSpec, roots: Roots, state: SourceState) -> Unread:
     """The files the stream's next run will read. Files of committed batches are skipped without a stat, so a
     landing zone of many recorded files is cheap to check."""
+    # Files read by a committed batch: no run of the stream reads them again.
     done = {key for key, entry in state.recorded.items() if entry.batch_id <= state.last_commit}
     by_name = state.file_name_only
     unread = Unread([])
