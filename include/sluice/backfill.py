@@ -147,6 +147,10 @@ def parse_request(params: Mapping[str, Any], catalog: Catalog, *, run_id: str) -
     if stream.source.type is not SourceType.FILES:
         raise BackfillError("stream", f"stream '{name}' reads a {stream.source.type.value} source; backfills of it "
                                       "are not supported")
+    if stream.patterns.stateful or stream.sink.mode.value != "append":
+        raise BackfillError("stream", f"stream '{name}' keeps state in its checkpoint or upserts its table; a "
+                                      "backfill runs with a checkpoint of its own, so it could neither see nor "
+                                      "update that state. Rebuild the stream from its source instead")
     zone_name = params.get("timezone")
     zone = None
     if zone_name not in (None, ""):

@@ -22,6 +22,16 @@ from croniter import croniter
 from sluice.constants import DeltaEngine, FileFormat, SinkMode, SourceType
 from sluice.errors import CatalogError
 from sluice.paths import Roots, check_relative_path, join
+from sluice.patterns import (
+    Patterns,
+    check_patterns,
+    parse_aggregate,
+    parse_dedupe,
+    parse_fan_out,
+    parse_join,
+    parse_lookups,
+    parse_watermark,
+)
 from sluice.schema import Schema, parse_schema
 from sluice.transforms import TRANSFORMS
 
@@ -127,12 +137,15 @@ class SourceSpec:
 
 @dataclass(frozen=True)
 class SinkSpec:
-    """A Delta table written exactly once per micro-batch."""
+    """A Delta table written exactly once per micro-batch: appended to, merged into by ``keys`` (the row with the
+    highest ``sequence_by`` wins), or rewritten whole (``complete``)."""
 
     path: str
     partition_by: tuple[str, ...] = ()
     mode: SinkMode = SinkMode.APPEND
     engine: DeltaEngine = DeltaEngine.AUTO
+    keys: tuple[str, ...] = ()
+    sequence_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -201,6 +214,9 @@ class StreamSpec:
     # this is set, for a deliberate full reload into a table whose rows are replaced downstream.
     allow_new_query_id: bool = False
     backfill: BackfillSpec = field(default_factory=BackfillSpec)
+    patterns: Patterns = field(default_factory=Patterns)
+    # The columns the stream's table receives, before Sluice's metadata columns.
+    output_columns: tuple[str, ...] = ()
 
     def source_path(self, roots: Roots) -> str:
         return join(roots.lake if self.source.type is SourceType.DELTA else roots.landing, self.source.path)
@@ -237,9 +253,16 @@ class Catalog:
 
     def upstream_of(self, stream: StreamSpec) -> StreamSpec | None:
         """The stream whose table a Delta-source stream reads, when another stream of the catalog writes it."""
-        if stream.source.type is not SourceType.DELTA:
-            return None
-        wanted = os.path.normpath(stream.source.path)
+        return self._writer_of(stream.source) if stream.source.type is SourceType.DELTA else None
+
+    def upstreams_of(self, stream: StreamSpec) -> list[StreamSpec]:
+        """Every catalog stream whose table this stream reads: its source's, and its joined source's."""
+        join = stream.patterns.join
+        found = [self.upstream_of(stream), self._writer_of(join.source) if join is not None else None]
+        return [upstream for upstream in found if upstream is not None]
+
+    def _writer_of(self, source: SourceSpec) -> StreamSpec | None:
+        wanted = os.path.normpath(source.path)
         return next((other for other in self if os.path.normpath(other.sink.path) == wanted), None)
 
     def select(self, names: list[str]) -> list[StreamSpec]:
@@ -289,8 +312,15 @@ def _parse_sink(stream: str, section: _Section) -> SinkSpec:
         raise section.error("partition_by", f"lists a column twice: {partition_by}")
     mode = section.enum("mode", SinkMode, SinkMode.APPEND)
     engine = section.enum("engine", DeltaEngine, DeltaEngine.AUTO)
+    keys = section.get("keys", list, [])
+    if not all(isinstance(key, str) and key for key in keys) or len(set(keys)) != len(keys):
+        raise section.error("keys", f"expected distinct column names, got {keys!r}")
+    sequence_by = section.get("sequence_by", str)
     section.done()
-    return SinkSpec(path=path, partition_by=tuple(partition_by), mode=mode, engine=engine)
+    if keys and mode is not SinkMode.MERGE:
+        raise section.error("keys", f"keys are for mode merge; mode {mode.value} does not upsert")
+    return SinkSpec(path=path, partition_by=tuple(partition_by), mode=mode, engine=engine, keys=tuple(keys),
+                    sequence_by=sequence_by)
 
 
 def _parse_trigger(section: _Section) -> TriggerSpec:
@@ -350,7 +380,8 @@ def _parse_backfill(section: _Section, source: SourceSpec) -> BackfillSpec:
     return spec
 
 
-def _check_transform(stream: str, name: str, source: SourceSpec, sink: SinkSpec) -> None:
+def _check_transform(stream: str, name: str, source: SourceSpec) -> list[str]:
+    """The columns the row transform hands on: the source's, plus those it adds."""
     spec = TRANSFORMS.get(name)
     if spec is None:
         raise CatalogError(f"unknown transform {name!r}; known transforms: {', '.join(sorted(TRANSFORMS))}",
@@ -359,12 +390,18 @@ def _check_transform(stream: str, name: str, source: SourceSpec, sink: SinkSpec)
     if missing:
         raise CatalogError(f"transform {name!r} needs column(s) {', '.join(missing)}, which the source schema "
                            "does not declare", stream=stream, field="transform")
-    output_columns = set(source.schema.names) | set(spec.adds_columns)
-    unknown_partitions = [column for column in sink.partition_by if column not in output_columns]
-    if unknown_partitions:
-        raise CatalogError(f"partition column(s) {', '.join(unknown_partitions)} are not produced by transform "
-                           f"{name!r}; output columns: {', '.join(sorted(output_columns))}",
-                           stream=stream, field="sink.partition_by")
+    return [*source.schema.names, *(column for column in spec.adds_columns if column not in source.schema.names)]
+
+
+def _parse_patterns(top: _Section) -> Patterns:
+    return Patterns(
+        watermark=parse_watermark(top.section("watermark")),
+        dedupe=parse_dedupe(top.section("dedupe")),
+        join=parse_join(top.section("join"), _parse_source),
+        lookup=parse_lookups(top, "lookup"),
+        aggregate=parse_aggregate(top.section("aggregate")),
+        fan_out=parse_fan_out(top, "fan_out"),
+    )
 
 
 def parse_stream(raw: object, *, index: int) -> StreamSpec:
@@ -381,7 +418,9 @@ def parse_stream(raw: object, *, index: int) -> StreamSpec:
     source = _parse_source(name, top.section("source", required=True))
     transform = top.get("transform", str, "identity")
     sink = _parse_sink(name, top.section("sink", required=True))
-    _check_transform(name, transform, source, sink)
+    patterns = _parse_patterns(top)
+    output_columns = check_patterns(name, patterns, _check_transform(name, transform, source), source, sink,
+                                    required=set(source.schema.required))
     dead_letter = top.section("dead_letter")
     dead_letter_path = check_relative_path(
         dead_letter.get("path", str, f"{sink.path}_dead_letter"), stream=name, field="dead_letter.path"
@@ -415,6 +454,8 @@ def parse_stream(raw: object, *, index: int) -> StreamSpec:
         tags=tuple(tags),
         allow_new_query_id=allow_new_query_id,
         backfill=backfill,
+        patterns=patterns,
+        output_columns=tuple(output_columns),
     )
 
 
@@ -447,10 +488,10 @@ def parse_catalog(raw: object, *, source_file: str | None = None) -> Catalog:
         streams[stream.name] = stream
     catalog = Catalog(streams=streams, source_file=source_file)
     for stream in catalog:
-        upstream = catalog.upstream_of(stream)
-        if upstream is not None and upstream.name == stream.name:
+        upstreams = catalog.upstreams_of(stream)
+        if any(upstream.name == stream.name for upstream in upstreams):
             raise CatalogError("a stream cannot read its own table", stream=stream.name, field="source.path")
-        if stream.schedule is None and upstream is None:
+        if stream.schedule is None and not upstreams:
             raise CatalogError(f"is required: no stream of the catalog writes {stream.source.path!r}, so there is no "
                                "table update to schedule the stream on", stream=stream.name, field="schedule")
     return catalog

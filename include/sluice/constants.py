@@ -20,7 +20,12 @@ class FileFormat(str, Enum):
 
 
 class SinkMode(str, Enum):
+    """How a batch's rows reach the table: appended (Spark's append output mode), upserted by key (update output
+    mode, through a Delta MERGE), or the whole result rewritten (complete output mode, for small aggregates)."""
+
     APPEND = "append"
+    MERGE = "merge"
+    COMPLETE = "complete"
 
 
 class DeltaEngine(str, Enum):

@@ -143,7 +143,9 @@ def _batch_commit(info: dict[str, Any]) -> BatchCommit | None:
     if COMMIT_INFO_QUERY in info:
         meta, rows = info, info.get(COMMIT_INFO_RECORDS, 0)
     else:
-        meta, rows = _user_metadata(info), (info.get("operationMetrics") or {}).get("numOutputRows", 0)
+        meta = _user_metadata(info)
+        # A MERGE's numOutputRows counts the rows it copied too; Sluice records the rows it offered.
+        rows = meta.get(COMMIT_INFO_RECORDS, (info.get("operationMetrics") or {}).get("numOutputRows", 0))
         if COMMIT_INFO_QUERY not in meta:
             return None
     return BatchCommit(int(info["version"]), str(meta[COMMIT_INFO_QUERY]), int(meta[COMMIT_INFO_BATCH]), int(rows),

@@ -17,7 +17,7 @@ from sluice.errors import StreamRunError
 
 @dataclass
 class StreamRunSummary:
-    """The numbers of one stream's run. Rows in always equal rows out plus dead-letter rows."""
+    """The numbers of one stream's run. For a row-wise stream, rows in always equal rows out plus dead-letter rows."""
 
     stream: str
     query_id: str | None = None
@@ -37,6 +37,10 @@ class StreamRunSummary:
     # False when a rerun cannot succeed without a change (bad config, a schema conflict): Airflow must not retry.
     retryable: bool = True
     batch_ids: list[int] = field(default_factory=list)
+    # Stateful streams: rows dropped for arriving behind the watermark, duplicates dropped, rows held in state.
+    late_rows: int = 0
+    duplicate_rows: int = 0
+    state_rows: int = 0
 
 
 @dataclass

@@ -36,17 +36,18 @@ def ingest_dag_id(stream: str) -> str:
 
 
 def stream_schedule(stream: StreamSpec, catalog: Catalog) -> Any:
-    """A stream's cron; for a stream that reads another stream's table, that table's Asset (data-aware: it runs
-    after each update), or the Asset or the cron when it has both."""
-    from airflow.sdk import AssetOrTimeSchedule, CronTriggerTimetable
+    """A stream's cron; for a stream that reads other streams' tables, those tables' Assets (data-aware: it runs
+    after each update of any of them, so a join runs when either side has news), or the Assets or the cron when
+    it has both."""
+    from airflow.sdk import AssetAny, AssetOrTimeSchedule, CronTriggerTimetable
 
-    upstream = catalog.upstream_of(stream)
-    if upstream is None:
+    upstreams = [table_asset(upstream) for upstream in catalog.upstreams_of(stream)]
+    if not upstreams:
         return stream.schedule
+    assets = AssetAny(*upstreams) if len(upstreams) > 1 else upstreams
     if stream.schedule is None:
-        return [table_asset(upstream)]
-    return AssetOrTimeSchedule(timetable=CronTriggerTimetable(stream.schedule, timezone="UTC"),
-                               assets=[table_asset(upstream)])
+        return assets
+    return AssetOrTimeSchedule(timetable=CronTriggerTimetable(stream.schedule, timezone="UTC"), assets=assets)
 
 
 def ingest_dag(stream: StreamSpec, *, catalog: Catalog | None = None, doc: str = "") -> DAG:

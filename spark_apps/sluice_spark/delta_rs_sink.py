@@ -48,15 +48,28 @@ _MAX_STRING_STAT = 32
 
 @dataclass(frozen=True)
 class TableTarget:
-    """One Delta table the sink writes: the rows whose route column equals ``route``.
+    """One Delta table the sink writes: the rows whose route column equals ``route`` (and, for a fan-out table, whose
+    boolean ``flag`` column is true).
 
-    ``columns`` pairs each column of the routed frame with its name in the table.
+    ``columns`` pairs each column of the routed frame with its name in the table. ``mode`` is how a batch reaches
+    the table: appended, merged by ``keys`` (the highest ``sequence_by`` wins), or rewritten whole.
     """
 
     route: int
     path: str
     columns: tuple[tuple[str, str], ...]
     partition_by: tuple[str, ...] = ()
+    flag: str | None = None
+    mode: str = "append"
+    keys: tuple[str, ...] = ()
+    sequence_by: str | None = None
+
+    def selects(self, route: Any, flag: Any = None) -> Any:
+        """The row mask of this table over the Arrow arrays of the route and flag columns."""
+        import pyarrow.compute as pc
+
+        mask = pc.equal(route, self.route)
+        return mask if self.flag is None else pc.and_(mask, flag)
 
     @property
     def table_columns(self) -> list[str]:
@@ -64,13 +77,13 @@ class TableTarget:
 
     def to_dict(self) -> dict[str, Any]:
         return {"route": self.route, "path": self.path, "columns": [list(pair) for pair in self.columns],
-                "partition_by": list(self.partition_by)}
+                "partition_by": list(self.partition_by), "flag": self.flag}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TableTarget:
         return cls(route=data["route"], path=data["path"],
                    columns=tuple((source, name) for source, name in data["columns"]),
-                   partition_by=tuple(data.get("partition_by", ())))
+                   partition_by=tuple(data.get("partition_by", ())), flag=data.get("flag"))
 
 
 def encode_targets(targets: Sequence[TableTarget]) -> str:
@@ -126,9 +139,11 @@ class DeltaRsDataSource(DataSource):
             raise ValueError(f"{DATA_SOURCE_NAME} sink needs the option(s) {', '.join(missing)}")
         lowered = {key.lower(): value for key, value in options.items()}
         targets = [TableTarget.from_dict(item) for item in json.loads(lowered["targets"])]
-        routes = [target.route for target in targets]
+        routes = [(target.route, target.flag) for target in targets]
         if len(set(routes)) != len(routes):
-            raise ValueError(f"{DATA_SOURCE_NAME} sink: each table needs its own route value, got {routes}")
+            raise ValueError(f"{DATA_SOURCE_NAME} sink: each table needs its own route and flag, got {routes}")
+        if any(target.mode != "append" for target in targets):
+            raise ValueError(f"{DATA_SOURCE_NAME} sink appends; merge and overwrite go through foreachBatch")
         return DeltaRsStreamWriter(
             targets=targets,
             route_column=lowered["routecolumn"],
@@ -161,12 +176,11 @@ class DeltaRsStreamWriter(DataSourceStreamArrowWriter):
                     continue
                 routes = batch.column(self.route_column)
                 for index, target in enumerate(self.targets):
-                    mask = pc.equal(routes, target.route)
+                    mask = target.selects(routes, batch.column(target.flag) if target.flag else None)
                     selected_rows = pc.sum(mask).as_py() or 0
                     if selected_rows == batch.num_rows:  # the usual case: the whole batch takes one route
                         self._write_rows(index, target, batch, writers)
-                        break
-                    if selected_rows:
+                    elif selected_rows:
                         self._write_rows(index, target, batch.filter(mask), writers)
             files = [writer.close() for writer in writers.values()]
         except BaseException:

@@ -14,20 +14,22 @@ import uuid
 from dataclasses import dataclass
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming import StreamingQuery
 
 from sluice.catalog import Catalog, StreamSpec, TriggerSpec
 from sluice.checkpoint import ensure_query_id
-from sluice.constants import INGEST_TIME_COLUMN, SOURCE_FILE_COLUMN, DeltaEngine
+from sluice.constants import INGEST_TIME_COLUMN, SOURCE_FILE_COLUMN, DeltaEngine, SinkMode
 from sluice.delta import batch_commits, ensure_table, table_version
 from sluice.errors import SluiceError
 from sluice.lock import StreamLock
-from sluice.paths import Roots, require_local
+from sluice.paths import Roots, join, require_local
 from sluice.summary import RunSummary, StreamRunSummary
+from sluice_spark import patterns as steps
 from sluice_spark.delta_rs_sink import TableTarget
+from sluice_spark.patterns import with_watermark
 from sluice_spark.quality import RAW_COLUMN, REASON_COLUMN, flag_dead_letters
 from sluice_spark.session import activate, resolve_engine
 from sluice_spark.sinks import delta_writer
@@ -64,10 +66,18 @@ class PreparedStream:
 
 
 def build_routed_frame(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | None = None,
-                       trigger: TriggerSpec | None = None) -> tuple[DataFrame, list[str]]:
-    """Source -> dead-letter flag -> transform -> one frame carrying a route column. Returns it and the data
-    columns of the stream's table. ``path`` and ``trigger`` override the source's (see ``read_stream``)."""
-    parsed = flag_dead_letters(read_stream(spark, stream, roots, path=path, trigger=trigger), stream)
+                       trigger: TriggerSpec | None = None,
+                       engine: DeltaEngine = DeltaEngine.RS) -> tuple[DataFrame, list[str]]:
+    """Source -> dead-letter flag -> watermark -> transform -> patterns -> one frame carrying a route column.
+    Returns it and the data columns of the stream's table. ``path`` and ``trigger`` override the source's (see
+    ``read_stream``); ``engine`` reads lookup tables.
+
+    A row-wise stream keeps every row in one frame. A stateful stream (dedupe, join, aggregate) feeds only its good
+    rows to the stateful operators; the dead-letter rows bypass them and are unioned back in front of the sink.
+    """
+    patterns = stream.patterns
+    parsed = with_watermark(
+        flag_dead_letters(read_stream(spark, stream, roots, path=path, trigger=trigger), stream), patterns.watermark)
     before = set(parsed.columns)
     transformed = get_transform(stream.transform)(parsed)
     lost = sorted(before - set(transformed.columns))
@@ -76,26 +86,95 @@ def build_routed_frame(spark: SparkSession, stream: StreamSpec, roots: Roots, *,
             f"stream '{stream.name}': transform '{stream.transform}' dropped column(s) {', '.join(lost)}; transforms "
             "of file streams must keep every column so that bad records still reach the dead-letter table"
         )
-    data_columns = [name for name in transformed.columns if name not in _INTERNAL_COLUMNS]
+    dimensions = [(spec, steps.read_dimension(spark, spec, roots, engine)) for spec in patterns.lookup]
     rejected = F.col(REASON_COLUMN).isNotNull()
-    # Only what some table keeps crosses to the sink: the corrupt-record text is already in the raw record, and
-    # the dead-letter columns are NULL on good rows.
-    routed = transformed.select(
+    if not patterns.stateful:
+        for spec, dimension in dimensions:
+            transformed = steps.lookup(transformed, dimension, spec)
+        data_columns = [name for name in transformed.columns if name not in _INTERNAL_COLUMNS]
+        # Only what some table keeps crosses to the sink: the corrupt-record text is already in the raw record, and
+        # the dead-letter columns are NULL on good rows.
+        routed = transformed.select(
+            *data_columns,
+            F.current_timestamp().alias(INGEST_TIME_COLUMN),
+            F.when(rejected, F.lit(DEAD_LETTER_ROUTE)).otherwise(F.lit(GOOD_ROUTE)).cast("tinyint").alias(ROUTE_COLUMN),
+            RAW_COLUMN,
+            REASON_COLUMN,
+            F.when(rejected, F.lit(stream.name)).alias(_STREAM_COLUMN),
+            *_fan_out_flags(stream),
+        )
+        return routed, [*data_columns, INGEST_TIME_COLUMN]
+
+    keep = [name for name in transformed.columns if name not in _INTERNAL_COLUMNS]
+    good = transformed.where(~rejected).select(*keep)
+    dead = [transformed.where(rejected)]
+    if patterns.dedupe is not None:
+        good = steps.dedupe(good, patterns.dedupe)
+    if patterns.join is not None:
+        right = steps.read_joined(spark, stream, patterns.join, roots)
+        right_bad = right.where(F.col(REASON_COLUMN).isNotNull())
+        dead.append(right_bad)
+        right_good = right.where(F.col(REASON_COLUMN).isNull()).select(*patterns.join.source.schema.names)
+        good = steps.stream_join(good, right_good, patterns.join, keep)
+    for spec, dimension in dimensions:
+        good = steps.lookup(good, dimension, spec)
+    if patterns.aggregate is not None:
+        good = steps.aggregate(good, patterns.aggregate)
+    data_columns = list(good.columns)
+    # A dead letter keeps its lineage even when the stream's own rows (an aggregate's) have none.
+    lineage = [] if SOURCE_FILE_COLUMN in data_columns else [SOURCE_FILE_COLUMN]
+    routed = good.select(
         *data_columns,
+        *[F.lit(None).cast("string").alias(name) for name in lineage],
         F.current_timestamp().alias(INGEST_TIME_COLUMN),
-        F.when(rejected, F.lit(DEAD_LETTER_ROUTE)).otherwise(F.lit(GOOD_ROUTE)).cast("tinyint").alias(ROUTE_COLUMN),
-        RAW_COLUMN,
-        REASON_COLUMN,
-        F.when(rejected, F.lit(stream.name)).alias(_STREAM_COLUMN),
+        F.lit(GOOD_ROUTE).cast("tinyint").alias(ROUTE_COLUMN),
+        F.lit(None).cast("string").alias(RAW_COLUMN),
+        F.lit(None).cast("string").alias(REASON_COLUMN),
+        F.lit(None).cast("string").alias(_STREAM_COLUMN),
+        *_fan_out_flags(stream),
     )
+    types = dict(routed.dtypes)
+    for bad in dead:
+        routed = routed.unionByName(bad.select(
+            *[F.lit(None).cast(types[name]).alias(name) for name in data_columns],
+            *lineage,
+            F.current_timestamp().alias(INGEST_TIME_COLUMN),
+            F.lit(DEAD_LETTER_ROUTE).cast("tinyint").alias(ROUTE_COLUMN),
+            RAW_COLUMN,
+            REASON_COLUMN,
+            F.lit(stream.name).alias(_STREAM_COLUMN),
+            *[F.lit(False).alias(_fan_out_column(index)) for index, _ in enumerate(stream.patterns.fan_out)],
+        ))
     return routed, [*data_columns, INGEST_TIME_COLUMN]
 
 
+def _fan_out_column(index: int) -> str:
+    return f"_sluice_fan_out_{index}"
+
+
+def _fan_out_flags(stream: StreamSpec) -> list[Column]:
+    """One boolean column per fan-out table: whether a good row goes there too."""
+    return [F.coalesce(F.expr(spec.where), F.lit(False)).alias(_fan_out_column(index))
+            for index, spec in enumerate(stream.patterns.fan_out)]
+
+
 def sink_targets(stream: StreamSpec, roots: Roots, data_columns: list[str]) -> list[TableTarget]:
-    """The stream's table (good rows) and its dead-letter table, as routes of the routed frame."""
+    """The stream's table (good rows), its dead-letter table, then its fan-out tables, as routes of the routed
+    frame. The first two are always first: the run summary counts their commits."""
+    sink, aggregate = stream.sink, stream.patterns.aggregate
+    keys = aggregate.key_columns if aggregate is not None and sink.mode is SinkMode.MERGE else sink.keys
+    output = [name for name in data_columns if name != INGEST_TIME_COLUMN]
+    fan_out = [
+        TableTarget(GOOD_ROUTE, join(roots.lake, spec.path),
+                    tuple((c, c) for c in [*(spec.columns or output), INGEST_TIME_COLUMN]),
+                    spec.partition_by, flag=_fan_out_column(index))
+        for index, spec in enumerate(stream.patterns.fan_out)
+    ]
     return [
-        TableTarget(GOOD_ROUTE, stream.sink_path(roots), tuple((c, c) for c in data_columns), stream.sink.partition_by),
+        TableTarget(GOOD_ROUTE, stream.sink_path(roots), tuple((c, c) for c in data_columns), sink.partition_by,
+                    mode=sink.mode.value, keys=keys, sequence_by=sink.sequence_by),
         TableTarget(DEAD_LETTER_ROUTE, stream.dead_letter_table_path(roots), _DEAD_LETTER_FIELDS),
+        *fan_out,
     ]
 
 
@@ -105,9 +184,9 @@ def create_tables(stream: StreamSpec, routed: DataFrame, targets: list[TableTarg
     arrow_schema = to_arrow_schema(routed.schema, timezone="UTC")
     for target in targets:
         fields = [arrow_schema.field(source).with_name(name) for source, name in target.columns]
+        name = stream.name if target.route == GOOD_ROUTE else f"{stream.name}_dead_letter"
         ensure_table(target.path, pa.schema(fields), target.partition_by,
-                     name=stream.name if target.route == GOOD_ROUTE else f"{stream.name}_dead_letter",
-                     description=stream.description)
+                     name=f"{name}_{target.flag}" if target.flag else name, description=stream.description)
 
 
 def prepare_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, run_id: str,
@@ -116,7 +195,7 @@ def prepare_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, run
     checkpoint = stream.checkpoint_path(roots)
     query_id = ensure_query_id(checkpoint)
     resolved = resolve_engine(spark, engine or stream.sink.engine)
-    routed, data_columns = build_routed_frame(spark, stream, roots)
+    routed, data_columns = build_routed_frame(spark, stream, roots, engine=resolved)
     targets = sink_targets(stream, roots, data_columns)
     if resolved is DeltaEngine.RS:
         create_tables(stream, routed, targets)
@@ -140,6 +219,7 @@ def start_stream(prepared: PreparedStream) -> StreamingQuery:
         query_id=prepared.query_id,
         stream=prepared.spec.name,
         commit_info={"sluice.runId": prepared.summary.run_id},
+        mode=prepared.spec.sink.mode,
     )
     query = (
         writer.queryName(prepared.spec.name)
@@ -167,6 +247,19 @@ def _progress_rows(query: StreamingQuery) -> dict[int, int]:
     return rows
 
 
+def _state_counts(query: StreamingQuery) -> tuple[int, int, int]:
+    """Rows the stateful operators dropped as late and as duplicates during this run, and the rows they hold in
+    state at its end."""
+    late = duplicates = 0
+    held = 0
+    for progress in query.recentProgress:
+        operators = progress.stateOperators
+        late += sum(int(op.numRowsDroppedByWatermark) for op in operators)
+        duplicates += sum(int(op.customMetrics.get("numDroppedDuplicateRows", 0)) for op in operators)
+        held = sum(int(op.numRowsTotal) for op in operators)
+    return late, duplicates, held
+
+
 def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: float) -> StreamRunSummary:
     """Fill the summary once the query has ended; reconcile rows read with rows committed."""
     summary = prepared.summary
@@ -175,7 +268,8 @@ def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: floa
     summary.batch_ids = sorted(input_rows)
     summary.batches = len(input_rows)
     summary.input_rows = sum(input_rows.values())
-    data, dead = prepared.targets
+    summary.late_rows, summary.duplicate_rows, summary.state_rows = _state_counts(query)
+    data, dead = prepared.targets[:2]
     summary.delta_version_after = table_version(data.path)
     summary.dead_letter_version_after = table_version(dead.path)
 
@@ -189,7 +283,9 @@ def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: floa
     if error is not None:
         summary.status = "failed"
         summary.error = error_message(error)
-    elif summary.input_rows != summary.output_rows + summary.dead_letter_rows:
+    elif not prepared.spec.patterns.stateful and summary.input_rows != summary.output_rows + summary.dead_letter_rows:
+        # A stateful stream drops late rows and duplicates, and an aggregate turns rows into groups: there the
+        # counts are reported, not reconciled.
         summary.status = "failed"
         summary.retryable = False
         summary.error = (
@@ -205,7 +301,11 @@ def error_message(error: BaseException) -> str:
     """The first line of a query's error, and its root cause: Spark wraps most causes in a generic message."""
     def first_line(exc: BaseException) -> str:
         text = str(exc).strip()
-        return text.splitlines()[0] if text else repr(exc)
+        if not text:
+            return repr(exc)
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        # A Python error raised in foreachBatch arrives as a traceback: its last line says what happened.
+        return f"{lines[0]} {lines[-1]}" if "Traceback (most recent call last)" in text else lines[0]
 
     message, root, seen = first_line(error), error, 0
     # pyspark keeps the JVM cause chain on captured exceptions as ``_cause``.
@@ -234,6 +334,7 @@ def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: 
         try:
             for item in prepared:
                 running.append((item, start_stream(item)))
+                await_sources(running[-1][1])
             for item, query in running:
                 await_query(item.spec.name, query, held[item.spec.name])
         finally:
@@ -246,6 +347,16 @@ def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: 
                 summary.status, summary.retryable = "failed", True
                 summary.error = "lost the stream's lock to another run during this run; it was stopped"
     return RunSummary(app_id=spark.sparkContext.applicationId, streams=summaries)
+
+
+def await_sources(query: StreamingQuery, timeout: float = 120.0) -> None:
+    """Wait until a started query has initialized its sources. A Python data source starts a Python worker on the
+    driver that must connect back within Spark's fixed 10 s; several queries starting at once on a small, busy
+    driver miss it (measured: six at once on 2 cores under load). Starting them one after another costs a second
+    each."""
+    deadline = time.monotonic() + timeout
+    while query.isActive and query.status["message"] == "Initializing sources" and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def await_query(name: str, query: StreamingQuery, lock: StreamLock) -> None:

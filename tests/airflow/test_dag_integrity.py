@@ -91,3 +91,30 @@ def test_a_stream_reading_another_streams_table_is_scheduled_on_its_asset() -> N
     schedule = with_cron["ingest_events_silver"].schedule
     assert isinstance(schedule, AssetOrTimeSchedule)
     assert schedule.asset_condition.objects == (asset,)
+
+
+def test_a_join_runs_when_either_side_has_news() -> None:
+    from airflow.sdk import AssetAny
+
+    from sluice.catalog import parse_catalog
+    from sluice_airflow.dag_factory import ingest_dags
+
+    def bronze(name: str, time_column: str) -> dict[str, object]:
+        return {"name": name, "source": {"type": "files", "format": "json", "path": name,
+                                         "schema": {"ad_id": "string not null", time_column: "timestamp not null"}},
+                "sink": {"path": f"bronze/{name}"}, "schedule": "*/5 * * * *"}
+
+    joined = {"name": "attributed", "sink": {"path": "gold/attributed"},
+              "source": {"type": "delta", "path": "bronze/impressions",
+                         "schema": {"ad_id": "string not null", "shown_at": "timestamp not null"}},
+              "watermark": {"column": "shown_at", "delay": "10 minutes"},
+              "join": {"source": {"type": "delta", "path": "bronze/clicks",
+                                  "schema": {"ad_id": "string not null", "clicked_at": "timestamp not null"}},
+                       "watermark": {"column": "clicked_at", "delay": "10 minutes"}, "on": ["ad_id"],
+                       "within": {"left": "shown_at", "right": "clicked_at", "max_delay": "1 hour"}}}
+    dags = ingest_dags(parse_catalog({"version": 1, "streams": [
+        bronze("impressions", "shown_at"), bronze("clicks", "clicked_at"), joined]}))
+    schedule = dags["ingest_attributed"].schedule
+    assert isinstance(schedule, AssetAny)
+    assert set(schedule.objects) == {dags[f"ingest_{side}"].get_task("run_stream").outlets[0]
+                                     for side in ("impressions", "clicks")}

@@ -65,3 +65,14 @@ def test_offsets_win_and_defaults_apply(catalog: Catalog) -> None:
     assert (request.mode, request.select_by, request.dry_run) == ("append", "event_time", True)
     assert request.run_key == "manual__2026-11-22T10_00_00_00_00"
     assert "--dry-run" in request.to_args() and "--max-files-per-trigger" not in request.to_args()
+
+
+def test_a_stateful_stream_is_not_backfilled() -> None:
+    from sluice.catalog import parse_catalog
+    from tests.helpers import events_stream
+
+    deduped = events_stream("deduped", watermark={"column": "event_time", "delay": "1 hour"},
+                            dedupe={"keys": ["event_id"]})
+    with pytest.raises(BackfillError) as refused:
+        ask(parse_catalog({"version": 1, "streams": [deduped]}), stream="deduped")
+    assert str(refused.value).startswith("stream: stream 'deduped' keeps state in its checkpoint")
