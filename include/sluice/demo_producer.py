@@ -4,8 +4,12 @@ Users sign up, start sessions, click through pages and buy things. Like real fee
 are delivered twice, and some are malformed (broken JSON, an amount that is not a number, a missing timestamp).
 Files appear atomically: each is written under a hidden name and renamed into place, as an uploader should.
 
+With ``--topic`` the same event lines go to a Kafka topic instead (confluent-kafka), one message per line, keyed by
+user so that each user's events stay in order within a partition:
+
     python -m sluice.demo_producer --landing-root data/landing --files 3
     python -m sluice.demo_producer --landing-root data/landing --loop --interval 30
+    python -m sluice.demo_producer --kafka-bootstrap kafka:9092 --topic demo.events --loop --interval 30
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ import os
 import random
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 PAGES = ("/", "/search", "/product/espresso-grinder", "/product/pour-over-kettle", "/product/beans-ethiopia",
          "/cart", "/checkout")
@@ -54,6 +60,28 @@ class ProducedBatch:
     @property
     def event_lines(self) -> int:
         return self.events + self.duplicates + self.malformed
+
+    def add_events(self, other: ProducedBatch) -> None:
+        self.files += other.files
+        self.events += other.events
+        self.duplicates += other.duplicates
+        self.late += other.late
+        self.malformed += other.malformed
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    """One line of the event feed: the line exactly as an events file holds it, and the user it belongs to."""
+
+    user_id: str
+    line: str
+
+
+def encode_kafka_message(record: EventRecord) -> tuple[bytes, bytes]:
+    """The Kafka key and value of an event line: the user id (one user's events stay in one partition, in order)
+    and the line's UTF-8 bytes, unchanged, so that a Kafka source reads the same records as the file source,
+    malformed ones included."""
+    return record.user_id.encode("utf-8"), record.line.encode("utf-8")
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -98,39 +126,48 @@ class DemoProducer:
             event["currency"] = self.random.choice(CURRENCIES)
         return event
 
-    def _malformed_line(self, now: datetime) -> str:
+    def _malformed_record(self, now: datetime) -> EventRecord:
         event = self._event(now)
+        user = str(event["user_id"])
         flavour = self.random.randrange(3)
         if flavour == 0:
-            return json.dumps(event)[:-7]  # truncated mid-record by a broken uploader
+            return EventRecord(user, json.dumps(event)[:-7])  # truncated mid-record by a broken uploader
         if flavour == 1:
             event["event_type"], event["amount"] = "purchase", "twelve euros"
-            return json.dumps(event)
+            return EventRecord(user, json.dumps(event))
         event.pop("event_time")
-        return json.dumps(event)
+        return EventRecord(user, json.dumps(event))
 
-    def events_file(self, *, lines: int = 200, now: datetime | None = None) -> ProducedBatch:
-        """One JSON-lines file of ``lines`` events under ``<landing>/events/<date>/``."""
+    def event_records(self, *, lines: int = 200,
+                      now: datetime | None = None) -> tuple[ProducedBatch, list[EventRecord]]:
+        """``lines`` events (plus duplicates), some late and some malformed, with the counts of each kind."""
         now = now or datetime.now(timezone.utc)
         produced = ProducedBatch()
-        out: list[str] = []
+        out: list[EventRecord] = []
         for _ in range(lines):
             if self.random.random() < self.malformed_rate:
-                out.append(self._malformed_line(now))
+                out.append(self._malformed_record(now))
                 produced.malformed += 1
                 continue
             event = self._event(now)
             if self.random.random() < self.late_rate:
                 event["event_time"] = _iso(now - timedelta(hours=self.random.uniform(1, 30)))
                 produced.late += 1
-            out.append(json.dumps(event))
+            record = EventRecord(str(event["user_id"]), json.dumps(event))
+            out.append(record)
             produced.events += 1
             if self.random.random() < self.duplicate_rate:
-                out.append(json.dumps(event))  # at-least-once delivery upstream
+                out.append(record)  # at-least-once delivery upstream
                 produced.duplicates += 1
+        return produced, out
+
+    def events_file(self, *, lines: int = 200, now: datetime | None = None) -> ProducedBatch:
+        """One JSON-lines file of ``lines`` events under ``<landing>/events/<date>/``."""
+        now = now or datetime.now(timezone.utc)
+        produced, records = self.event_records(lines=lines, now=now)
         self.sequence += 1
         path = self.landing / "events" / now.strftime("%Y-%m-%d") / f"events-{now:%H%M%S}-{self.sequence:06d}.json"
-        _write_atomically(path, "\n".join(out) + "\n")
+        _write_atomically(path, "\n".join(record.line for record in records) + "\n")
         produced.files.append(path)
         return produced
 
@@ -166,33 +203,124 @@ class DemoProducer:
         """``files`` event files plus one order export."""
         total = ProducedBatch()
         for _ in range(files):
-            part = self.events_file(lines=lines, now=now)
-            total.files += part.files
-            total.events += part.events
-            total.duplicates += part.duplicates
-            total.late += part.late
-            total.malformed += part.malformed
+            total.add_events(self.events_file(lines=lines, now=now))
         orders = self.orders_file(now=now)
         total.files += orders.files
         total.orders, total.malformed_orders = orders.orders, orders.malformed_orders
         return total
 
 
+class KafkaEventSink:
+    """Sends event records to one Kafka topic with confluent-kafka and waits until the broker has every one.
+
+    The producer is idempotent with ``acks=all``, so a retried send never duplicates a message; the duplicates in
+    the feed are the ones the demo makes on purpose.
+    """
+
+    def __init__(self, bootstrap_servers: str, topic: str, *, partitions: int = 3,
+                 config: dict[str, Any] | None = None, producer: Any = None) -> None:
+        if not bootstrap_servers:
+            raise ValueError("bootstrap_servers: expected host:port[,host:port...], got an empty value")
+        if not topic:
+            raise ValueError("topic: expected a topic name, got an empty value")
+        if partitions < 1:
+            raise ValueError(f"partitions: expected at least 1, got {partitions}")
+        self.config = {"bootstrap.servers": bootstrap_servers, "enable.idempotence": True, "acks": "all",
+                       "linger.ms": 20, **(config or {})}
+        self.topic = topic
+        self.partitions = partitions
+        self._producer = producer
+
+    @property
+    def producer(self) -> Any:
+        if self._producer is None:
+            from confluent_kafka import Producer
+
+            self._producer = Producer(self.config)
+        return self._producer
+
+    def ensure_topic(self, timeout: float = 30.0) -> bool:
+        """Create the topic with ``partitions`` partitions unless it exists; True when this call created it."""
+        from confluent_kafka import KafkaError, KafkaException
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient({"bootstrap.servers": self.config["bootstrap.servers"]})
+        if self.topic in admin.list_topics(timeout=timeout).topics:
+            return False
+        future = admin.create_topics([NewTopic(self.topic, self.partitions, 1)])[self.topic]
+        try:
+            future.result(timeout)
+        except KafkaException as exc:
+            if exc.args and exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                return False  # another producer created it in between
+            raise
+        return True
+
+    def send(self, records: Sequence[EventRecord], *, timeout: float = 30.0) -> int:
+        """Send ``records`` in order; return how many the broker acknowledged, or raise if any was not."""
+        failures: list[str] = []
+
+        def delivered(error: Any, message: Any) -> None:
+            if error is not None:
+                failures.append(str(error))
+
+        for record in records:
+            key, value = encode_kafka_message(record)
+            while True:
+                try:
+                    self.producer.produce(self.topic, key=key, value=value, on_delivery=delivered)
+                    break
+                except BufferError:  # the local queue is full: let deliveries drain it
+                    self.producer.poll(1.0)
+            self.producer.poll(0)
+        remaining = self.producer.flush(timeout)
+        if remaining or failures:
+            reason = failures[0] if failures else f"{remaining} message(s) still queued after {timeout:g} s"
+            raise RuntimeError(f"Kafka topic {self.topic!r}: {len(failures) + remaining} of {len(records)} "
+                               f"message(s) not delivered: {reason}")
+        return len(records)
+
+
+def _beat(heartbeat_file: str | None) -> None:
+    if heartbeat_file:
+        _write_atomically(Path(heartbeat_file), f"{time.time():.0f}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sluice.demo_producer", description=__doc__.split("\n\n")[0])
     parser.add_argument("--landing-root", default=os.environ.get("SLUICE_LANDING_ROOT", "data/landing"))
-    parser.add_argument("--files", type=int, default=3, help="event files per round")
-    parser.add_argument("--lines", type=int, default=200, help="events per file")
+    parser.add_argument("--files", type=int, default=3, help="event files (or batches of messages) per round")
+    parser.add_argument("--lines", type=int, default=200, help="events per file or batch")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--loop", action="store_true", help="keep producing a round every --interval seconds")
     parser.add_argument("--interval", type=float, default=30.0)
+    parser.add_argument("--topic", help="send the events to this Kafka topic instead of writing files")
+    parser.add_argument("--kafka-bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"),
+                        help="Kafka bootstrap servers for --topic (default: KAFKA_BOOTSTRAP_SERVERS)")
+    parser.add_argument("--partitions", type=int, default=3, help="partitions of --topic when it is created")
+    parser.add_argument("--heartbeat-file", help="file touched after every round that succeeded (healthchecks)")
     args = parser.parse_args(argv)
+    if args.topic and not args.kafka_bootstrap:
+        parser.error("--topic needs --kafka-bootstrap or KAFKA_BOOTSTRAP_SERVERS")
     producer = DemoProducer(args.landing_root, seed=args.seed if args.seed is not None else int(time.time()))
+    sink = KafkaEventSink(args.kafka_bootstrap, args.topic, partitions=args.partitions) if args.topic else None
+    if sink is not None:
+        sink.ensure_topic()
     while True:
-        batch = producer.produce(files=args.files, lines=args.lines)
-        print(json.dumps({"files": len(batch.files), "events": batch.events, "duplicates": batch.duplicates,
-                          "late": batch.late, "malformed": batch.malformed, "orders": batch.orders,
-                          "malformed_orders": batch.malformed_orders}), flush=True)
+        if sink is None:
+            batch = producer.produce(files=args.files, lines=args.lines)
+            report: dict[str, object] = {"files": len(batch.files), "orders": batch.orders,
+                                         "malformed_orders": batch.malformed_orders}
+        else:
+            batch, messages = ProducedBatch(), 0
+            for _ in range(args.files):
+                part, records = producer.event_records(lines=args.lines)
+                messages += sink.send(records)
+                batch.add_events(part)
+            report = {"topic": sink.topic, "messages": messages}
+        report.update(events=batch.events, duplicates=batch.duplicates, late=batch.late, malformed=batch.malformed)
+        print(json.dumps(report), flush=True)
+        _beat(args.heartbeat_file)
         if not args.loop:
             return 0
         time.sleep(args.interval)

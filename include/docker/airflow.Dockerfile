@@ -1,0 +1,42 @@
+# Sluice's Airflow image, for every Airflow service and for the demo producers. Built from the repository root by
+# docker-compose.yaml.
+#
+# The LocalExecutor runs tasks in the scheduler's container, and spark-submit runs in client mode, so the Spark
+# driver lives here too. That is why the image has Java, the same Python minor version, pyspark and jars as the
+# Spark image (include/docker/spark.Dockerfile), and the project installed at the same path (/opt/sluice).
+FROM apache/airflow:3.3.2-python3.11
+
+USER root
+# The JRE's post-install links its man pages into /usr/share/man/man1, which slim Debian images leave out.
+# procps gives Spark's launch scripts `ps`.
+RUN mkdir -p /usr/share/man/man1 \
+    && apt-get update \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \
+    && apt-get autoremove -yqq --purge \
+    && apt-get clean \
+    && rm -rf /var/lib/apt/lists/* \
+    && mkdir -p /opt/sluice/data \
+    && chown -R airflow:0 /opt/sluice
+USER airflow
+
+# The pinned set Sluice is tested with. It pins the same apache-airflow as the base image, so pip keeps Airflow.
+COPY --chown=airflow:0 requirements.txt /opt/sluice/requirements.txt
+RUN pip install --no-cache-dir -r /opt/sluice/requirements.txt
+
+# Jar versions: SPARK_VERSION and DELTA_VERSION must equal the pyspark and delta-spark pins of requirements.txt (the
+# script refuses otherwise); KAFKA_CLIENTS_VERSION and COMMONS_POOL2_VERSION follow Spark's own build. Keep these
+# ARGs equal in both Dockerfiles.
+ARG SPARK_VERSION=4.2.0
+ARG DELTA_VERSION=4.4.1
+ARG KAFKA_CLIENTS_VERSION=3.9.2
+ARG COMMONS_POOL2_VERSION=2.12.1
+ARG MAVEN_REPOSITORY=https://repo1.maven.org/maven2
+COPY --chown=airflow:0 include/docker/fetch_spark_jars.py /opt/sluice/include/docker/fetch_spark_jars.py
+RUN python /opt/sluice/include/docker/fetch_spark_jars.py --spark "${SPARK_VERSION}" --delta "${DELTA_VERSION}" \
+        --kafka-clients "${KAFKA_CLIENTS_VERSION}" --commons-pool2 "${COMMONS_POOL2_VERSION}" \
+        --repository "${MAVEN_REPOSITORY}"
+
+# The project last, so that a code change rebuilds only this layer. Editable, like `make venv`: the operators find
+# spark_apps/stream_runner.py and backfill_runner.py beside the sluice_spark package.
+COPY --chown=airflow:0 . /opt/sluice
+RUN pip install --no-cache-dir --no-deps -e /opt/sluice

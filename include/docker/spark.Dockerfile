@@ -1,0 +1,47 @@
+# Sluice's Spark image, for the standalone master and workers. Built from the repository root by docker-compose.yaml.
+#
+# Executors run Sluice's Python code (the delta-rs sink's writers and Sluice's Python data sources) with the
+# interpreter the driver names (PYSPARK_PYTHON=python3, found on PATH). PySpark refuses a driver and workers on two
+# Python minor versions, and the workers unpickle classes of sluice_spark, so this image has the Airflow image's
+# Python minor version, the same requirements.txt, the project at the same path (/opt/sluice) and the same jars.
+# It is built on python:*-slim rather than apache/spark, whose Python is the distribution's, not 3.11.
+FROM python:3.11-slim-bookworm
+
+# procps gives Spark's launch scripts `ps`; see airflow.Dockerfile for man1.
+RUN mkdir -p /usr/share/man/man1 \
+    && apt-get update \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \
+    && apt-get clean \
+    && rm -rf /var/lib/apt/lists/*
+
+# The stack runs as AIRFLOW_UID with group 0, as the Airflow image does, so that the driver and the executors write
+# the shared data as one owner. The entrypoint adds a passwd entry when AIRFLOW_UID is another UID.
+RUN useradd --uid 50000 --gid 0 --create-home --home-dir /home/sluice sluice \
+    && chmod g+w /etc/passwd \
+    && mkdir -p /opt/sluice/data /opt/spark/work \
+    && chown -R sluice:0 /opt/sluice /opt/spark \
+    && chmod -R g+rwX /opt/sluice /opt/spark
+
+COPY requirements.txt /opt/sluice/requirements.txt
+RUN pip install --no-cache-dir -r /opt/sluice/requirements.txt
+
+# Keep these ARGs equal to airflow.Dockerfile's: the driver and the executors load the same jars.
+ARG SPARK_VERSION=4.2.0
+ARG DELTA_VERSION=4.4.1
+ARG KAFKA_CLIENTS_VERSION=3.9.2
+ARG COMMONS_POOL2_VERSION=2.12.1
+ARG MAVEN_REPOSITORY=https://repo1.maven.org/maven2
+COPY include/docker/fetch_spark_jars.py /opt/sluice/include/docker/fetch_spark_jars.py
+RUN python /opt/sluice/include/docker/fetch_spark_jars.py --spark "${SPARK_VERSION}" --delta "${DELTA_VERSION}" \
+        --kafka-clients "${KAFKA_CLIENTS_VERSION}" --commons-pool2 "${COMMONS_POOL2_VERSION}" \
+        --repository "${MAVEN_REPOSITORY}"
+
+COPY --chown=sluice:0 . /opt/sluice
+RUN pip install --no-cache-dir --no-deps -e /opt/sluice
+
+ENV SPARK_WORKER_DIR=/opt/spark/work \
+    PYSPARK_PYTHON=python3
+USER sluice
+WORKDIR /opt/sluice
+ENTRYPOINT ["bash", "/opt/sluice/include/docker/spark-entrypoint.sh"]
+CMD ["master"]

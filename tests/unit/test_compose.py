@@ -1,0 +1,366 @@
+"""The production stack's files, checked without Docker: docker-compose.yaml, the Dockerfiles and .env.example.
+
+No Docker engine runs in CI, so these tests read the files the way compose and docker build would: the YAML with its
+anchors and merge keys, the ``${VAR...}`` substitutions against .env.example, the paths against the repository, and
+the Dockerfiles' pins against requirements.txt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+
+PROJECT = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = PROJECT / "docker-compose.yaml"
+ENV_EXAMPLE = PROJECT / ".env.example"
+DOCKER_DIR = PROJECT / "include" / "docker"
+AIRFLOW_DOCKERFILE = DOCKER_DIR / "airflow.Dockerfile"
+SPARK_DOCKERFILE = DOCKER_DIR / "spark.Dockerfile"
+
+AIRFLOW_SERVICES = {"airflow-init", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor",
+                    "airflow-triggerer"}
+SPARK_SERVICES = {"spark-master", "spark-worker"}
+EXPECTED_SERVICES = AIRFLOW_SERVICES | SPARK_SERVICES | {"postgres", "kafka", "producer", "landing-producer"}
+# Runs once and exits; every other service runs until stopped and must have a healthcheck.
+ONE_SHOT_SERVICES = {"airflow-init"}
+DATA_MOUNT = "/opt/sluice/data"
+SECRET_NAME = re.compile(r"PASSWORD|SECRET|FERNET")
+# Settings that hold a secret themselves (a setting that names a file of secrets does not).
+SECRET_SETTING = re.compile(r"(PASSWORD|SECRET|SECRET_KEY|FERNET_KEY)$")
+CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
+
+# `$$` is compose's escape for a literal `$` (left to the container's shell); anything else starting with `$` is
+# substituted by compose: `${NAME}`, `${NAME:-default}`, `${NAME-default}`, `${NAME:?error}`, `${NAME?error}`,
+# `${NAME:+alt}` and bare `$NAME`.
+SUBSTITUTION = re.compile(r"\$(?:\$|\{(?P<name>\w+)(?P<op>:?[-?+])?(?P<arg>[^}]*)\}|(?P<bare>[A-Za-z_]\w*))")
+
+
+def compose_text() -> str:
+    return COMPOSE_FILE.read_text(encoding="utf-8")
+
+
+def load_compose() -> dict[str, Any]:
+    document = yaml.safe_load(compose_text())
+    assert isinstance(document, dict), "docker-compose.yaml must be a mapping"
+    return document
+
+
+def services() -> dict[str, dict[str, Any]]:
+    return dict(load_compose()["services"])
+
+
+def scalars(node: object) -> list[str]:
+    """Every string value of a loaded YAML document: what compose interpolates (comments are gone by then)."""
+    if isinstance(node, dict):
+        return [text for value in node.values() for text in scalars(value)]
+    if isinstance(node, list):
+        return [text for value in node for text in scalars(value)]
+    return [node] if isinstance(node, str) else []
+
+
+def substitutions(document: dict[str, Any] | None = None) -> list[tuple[str, str]]:
+    """(name, operator) of every substitution compose makes; the operator is '' when there is none."""
+    found = []
+    for text in scalars(document if document is not None else load_compose()):
+        for match in SUBSTITUTION.finditer(text):
+            if match.group("name"):
+                found.append((match.group("name"), match.group("op") or ""))
+            elif match.group("bare"):
+                found.append((match.group("bare"), ""))
+    return found
+
+
+def env_example() -> dict[str, str]:
+    values = {}
+    for line in ENV_EXAMPLE.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, separator, value = line.partition("=")
+            assert separator, f".env.example: {line!r} is not KEY=VALUE"
+            values[key.strip()] = value.strip()
+    return values
+
+
+def with_defaults(value: str) -> str:
+    """``value`` as compose resolves it when no variable is set: defaults in, everything else empty."""
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        return match.group("arg") if match.group("op") in (":-", "-") else ""
+
+    return SUBSTITUTION.sub(replace, value)
+
+
+def volume_source_and_target(entry: str | dict[str, Any]) -> tuple[str, str]:
+    if isinstance(entry, dict):
+        return str(entry["source"]), str(entry["target"])
+    source, _, rest = with_defaults(entry).partition(":")
+    return source, rest.split(":")[0]
+
+
+def is_bind(source: str) -> bool:
+    return source.startswith((".", "/", "~"))
+
+
+def requirement_pins() -> dict[str, str]:
+    pins = {}
+    for line in (PROJECT / "requirements.txt").read_text(encoding="utf-8").splitlines():
+        if "==" in line and not line.startswith("#"):
+            name, _, pinned = line.partition("==")
+            pins[re.sub(r"[-_.]+", "-", name.strip().lower())] = pinned.strip()
+    return pins
+
+
+def dockerfile_from(path: Path) -> str:
+    images = re.findall(r"^FROM\s+(\S+)", path.read_text(encoding="utf-8"), flags=re.MULTILINE)
+    assert len(images) == 1, f"{path.name}: expected one FROM, found {images}"
+    return images[0]
+
+
+def dockerfile_args(path: Path) -> dict[str, str]:
+    return dict(re.findall(r"^ARG\s+(\w+)=(\S+)", path.read_text(encoding="utf-8"), flags=re.MULTILINE))
+
+
+def load_fetch_script() -> ModuleType:
+    """include/docker/fetch_spark_jars.py, a build script rather than a package module."""
+    if "fetch_spark_jars" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("fetch_spark_jars", DOCKER_DIR / "fetch_spark_jars.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up while the script is executed
+        spec.loader.exec_module(module)
+    return sys.modules["fetch_spark_jars"]
+
+
+def test_compose_parses_with_its_anchors_and_merge_keys() -> None:
+    document = load_compose()
+    assert set(document["services"]) == EXPECTED_SERVICES
+    common_env = document["x-airflow-common"]["environment"]
+    for name in AIRFLOW_SERVICES:
+        service = document["services"][name]
+        assert service["image"] == document["x-airflow-common"]["image"], name
+        missing = set(common_env) - set(service["environment"])
+        assert not missing, f"{name} lacks the common Airflow environment: {sorted(missing)}"
+
+
+def test_every_service_has_a_healthcheck_or_is_a_one_shot_that_others_wait_for() -> None:
+    defined = services()
+    for name, service in defined.items():
+        if name in ONE_SHOT_SERVICES:
+            assert service.get("restart", "no") == "no", f"{name} runs once: a restart policy would rerun it"
+            waiting = {other: spec["depends_on"][name]["condition"] for other, spec in defined.items()
+                       if isinstance(spec.get("depends_on"), dict) and name in spec["depends_on"]}
+            assert waiting, f"nothing waits for the one-shot {name}"
+            assert set(waiting.values()) == {"service_completed_successfully"}, waiting
+            continue
+        check = service.get("healthcheck")
+        assert check, f"{name} has no healthcheck"
+        assert not check.get("disable") and check.get("test") not in (None, [], ["NONE"]), f"{name}: {check}"
+
+
+def test_depends_on_names_defined_services_with_conditions_they_can_meet() -> None:
+    defined = services()
+    for name, service in defined.items():
+        depends_on = service.get("depends_on", {})
+        assert isinstance(depends_on, dict), f"{name}: use the long form of depends_on, with a condition"
+        for target, spec in depends_on.items():
+            assert target in defined, f"{name} depends on undefined service {target!r}"
+            condition = spec["condition"]
+            assert condition in CONDITIONS, f"{name} -> {target}: unknown condition {condition!r}"
+            if condition == "service_healthy":
+                assert "healthcheck" in defined[target], f"{name} waits for {target} to be healthy; it has no check"
+            if condition == "service_completed_successfully":
+                assert target in ONE_SHOT_SERVICES, f"{name} waits for {target} to exit, but it runs until stopped"
+
+
+def test_build_contexts_and_dockerfiles_exist() -> None:
+    built = {name: service["build"] for name, service in services().items() if "build" in service}
+    assert {"airflow-scheduler", "spark-master", "producer"} <= set(built)
+    for name, build in built.items():
+        context = (COMPOSE_FILE.parent / build["context"]).resolve()
+        assert context.is_dir(), f"{name}: build context {build['context']} does not exist"
+        dockerfile = context / build.get("dockerfile", "Dockerfile")
+        assert dockerfile.is_file(), f"{name}: {dockerfile} does not exist"
+        assert dockerfile.is_relative_to(DOCKER_DIR), f"{name}: Dockerfiles live under include/docker"
+
+
+def test_bind_mounts_exist_in_the_repository_or_are_data_created_at_run_time() -> None:
+    declared_volumes = set(load_compose().get("volumes") or {})
+    data = PROJECT / "data"
+    for name, service in services().items():
+        for entry in service.get("volumes", []):
+            source, target = volume_source_and_target(entry)
+            if not is_bind(source):
+                assert source in declared_volumes, f"{name}: named volume {source!r} is not declared"
+                continue
+            assert not source.startswith(("/", "~")), f"{name}: {source} is a path of one machine"
+            path = (COMPOSE_FILE.parent / source).resolve()
+            # ./data is created at run time (by `make run` or by compose) and is git-ignored, so it may be absent.
+            assert path.exists() or path.is_relative_to(data), f"{name}: bind mount {source} -> {target} is missing"
+    assert "data/" in (PROJECT / ".gitignore").read_text().splitlines(), "./data must stay out of git"
+
+
+def test_every_variable_is_defaulted_or_listed_in_env_example() -> None:
+    listed = set(env_example())
+    used = substitutions()
+    assert used, "the compose file substitutes no variable at all"
+    undocumented = {name for name, op in used if op not in (":-", "-") and name not in listed}
+    assert not undocumented, f"set in neither a default nor .env.example: {sorted(undocumented)}"
+    stale = listed - {name for name, _ in used}
+    assert not stale, f".env.example lists variables the compose file does not use: {sorted(stale)}"
+
+
+def test_secrets_are_required_variables_never_defaults() -> None:
+    used = substitutions()
+    secrets = {name for name, _ in used if SECRET_NAME.search(name)}
+    assert {"POSTGRES_PASSWORD", "AIRFLOW_ADMIN_PASSWORD", "AIRFLOW_FERNET_KEY", "AIRFLOW_JWT_SECRET",
+            "AIRFLOW_API_SECRET_KEY"} <= secrets
+    defaulted = {(name, op) for name, op in used if name in secrets and op != ":?"}
+    assert not defaulted, f"a secret needs ${{NAME:?...}}, not a default: {sorted(defaulted)}"
+    for name, service in services().items():
+        for key, value in (service.get("environment") or {}).items():
+            if SECRET_SETTING.search(key) or key.endswith("SQL_ALCHEMY_CONN"):
+                assert any(secret in str(value) for secret in secrets) and ":?" in str(value), (
+                    f"{name}: {key} must come from a required .env variable, not a literal")
+
+
+def test_env_example_holds_no_secret_values_and_env_stays_out_of_git_and_images() -> None:
+    values = env_example()
+    required = {name for name, op in substitutions() if op in (":?", "?")}
+    assert required <= set(values), f"required but not in .env.example: {sorted(required - set(values))}"
+    filled = {key: value for key, value in values.items() if SECRET_NAME.search(key) and value}
+    assert not filled, f".env.example must leave secrets empty: {sorted(filled)}"
+    assert ".env" in (PROJECT / ".gitignore").read_text().splitlines()
+    assert ".env" in (PROJECT / ".dockerignore").read_text().splitlines()
+
+
+def test_airflow_services_share_the_x_airflow_common_anchor() -> None:
+    root = yaml.compose(compose_text())
+    top = {key.value: value for key, value in root.value}
+    common = top["x-airflow-common"]
+    common_env = next(value for key, value in common.value if key.value == "environment")
+    service_nodes = {key.value: value for key, value in top["services"].value}
+    for name in AIRFLOW_SERVICES:
+        merges = [value for key, value in service_nodes[name].value if key.value == "<<"]
+        assert any(node is common for node in merges), f"{name} does not merge <<: *airflow-common"
+        own_env = [value for key, value in service_nodes[name].value if key.value == "environment"]
+        for environment in own_env:  # a service that adds variables must merge the common ones in
+            env_merges = [value for key, value in environment.value if key.value == "<<"]
+            assert any(node is common_env for node in env_merges), f"{name} drops *airflow-common-env"
+
+
+def test_data_is_mounted_at_one_path_in_the_airflow_and_spark_containers() -> None:
+    defined = services()
+    sources = {}
+    for name in AIRFLOW_SERVICES | SPARK_SERVICES | {"landing-producer"}:
+        mounts = dict(volume_source_and_target(entry)[::-1] for entry in defined[name].get("volumes", []))
+        assert DATA_MOUNT in mounts, f"{name} does not mount the data at {DATA_MOUNT}"
+        sources[name] = mounts[DATA_MOUNT]
+    assert len(set(sources.values())) == 1, f"one data folder for all: {sources}"
+    environment = defined["airflow-scheduler"]["environment"]
+    for root in ("SLUICE_DATA_ROOT", "SLUICE_LANDING_ROOT", "SLUICE_LAKE_ROOT", "SLUICE_CHECKPOINT_ROOT"):
+        assert environment[root].startswith(DATA_MOUNT), f"{root}={environment[root]} is outside the shared mount"
+    assert defined["landing-producer"]["environment"]["SLUICE_LANDING_ROOT"] == environment["SLUICE_LANDING_ROOT"]
+
+
+def test_spark_connection_resolves_to_the_compose_master_in_client_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sluice_airflow.hooks import SluiceSparkSubmitHook
+    from sluice_airflow.operators import DEFAULT_SPARK_CONN_ID
+
+    defined = services()
+    scheduler = defined["airflow-scheduler"]["environment"]
+    variable = f"AIRFLOW_CONN_{DEFAULT_SPARK_CONN_ID.upper()}"
+    assert variable in scheduler, f"the scheduler (where the driver runs) lacks {variable}"
+    monkeypatch.setenv(variable, scheduler[variable])
+    connection = SluiceSparkSubmitHook(conn_id=DEFAULT_SPARK_CONN_ID)._connection
+    master = defined["spark-master"]["environment"]
+    assert connection["master"] == f"spark://{master['SPARK_MASTER_HOST']}:{master['SPARK_MASTER_PORT']}"
+    assert connection["deploy_mode"] == "client"
+    assert defined["spark-worker"]["environment"]["SPARK_MASTER_URL"] == connection["master"]
+    assert master["SPARK_MASTER_HOST"] in defined, "the master's host must be its service name (Docker DNS)"
+
+
+def test_driver_advertises_a_name_the_executors_can_resolve() -> None:
+    scheduler = services()["airflow-scheduler"]
+    driver_host = scheduler["environment"]["SPARK_LOCAL_HOSTNAME"]
+    assert driver_host == scheduler["hostname"] == "airflow-scheduler"
+    assert driver_host in services(), "Docker's DNS resolves service names for the workers"
+
+
+def test_kafka_connection_and_producer_point_at_the_kraft_broker() -> None:
+    defined = services()
+    broker = defined["kafka"]["environment"]
+    assert set(broker["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
+    assert broker["KAFKA_CONTROLLER_QUORUM_VOTERS"] == f"{broker['KAFKA_NODE_ID']}@kafka:9093"
+    advertised = dict(listener.split("://") for listener in broker["KAFKA_ADVERTISED_LISTENERS"].split(","))
+    internal = advertised["PLAINTEXT"]
+    connection = json.loads(defined["airflow-scheduler"]["environment"]["AIRFLOW_CONN_SLUICE_KAFKA"])
+    assert connection["conn_type"] == "kafka"
+    assert connection["extra"]["bootstrap.servers"] == internal
+    assert defined["producer"]["environment"]["KAFKA_BOOTSTRAP_SERVERS"] == internal
+    assert defined["airflow-scheduler"]["environment"]["KAFKA_BOOTSTRAP_SERVERS"] == internal
+    assert "--topic" in defined["producer"]["command"], "the producer writes to Kafka, not to files"
+
+
+def test_image_pins_match_requirements() -> None:
+    pins = requirement_pins()
+    airflow_image = dockerfile_from(AIRFLOW_DOCKERFILE)
+    spark_image = dockerfile_from(SPARK_DOCKERFILE)
+    found = re.fullmatch(r"apache/airflow:(?P<airflow>[\d.]+)-python(?P<python>3\.\d+)", airflow_image)
+    assert found, f"airflow.Dockerfile must build FROM apache/airflow:<version>-python<x.y>, not {airflow_image}"
+    assert found["airflow"] == pins["apache-airflow"] == pins["apache-airflow-core"]
+    assert spark_image.startswith(f"python:{found['python']}-"), (
+        f"the executors' Python ({spark_image}) must be the driver's ({found['python']})")
+    airflow_args, spark_args = dockerfile_args(AIRFLOW_DOCKERFILE), dockerfile_args(SPARK_DOCKERFILE)
+    assert airflow_args == spark_args, "driver and executors load the same jars"
+    assert airflow_args["SPARK_VERSION"] == pins["pyspark"] == pins["pyspark-client"]
+    assert airflow_args["DELTA_VERSION"] == pins["delta-spark"]
+    for path in (AIRFLOW_DOCKERFILE, SPARK_DOCKERFILE):
+        text = path.read_text(encoding="utf-8")
+        assert "-r /opt/sluice/requirements.txt" in text, f"{path.name} must install requirements.txt"
+        for arg in ("SPARK_VERSION", "DELTA_VERSION", "KAFKA_CLIENTS_VERSION", "COMMONS_POOL2_VERSION"):
+            assert f'"${{{arg}}}"' in text, f"{path.name} does not pass {arg} to fetch_spark_jars.py"
+
+
+def test_fetched_jars_are_the_delta_and_kafka_artifacts_of_the_pins() -> None:
+    from sluice_spark.session import delta_maven_package
+
+    args = dockerfile_args(AIRFLOW_DOCKERFILE)
+    jars = load_fetch_script().spark_jars(spark=args["SPARK_VERSION"], delta=args["DELTA_VERSION"],
+                                          kafka_clients=args["KAFKA_CLIENTS_VERSION"],
+                                          commons_pool2=args["COMMONS_POOL2_VERSION"])
+    coordinates = {f"{jar.group}:{jar.name}:{jar.version}" for jar in jars}
+    assert delta_maven_package() in coordinates, "the jar the jvm engine asks for is the one in the image"
+    assert {f"io.delta:delta-storage:{args['DELTA_VERSION']}",
+            f"org.apache.spark:spark-sql-kafka-0-10_2.13:{args['SPARK_VERSION']}",
+            f"org.apache.spark:spark-token-provider-kafka-0-10_2.13:{args['SPARK_VERSION']}",
+            f"org.apache.kafka:kafka-clients:{args['KAFKA_CLIENTS_VERSION']}",
+            f"org.apache.commons:commons-pool2:{args['COMMONS_POOL2_VERSION']}"} <= coordinates
+    assert jars[0].url() == (f"https://repo1.maven.org/maven2/io/delta/delta-spark_2.13/{args['DELTA_VERSION']}/"
+                             f"delta-spark_2.13-{args['DELTA_VERSION']}.jar")
+    with pytest.raises(ValueError, match="delta: expected a version"):
+        load_fetch_script().spark_jars(spark="4.2.0", delta="", kafka_clients="3.9.2", commons_pool2="2.12.1")
+
+
+def test_fetch_script_verifies_checksums_and_installed_versions(tmp_path: Path) -> None:
+    script = load_fetch_script()
+    jar = script.Artifact("org.example", "thing", "1.0")
+    body = b"PK\x03\x04 jar bytes"
+    published = {jar.url(): body, jar.url() + ".sha1": hashlib.sha1(body).hexdigest().encode() + b"  thing.jar\n"}
+    assert script.download(jar, tmp_path, fetch=published.__getitem__).read_bytes() == body
+    published[jar.url()] = b"tampered"
+    with pytest.raises(SystemExit, match="does not match the published"):
+        script.download(jar, tmp_path / "other", fetch=published.__getitem__)
+    assert not (tmp_path / "other").exists(), "nothing is written for a jar that fails its check"
+    installed = {"pyspark": "4.2.0", "delta-spark": "4.4.1"}.__getitem__
+    script.check_installed(spark="4.2.0", delta="4.4.1", installed=installed)
+    with pytest.raises(SystemExit, match=r"pyspark 4\.2\.0 is installed but the jars asked for are 4\.1\.0"):
+        script.check_installed(spark="4.1.0", delta="4.4.1", installed=installed)
