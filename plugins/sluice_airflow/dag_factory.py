@@ -22,6 +22,9 @@ def table_asset(stream: StreamSpec) -> Asset:
     roots, or Airflow would see a new asset under the same name and deactivate the old one.
     """
     path = stream.sink.path
+    if stream.sink.topic is not None:  # a Kafka sink
+        return Asset(name=f"sluice.{stream.name}", uri=f"sluice://kafka/{stream.sink.connection}/{stream.sink.topic}",
+                     group="kafka")
     if "://" in path:
         uri = path
     elif path.startswith("/"):
