@@ -176,6 +176,11 @@ def kafka_records(rows: DataFrame, data_columns: list[str], key_column: str | No
     return rows.select(F.col(f"`{key_column}`").cast("string").alias("key"), value)
 
 
+def send_records(records: DataFrame, options: dict[str, str], topic: str) -> None:
+    """Write Kafka records (``key``, ``value``) to ``topic`` with Spark's batch Kafka writer."""
+    records.write.format("kafka").options(**options).option("topic", topic).save()
+
+
 def kafka_sink_writer(
     frame: DataFrame,
     *,
@@ -209,7 +214,7 @@ def kafka_sink_writer(
             records = kafka_records(batch.where(F.col(route_column) == good_route), data_columns, sink.key_column)
             count = records.count()
             if count:
-                records.write.format("kafka").options(**options).option("topic", sink.topic).save()
+                send_records(records, options, sink.topic or "")
             sent[batch_id] = count
             rows = batch.where(F.col(route_column) == dead_letter.route).select(
                 *[F.col(source).alias(name) for source, name in dead_letter.columns])
