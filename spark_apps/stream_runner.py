@@ -21,6 +21,7 @@ from pyspark.sql import SparkSession
 from sluice.catalog import load_catalog
 from sluice.constants import DeltaEngine
 from sluice.errors import SluiceError
+from sluice.kafka import env_secrets, scrub
 from sluice.lock import LockHeld
 from sluice.paths import Roots
 from sluice.summary import RunSummary, StreamRunSummary
@@ -42,6 +43,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def emit(summary: RunSummary, summary_file: str | None) -> None:
+    secrets = env_secrets()
+    for stream in summary.streams:
+        if stream.error and secrets:
+            # A Spark error may quote a client option; Kafka credentials must not reach XCom or the task log.
+            stream.error = scrub(stream.error, secrets)
     if summary_file:
         path = Path(summary_file)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ from typing import Any
 
 from sluice.catalog import Catalog, StreamSpec
 from sluice.checkpoint import CheckpointReader
-from sluice.constants import SOURCE_FILE_COLUMN, SourceType
+from sluice.constants import SOURCE_FILE_COLUMN, SinkFormat, SourceType
 from sluice.delta import query
 from sluice.errors import SluiceError
 from sluice.paths import Roots
@@ -147,6 +147,9 @@ def parse_request(params: Mapping[str, Any], catalog: Catalog, *, run_id: str) -
     if stream.source.type is not SourceType.FILES:
         raise BackfillError("stream", f"stream '{name}' reads a {stream.source.type.value} source; backfills of it "
                                       "are not supported")
+    if stream.sink.format is SinkFormat.KAFKA:
+        raise BackfillError("stream", f"stream '{name}' writes to Kafka; backfills replace or append Delta rows, "
+                                      "and a topic cannot be rewritten")
     if stream.patterns.stateful or stream.sink.mode.value != "append":
         raise BackfillError("stream", f"stream '{name}' keeps state in its checkpoint or upserts its table; a "
                                       "backfill runs with a checkpoint of its own, so it could neither see nor "

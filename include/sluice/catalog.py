@@ -19,7 +19,8 @@ from typing import Any
 import yaml
 from croniter import croniter
 
-from sluice.constants import DeltaEngine, FileFormat, SinkMode, SourceType
+from sluice import kafka
+from sluice.constants import DeltaEngine, FileFormat, SinkFormat, SinkMode, SourceType
 from sluice.errors import CatalogError
 from sluice.paths import Roots, check_relative_path, join
 from sluice.patterns import (
@@ -126,19 +127,24 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
 @dataclass(frozen=True)
 class SourceSpec:
     """A file landing zone (``path`` under the landing root), or a Delta table (``type: delta``, ``path`` under the
-    lake root), read with a declared schema."""
+    lake root), or Kafka topics (``type: kafka``, no path: the brokers come from the Airflow ``connection``; the
+    ``format`` is the value encoding, json or avro with ``value_schema``), read with a declared schema."""
 
     type: SourceType
     format: FileFormat
     path: str
     schema: Schema
     options: Mapping[str, str] = field(default_factory=dict)
+    connection: str | None = None
+    value_schema: str | None = None
 
 
 @dataclass(frozen=True)
 class SinkSpec:
     """A Delta table written exactly once per micro-batch: appended to, merged into by ``keys`` (the row with the
-    highest ``sequence_by`` wins), or rewritten whole (``complete``)."""
+    highest ``sequence_by`` wins), or rewritten whole (``complete``). Or (``format: kafka``) a Kafka topic written at
+    least once: a retried batch sends its records again. A Kafka sink has no path; its dead-letter table is still
+    Delta."""
 
     path: str
     partition_by: tuple[str, ...] = ()
@@ -146,6 +152,10 @@ class SinkSpec:
     engine: DeltaEngine = DeltaEngine.AUTO
     keys: tuple[str, ...] = ()
     sequence_by: str | None = None
+    format: SinkFormat = SinkFormat.DELTA
+    topic: str | None = None
+    connection: str | None = None
+    key_column: str | None = None
 
 
 @dataclass(frozen=True)
@@ -273,9 +283,13 @@ class Catalog:
 
 def _parse_source(stream: str, section: _Section) -> SourceSpec:
     source_type = section.enum("type", SourceType, required=True)
+    if source_type is SourceType.KAFKA:
+        return _parse_kafka_source(stream, section)
     file_format = section.enum("format", FileFormat, FileFormat.DELTA if source_type is SourceType.DELTA else None,
                                required=source_type is not SourceType.DELTA)
     if (source_type is SourceType.DELTA) != (file_format is FileFormat.DELTA):
+        raise section.error("format", f"a {source_type.value} source cannot have format {file_format.value}")
+    if file_format not in _FORMAT_OPTIONS:
         raise section.error("format", f"a {source_type.value} source cannot have format {file_format.value}")
     path = check_relative_path(section.get("path", str, required=True), stream=stream, field=section.field("path"))
     if "schema" not in section.raw or section.raw["schema"] is None:
@@ -299,10 +313,50 @@ def _parse_source(stream: str, section: _Section) -> SourceSpec:
     return SourceSpec(type=source_type, format=file_format, path=path, schema=schema, options=options)
 
 
+def _parse_kafka_source(stream: str, section: _Section) -> SourceSpec:
+    """A Kafka source: value encoding, declared schema, subscription options and the connection's name."""
+    value_format = section.enum("format", FileFormat, FileFormat.JSON)
+    if value_format not in (FileFormat.JSON, FileFormat.AVRO):
+        raise section.error("format", f"a kafka source's format is its value encoding: json or avro, got "
+                                      f"{value_format.value}")
+    if "schema" not in section.raw or section.raw["schema"] is None:
+        raise section.error("schema", "a kafka source needs a declared schema of its values")
+    schema = parse_schema(section.get("schema", Mapping), stream=stream, field=section.field("schema"))
+    value_schema = section.get("value_schema", (str, Mapping))
+    if value_format is FileFormat.AVRO:
+        if value_schema is None:
+            raise section.error("value_schema", "an avro kafka source needs the writer's Avro schema (inline)")
+        value_schema = kafka.check_avro_schema(value_schema, stream=stream, field=section.field("value_schema"),
+                                               columns=schema.names)
+    elif value_schema is not None:
+        raise section.error("value_schema", "only an avro kafka source has a value_schema; json values are "
+                                            "decoded with the declared schema")
+    options = kafka.check_source_options(section.get("options", Mapping, {}, required=True), stream=stream,
+                                         field=section.field("options"))
+    connection = kafka.check_connection_id(section.get("connection", str, kafka.DEFAULT_CONNECTION), stream=stream,
+                                           field=section.field("connection"))
+    section.done()
+    return SourceSpec(type=SourceType.KAFKA, format=value_format, path="", schema=schema, options=options,
+                      connection=connection, value_schema=value_schema)
+
+
+def _parse_kafka_sink(stream: str, section: _Section) -> SinkSpec:
+    """A Kafka sink: the topic, the connection, an optional key column. Its dead-letter table's engine may be set."""
+    topic = kafka.check_topic(section.get("topic", str, required=True), stream=stream, field=section.field("topic"))
+    connection = kafka.check_connection_id(section.get("connection", str, kafka.DEFAULT_CONNECTION), stream=stream,
+                                           field=section.field("connection"))
+    key_column = section.get("key_column", str)
+    mode = section.enum("mode", SinkMode, SinkMode.APPEND)
+    engine = section.enum("engine", DeltaEngine, DeltaEngine.AUTO)
+    section.done()
+    return SinkSpec(path="", mode=mode, engine=engine, format=SinkFormat.KAFKA, topic=topic, connection=connection,
+                    key_column=key_column)
+
+
 def _parse_sink(stream: str, section: _Section) -> SinkSpec:
-    sink_format = section.get("format", str, "delta")
-    if sink_format != "delta":
-        raise section.error("format", f"unknown sink format {sink_format!r}; expected delta")
+    sink_format = section.enum("format", SinkFormat, SinkFormat.DELTA)
+    if sink_format is SinkFormat.KAFKA:
+        return _parse_kafka_sink(stream, section)
     path = check_relative_path(section.get("path", str, required=True), stream=stream, field=section.field("path"))
     partition_by = section.get("partition_by", list, [])
     for column in partition_by:
@@ -421,9 +475,17 @@ def parse_stream(raw: object, *, index: int) -> StreamSpec:
     patterns = _parse_patterns(top)
     output_columns = check_patterns(name, patterns, _check_transform(name, transform, source), source, sink,
                                     required=set(source.schema.required))
+    if sink.key_column is not None and sink.key_column not in output_columns:
+        raise CatalogError(f"key column {sink.key_column!r} is not produced by the stream; output columns: "
+                           f"{', '.join(output_columns)}", stream=name, field="sink.key_column")
+    if sink.format is SinkFormat.KAFKA and (sink.mode is not SinkMode.APPEND or patterns.fan_out):
+        raise CatalogError("a kafka sink takes appended rows and no fan_out: Sluice sends each row once per batch, "
+                           "and a topic cannot be upserted or rewritten", stream=name,
+                           field="sink.mode" if sink.mode is not SinkMode.APPEND else "fan_out")
     dead_letter = top.section("dead_letter")
     dead_letter_path = check_relative_path(
-        dead_letter.get("path", str, f"{sink.path}_dead_letter"), stream=name, field="dead_letter.path"
+        dead_letter.get("path", str, f"{sink.path}_dead_letter" if sink.path else f"_dead_letter/{name}"),
+        stream=name, field="dead_letter.path"
     )
     dead_letter.done()
     checkpoint = check_relative_path(top.get("checkpoint", str, name), stream=name, field="checkpoint")
@@ -431,6 +493,9 @@ def parse_stream(raw: object, *, index: int) -> StreamSpec:
     if schedule is not None and not croniter.is_valid(schedule):
         raise top.error("schedule", f"{schedule!r} is not a valid cron expression (five fields, e.g. '*/5 * * * *')")
     trigger = _parse_trigger(top.section("trigger"))
+    if source.type is SourceType.KAFKA and (trigger.max_files_per_trigger or trigger.max_bytes_per_trigger):
+        raise top.error("trigger", "a kafka source has no files or bytes limits; set source.options."
+                                   "maxOffsetsPerTrigger")
     alerts = _parse_alerts(top.section("alerts"))
     allow_new_query_id = top.get("allow_new_query_id", bool, False)
     backfill = _parse_backfill(top.section("backfill"), source)
@@ -483,7 +548,8 @@ def parse_catalog(raw: object, *, source_file: str | None = None) -> Catalog:
         if stream.name in streams:
             raise CatalogError("is defined twice", stream=stream.name, field="name")
         _claim(checkpoints, stream.checkpoint, stream.name, "checkpoint", "checkpoint")
-        _claim(tables, stream.sink.path, stream.name, "sink table", "sink.path")
+        if stream.sink.format is SinkFormat.DELTA:
+            _claim(tables, stream.sink.path, stream.name, "sink table", "sink.path")
         _claim(tables, stream.dead_letter_path, stream.name, "dead-letter table", "dead_letter.path")
         streams[stream.name] = stream
     catalog = Catalog(streams=streams, source_file=source_file)

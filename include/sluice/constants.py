@@ -10,6 +10,8 @@ class SourceType(str, Enum):
     RATE = "rate"
     # Another Delta table, read by version: a silver or gold stream reading bronze or silver.
     DELTA = "delta"
+    # Topics of a Kafka cluster; the brokers and their security settings come from an Airflow connection.
+    KAFKA = "kafka"
 
 
 class FileFormat(str, Enum):
@@ -17,6 +19,15 @@ class FileFormat(str, Enum):
     CSV = "csv"
     PARQUET = "parquet"
     DELTA = "delta"
+    # Kafka record values encoded as Avro binary (needs the spark-avro package at run time).
+    AVRO = "avro"
+
+
+class SinkFormat(str, Enum):
+    """Where a stream's good rows go: a Delta table (exactly once) or a Kafka topic (at least once)."""
+
+    DELTA = "delta"
+    KAFKA = "kafka"
 
 
 class SinkMode(str, Enum):
@@ -39,6 +50,11 @@ class DeltaEngine(str, Enum):
 # Columns the bronze layer adds to every good row.
 INGEST_TIME_COLUMN = "_ingested_at"
 SOURCE_FILE_COLUMN = "_source_file"
+
+# Columns a Kafka source adds to every row: the record's key (as a string) and the broker's timestamp. Its
+# ``_source_file`` is ``kafka://<topic>/<partition>/<offset>``.
+KAFKA_KEY_COLUMN = "_kafka_key"
+KAFKA_TIMESTAMP_COLUMN = "_kafka_timestamp"
 
 # The marker in front of the run summary JSON line on the driver's stdout.
 SUMMARY_MARKER = "SLUICE_RUN_SUMMARY "

@@ -179,7 +179,8 @@ def _check_logs(report: HealthReport, reader: CheckpointReader, stream: StreamSp
 
 
 def _sink_tables(stream: StreamSpec, roots: Roots) -> list[tuple[str, str]]:
-    return [("sink", stream.sink_path(roots)), ("dead_letter", stream.dead_letter_table_path(roots))]
+    dead_letter = [("dead_letter", stream.dead_letter_table_path(roots))]
+    return dead_letter if not stream.sink.path else [("sink", stream.sink_path(roots)), *dead_letter]
 
 
 def _check_sink(report: HealthReport, stream: StreamSpec, roots: Roots, query_id: str | None,

@@ -312,7 +312,7 @@ def newest_event_time(stream: StreamSpec, roots: Roots, reader: CheckpointReader
         if watermark > 0:
             return iso_utc(watermark / 1000)
     column = stream.backfill.event_time_column
-    if column is None:
+    if column is None or not stream.sink.path:  # a Kafka sink has no table to read statistics from
         return None
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -349,10 +349,28 @@ def delta_source_backlog(stream: StreamSpec, roots: Roots, reader: CheckpointRea
                                                                "exist yet"])
 
 
+def kafka_source_backlog(stream: StreamSpec, roots: Roots, reader: CheckpointReader) -> Backlog:
+    """The offsets a Kafka-source stream's next run reads: the checkpoint's offsets of the last committed batch
+    against the brokers' watermarks, read with the stream's Airflow connection (its brokers and security)."""
+    from sluice.kafka import DEFAULT_CONNECTION, client_config, connection_fields
+
+    options = stream.source.options
+    config = client_config(connection_fields(stream.source.connection or DEFAULT_CONNECTION))
+    assigned: dict[str, list[int]] | None = json.loads(options["assign"]) if "assign" in options else None
+    topics = list(assigned) if assigned is not None else [
+        topic.strip() for topic in options.get("subscribe", "").split(",") if topic.strip()]
+    marks = kafka_watermarks(config, topics=topics, pattern=options.get("subscribePattern"))
+    if assigned is not None:
+        marks = {key: mark for key, mark in marks.items() if key[1] in assigned.get(key[0], [])}
+    starting = options.get("startingOffsets", "latest")
+    return kafka_backlog(processed_source_offset(reader), marks,
+                         starting_offsets=json.loads(starting) if starting.startswith("{") else starting)
+
+
 BacklogProbe = Callable[[StreamSpec, Roots, CheckpointReader], Backlog]
-# Source types whose backlog Sluice can measure. Kafka sources are measured by kafka_backlog once the catalog
-# declares them (issue 7).
-PROBES: dict[SourceType, BacklogProbe] = {SourceType.FILES: file_backlog, SourceType.DELTA: delta_source_backlog}
+# Source types whose backlog Sluice can measure.
+PROBES: dict[SourceType, BacklogProbe] = {SourceType.FILES: file_backlog, SourceType.DELTA: delta_source_backlog,
+                                          SourceType.KAFKA: kafka_source_backlog}
 
 
 def observe(stream: StreamSpec, roots: Roots, *, now: float | None = None) -> LagObservation:

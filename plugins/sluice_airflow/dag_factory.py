@@ -16,12 +16,16 @@ START_DATE = pendulum.datetime(2026, 1, 1, tz="UTC")
 
 
 def table_asset(stream: StreamSpec) -> Asset:
-    """The Asset a stream's DAG produces: its Delta table, so downstream DAGs can be scheduled on it.
+    """The Asset a stream's DAG produces: its Delta table (or, for a Kafka sink, its topic under the connection's
+    name), so downstream DAGs can be scheduled on it.
 
     A table under the lake root is ``sluice://lake/<path>``: its identity must not change with the deployment's
     roots, or Airflow would see a new asset under the same name and deactivate the old one.
     """
     path = stream.sink.path
+    if stream.sink.topic is not None:  # a Kafka sink
+        return Asset(name=f"sluice.{stream.name}", uri=f"sluice://kafka/{stream.sink.connection}/{stream.sink.topic}",
+                     group="kafka")
     if "://" in path:
         uri = path
     elif path.startswith("/"):

@@ -1,10 +1,14 @@
-"""Sluice's spark-submit hook: the Spark provider's ``SparkSubmitHook`` with three additions.
+"""Sluice's spark-submit hook: the Spark provider's ``SparkSubmitHook`` with four additions.
 
 - A local default: when the Airflow connection is not defined, Sluice runs on ``local[*]`` instead of the
   provider's fallback to YARN, which would fail on a laptop with an unrelated error.
 - The summary line the runner (or the backfill runner) prints is captured from the driver log as it streams by.
 - spark-submit runs in its own process group, so killing the task kills the driver, its Python process and its
   Python workers, not just the launcher.
+- ``secret_env``: environment for spark-submit that never reaches its command line. The provider turns
+  ``env_vars`` into ``--conf spark.yarn.appMasterEnv.*`` / ``spark.kubernetes.driverEnv.*`` arguments on YARN and
+  Kubernetes masters, visible in ``ps`` and the task log; secrets (Kafka credentials) go to the process environment
+  only, which reaches the driver because Sluice runs it in client mode.
 """
 
 from __future__ import annotations
@@ -29,9 +33,20 @@ _KILL_GRACE_SECONDS = 10
 class SluiceSparkSubmitHook(SparkSubmitHook):
     """Submits the Sluice runner and keeps what it reports."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, secret_env: dict[str, str] | None = None, **kwargs: Any) -> None:
         self.summary_lines: list[str] = []
+        self._secret_env = dict(secret_env or {})
         super().__init__(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} conn_id={self._conn_id!r} secret_env={sorted(self._secret_env)}>"
+
+    def _build_spark_submit_command(self, application: str) -> list[str]:
+        command = super()._build_spark_submit_command(application)
+        if self._secret_env:
+            # Read by the provider's submit() after the command is built, for the Popen environment only.
+            self._env = {**(self._env or {}), **self._secret_env}
+        return command
 
     def _resolve_connection(self) -> dict[str, Any]:
         data = super()._resolve_connection()

@@ -112,13 +112,18 @@ class SparkAppOperator(BaseOperator):
         env.update(self.env_vars or {})
         return env
 
+    def secret_env(self) -> dict[str, str]:
+        """Environment for spark-submit that holds secrets: it never reaches the command line, a log or XCom."""
+        return {}
+
     def submit(self, script: str, args: list[str], *, name: str) -> AirflowException | None:
         """spark-submit ``script`` (beside the ``sluice_spark`` package unless ``application`` is set). The
         provider's failure, if any, is returned for the caller to weigh against the summary."""
         from sluice_airflow.hooks import SluiceSparkSubmitHook
 
         self._hook = SluiceSparkSubmitHook(conn_id=self.conn_id, application_args=args, env_vars=self.spark_env(),
-                                           conf=self.conf, name=name, **(self.spark_submit_kwargs or {}))
+                                           secret_env=self.secret_env(), conf=self.conf, name=name,
+                                           **(self.spark_submit_kwargs or {}))
         if self._hook._connection.get("deploy_mode") == "cluster":
             raise AirflowFailException(
                 f"connection {self.conn_id!r} asks for deploy-mode cluster, which Sluice does not support yet: the "
@@ -152,6 +157,33 @@ class StreamRunOperator(SparkAppOperator):
     def __init__(self, *, streams: list[str], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.streams = streams
+
+    def secret_env(self) -> dict[str, str]:
+        """The Spark options of every Kafka connection the streams use, one ``SLUICE_KAFKA_CONN_<ID>`` JSON variable
+        each. Read here, in the worker at run time (never while the DAG file is parsed), and masked in the task log.
+        """
+        from airflow.sdk.log import mask_secret
+
+        from sluice.catalog import load_catalog
+        from sluice.constants import SinkFormat, SourceType
+        from sluice.errors import SluiceError
+        from sluice.kafka import connection_fields, env_name, redact, secret_values, spark_options
+
+        streams = load_catalog(self.catalog_path()).select(list(self.streams))
+        conn_ids = sorted({conn for stream in streams for conn in (
+            stream.source.connection if stream.source.type is SourceType.KAFKA else None,
+            stream.sink.connection if stream.sink.format is SinkFormat.KAFKA else None) if conn})
+        env: dict[str, str] = {}
+        for conn_id in conn_ids:
+            try:
+                options = spark_options(connection_fields(conn_id))
+            except SluiceError as exc:
+                raise AirflowException(str(exc)) from None
+            env[env_name(conn_id)] = json.dumps(options)
+            for secret in [env[env_name(conn_id)], *secret_values(options)]:
+                mask_secret(secret)
+            self.log.info("Kafka connection %s: %s", conn_id, redact(options))
+        return env
 
     def application_args(self, *, run_id: str, summary_file: str) -> list[str]:
         if not self.streams or not all(isinstance(name, str) and name for name in self.streams):

@@ -11,7 +11,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from sluice.catalog import StreamSpec
-from sluice.constants import FileFormat
+from sluice.constants import FileFormat, SourceType
 from sluice_spark.sources import CORRUPT_COLUMN
 
 REASON_COLUMN = "_dead_letter_reason"
@@ -26,7 +26,9 @@ def _string_schema(stream: StreamSpec) -> str:
 
 def _reparse(stream: StreamSpec) -> Column | None:
     """The corrupt record parsed again with every field as a string: what each field held before the cast."""
-    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN, **stream.source.options}
+    # A Kafka source's options are the consumer's, not the JSON reader's.
+    reader_options = stream.source.options if stream.source.type is SourceType.FILES else {}
+    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN, **reader_options}
     if stream.source.format is FileFormat.JSON:
         return F.from_json(F.col(CORRUPT_COLUMN), _string_schema(stream), options)
     if stream.source.format is FileFormat.CSV:

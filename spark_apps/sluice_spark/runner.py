@@ -11,7 +11,7 @@ import contextlib
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -21,7 +21,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from sluice.catalog import Catalog, StreamSpec, TriggerSpec
 from sluice.checkpoint import ensure_query_id
-from sluice.constants import INGEST_TIME_COLUMN, SOURCE_FILE_COLUMN, DeltaEngine, SinkMode
+from sluice.constants import INGEST_TIME_COLUMN, SOURCE_FILE_COLUMN, DeltaEngine, SinkFormat, SinkMode
 from sluice.delta import batch_commits, ensure_table, table_version
 from sluice.errors import SluiceError
 from sluice.lock import StreamLock
@@ -63,6 +63,8 @@ class PreparedStream:
     targets: list[TableTarget]
     checkpoint: str
     summary: StreamRunSummary
+    # A Kafka sink's records sent per batch id (its topic has no commit log to count them from).
+    sent_to_kafka: dict[int, int] = field(default_factory=dict)
 
 
 def build_routed_frame(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | None = None,
@@ -197,30 +199,45 @@ def prepare_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, run
     resolved = resolve_engine(spark, engine or stream.sink.engine)
     routed, data_columns = build_routed_frame(spark, stream, roots, engine=resolved)
     targets = sink_targets(stream, roots, data_columns)
+    to_kafka = stream.sink.format is SinkFormat.KAFKA
+    if to_kafka:
+        from sluice_spark.kafka import require_kafka_connector
+
+        require_kafka_connector(spark, stream.name)
     if resolved is DeltaEngine.RS:
-        create_tables(stream, routed, targets)
+        create_tables(stream, routed, targets[1:] if to_kafka else targets)
     summary = StreamRunSummary(
         stream=stream.name,
         query_id=query_id,
         run_id=run_id,
         engine=resolved.value,
-        delta_version_before=table_version(targets[0].path),
+        delta_version_before=None if to_kafka else table_version(targets[0].path),
         dead_letter_version_before=table_version(targets[1].path),
     )
     return PreparedStream(stream, query_id, resolved, routed, targets, checkpoint, summary)
 
 
 def start_stream(prepared: PreparedStream) -> StreamingQuery:
-    writer = delta_writer(
-        prepared.frame,
-        engine=prepared.engine,
-        targets=prepared.targets,
-        route_column=ROUTE_COLUMN,
-        query_id=prepared.query_id,
-        stream=prepared.spec.name,
-        commit_info={"sluice.runId": prepared.summary.run_id},
-        mode=prepared.spec.sink.mode,
-    )
+    if prepared.spec.sink.format is SinkFormat.KAFKA:
+        from sluice_spark.kafka import kafka_sink_writer
+
+        writer = kafka_sink_writer(
+            prepared.frame, stream=prepared.spec, data_columns=[name for name, _ in prepared.targets[0].columns],
+            route_column=ROUTE_COLUMN, good_route=GOOD_ROUTE, dead_letter=prepared.targets[1],
+            engine=prepared.engine, query_id=prepared.query_id, commit_info={"sluice.runId": prepared.summary.run_id},
+            sent=prepared.sent_to_kafka,
+        )
+    else:
+        writer = delta_writer(
+            prepared.frame,
+            engine=prepared.engine,
+            targets=prepared.targets,
+            route_column=ROUTE_COLUMN,
+            query_id=prepared.query_id,
+            stream=prepared.spec.name,
+            commit_info={"sluice.runId": prepared.summary.run_id},
+            mode=prepared.spec.sink.mode,
+        )
     query = (
         writer.queryName(prepared.spec.name)
         .option("checkpointLocation", prepared.checkpoint)
@@ -270,14 +287,16 @@ def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: floa
     summary.input_rows = sum(input_rows.values())
     summary.late_rows, summary.duplicate_rows, summary.state_rows = _state_counts(query)
     data, dead = prepared.targets[:2]
-    summary.delta_version_after = table_version(data.path)
+    to_kafka = prepared.spec.sink.format is SinkFormat.KAFKA
+    summary.delta_version_after = None if to_kafka else table_version(data.path)
     summary.dead_letter_version_after = table_version(dead.path)
 
     def committed(target: TableTarget, since: int | None) -> int:
         commits = batch_commits(target.path, query_id=prepared.query_id, batch_ids=input_rows, since_version=since)
         return sum(commit.rows for commit in commits)
 
-    summary.output_rows = committed(data, summary.delta_version_before)
+    summary.output_rows = (sum(prepared.sent_to_kafka.get(batch, 0) for batch in input_rows) if to_kafka
+                           else committed(data, summary.delta_version_before))
     summary.dead_letter_rows = committed(dead, summary.dead_letter_version_before)
     error = query.exception()
     if error is not None:

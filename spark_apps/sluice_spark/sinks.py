@@ -67,10 +67,7 @@ def delta_writer(
                 rows = batch.where(selected).select(*[F.col(source).alias(name) for source, name in target.columns])
                 metadata = commit_metadata(commit_info, stream=stream, query_id=query_id, batch_id=batch_id,
                                            route=target.route)
-                if engine is DeltaEngine.JVM:
-                    _write_jvm(rows, target, query_id, batch_id, metadata)
-                else:
-                    _write_rs(rows, target, query_id, batch_id, metadata)
+                write_target(rows, target, engine=engine, query_id=query_id, batch_id=batch_id, metadata=metadata)
                 faults.reach("between_commits", batch_id)
         finally:
             batch.unpersist()
@@ -95,6 +92,16 @@ def _merge_condition(keys: Sequence[str], equal_null_safe: str) -> str:
 def _newer(sequence_by: str | None) -> str | None:
     """A matched row is replaced only by a newer or equal version: a late, older version changes nothing."""
     return None if sequence_by is None else f"s.`{sequence_by}` >= t.`{sequence_by}` OR t.`{sequence_by}` IS NULL"
+
+
+def write_target(rows: DataFrame, target: TableTarget, *, engine: DeltaEngine, query_id: str, batch_id: int,
+                 metadata: dict[str, Any]) -> None:
+    """Write one batch's rows of one table as its mode says, once: a batch whose transaction the table already
+    records is skipped."""
+    if engine is DeltaEngine.JVM:
+        _write_jvm(rows, target, query_id, batch_id, metadata)
+    else:
+        _write_rs(rows, target, query_id, batch_id, metadata)
 
 
 def _write_rs(rows: DataFrame, target: TableTarget, query_id: str, batch_id: int, metadata: dict[str, Any]) -> None:

@@ -8,6 +8,8 @@ A Delta source (a silver stream reading bronze) is read by version: delta-spark'
 engine, Sluice's ``sluice_delta`` on rs. The declared columns are selected and cast; a row that lacks a required
 one goes to the dead-letter table like a file record. ``_source_file`` carries the upstream's lineage when the
 table has it.
+
+A Kafka source is read and decoded by :mod:`sluice_spark.kafka`.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ def read_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: 
     source = stream.source
     if source.type is SourceType.DELTA:
         return _read_delta(spark, stream, roots, trigger or stream.trigger)
+    if source.type is SourceType.KAFKA:
+        from sluice_spark.kafka import read_kafka
+
+        return read_kafka(spark, stream)
     if path is None:
         path = stream.source_path(roots)
         if "://" not in path:
