@@ -24,7 +24,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 
 .PHONY: help
 help:  ## list the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
 .PHONY: prerequisites
 prerequisites:
@@ -78,9 +78,21 @@ demo: $(AIRFLOW_HOME)/airflow.db  ## headless: produce events, `airflow dags tes
 status: $(STAMP)  ## every stream's lag status, backlog, last commit and checkpoint health (STATUS_ARGS=--reasons)
 	@$(BIN)/python -m sluice.status $(STATUS_ARGS)
 
+# The Airflow tests that use the metadata database; the Postgres tier runs them again on PostgreSQL.
+POSTGRES_TESTS := tests/airflow/test_metadata_db.py tests/airflow/test_dag_e2e.py tests/airflow/test_lag_airflow.py
+
 .PHONY: test
-test: $(STAMP)  ## the whole suite: unit, Spark integration and Airflow end-to-end
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+test: $(STAMP)  ## every tier: the whole suite on SQLite, then the Airflow end-to-end tests on PostgreSQL
+	@$(MAKE) --no-print-directory test-sqlite
+	@$(MAKE) --no-print-directory test-postgres
+
+.PHONY: test-sqlite
+test-sqlite: $(STAMP)  ## the whole suite (unit, Spark, Airflow end-to-end) with Airflow's metadata in SQLite
+	SLUICE_TEST_AIRFLOW_DB= $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+.PHONY: test-postgres
+test-postgres: $(STAMP)  ## the Airflow end-to-end tests on a throwaway PostgreSQL (installed when missing, as root)
+	bash tests/postgres.sh $(BIN)/python -m pytest -m airflow $(POSTGRES_TESTS) $(PYTEST_ARGS)
 
 .PHONY: test-unit
 test-unit: $(STAMP)  ## the unit tier only (no JVM, no Airflow database)

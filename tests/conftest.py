@@ -1,7 +1,8 @@
 """Shared fixtures: one local SparkSession per test session, an isolated Airflow home, and test catalogs.
 
 Airflow reads its configuration when it is first imported, so the isolated home is set here, at import time,
-before any test module imports Airflow.
+before any test module imports Airflow. Its metadata database is a SQLite file in that home, or the database that
+``SLUICE_TEST_AIRFLOW_DB`` names (an SQLAlchemy URL; ``tests/postgres.sh`` sets it to a throwaway PostgreSQL).
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ import pytest
 
 PROJECT = Path(__file__).resolve().parent.parent
 _AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="sluice-test-airflow-"))
+AIRFLOW_DB = os.environ.get("SLUICE_TEST_AIRFLOW_DB") or f"sqlite:///{_AIRFLOW_HOME / 'airflow.db'}"
 os.environ.update(
     {
         "AIRFLOW_HOME": str(_AIRFLOW_HOME),
         "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{_AIRFLOW_HOME / 'airflow.db'}",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": AIRFLOW_DB,
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
         "SLUICE_DATA_ROOT": str(_AIRFLOW_HOME / "data"),
         "PYSPARK_PYTHON": sys.executable,
@@ -61,7 +63,7 @@ def spark() -> Iterator[object]:
 
 @pytest.fixture(scope="session")
 def airflow_db() -> Path:
-    """A migrated SQLite metadata database in the isolated Airflow home."""
+    """The migrated metadata database (SQLite in the isolated Airflow home, or ``SLUICE_TEST_AIRFLOW_DB``)."""
     subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True,
                    env=os.environ.copy())
     return _AIRFLOW_HOME
