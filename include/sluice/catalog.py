@@ -228,6 +228,15 @@ class StreamSpec:
     # The columns the stream's table receives, before Sluice's metadata columns.
     output_columns: tuple[str, ...] = ()
 
+    @property
+    def checkpoint_sources(self) -> int:
+        """How many sources Spark records in this stream's checkpoint. A stateful stream reads its source twice in
+        one query: its good rows feed the stateful operators, its dead letters bypass them (the runner unions the
+        two before the sink); a join does the same with the joined stream."""
+        if not self.patterns.stateful:
+            return 1
+        return 4 if self.patterns.join is not None else 2
+
     def source_path(self, roots: Roots) -> str:
         return join(roots.lake if self.source.type is SourceType.DELTA else roots.landing, self.source.path)
 

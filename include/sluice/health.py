@@ -16,7 +16,7 @@ from typing import Any
 from sluice.catalog import StreamSpec
 from sluice.checkpoint import CheckpointError, CheckpointReader, read_query_id
 from sluice.lock import read_lock
-from sluice.paths import Roots
+from sluice.paths import Roots, join
 from sluice.transforms import TRANSFORMS
 
 
@@ -27,8 +27,6 @@ class Health(str, Enum):
 
 
 _RANK = {Health.OK: 0, Health.WARN: 1, Health.FAIL: 2}
-# One source per stream: the file source. A checkpoint that records another count belongs to another query.
-EXPECTED_SOURCES = 1
 
 
 @dataclass
@@ -115,7 +113,8 @@ def check_stream(stream: StreamSpec, roots: Roots, *, now: float | None = None) 
                        last_batch_id=commits[-1], seconds_since_last_commit=round(age))
     report.facts["state_bytes"] = reader.state_bytes()
     spec = TRANSFORMS.get(stream.transform)
-    if spec is not None and spec.stateful and commits and not reader.has_state():
+    stateful = stream.patterns.stateful or (spec is not None and spec.stateful)
+    if stateful and commits and not reader.has_state():
         report.add("STATE_MISSING", Health.FAIL, "the stream is stateful but its checkpoint has no state/ folder; "
                    "restore the checkpoint from a backup, or reset the stream and rebuild its state",
                    last_batch_id=commits[-1])
@@ -150,11 +149,11 @@ def _check_logs(report: HealthReport, reader: CheckpointReader, stream: StreamSp
                        f"that Spark plans batch {latest} again: {_repair(stream.name, 'quarantine-offsets')}",
                        batch_id=latest, file=str(reader.root / "offsets" / str(latest)))
         else:
-            if len(entry.sources) != EXPECTED_SOURCES:
+            if len(entry.sources) != stream.checkpoint_sources:
                 report.add("SOURCE_COUNT_MISMATCH", Health.FAIL,
                            f"the checkpoint records {len(entry.sources)} source(s), the catalog stream reads "
-                           f"{EXPECTED_SOURCES}: the checkpoint belongs to another query. Point the stream at its own "
-                           "checkpoint, or reset it", batch_id=latest, sources=len(entry.sources))
+                           f"{stream.checkpoint_sources}: the checkpoint belongs to another query. Point the stream "
+                           "at its own checkpoint, or reset it", batch_id=latest, sources=len(entry.sources))
     planned = set(offsets)
     missing_offsets = [batch for batch in commits if batch not in planned and (not offsets or batch >= offsets[0])]
     if missing_offsets or (commits and offsets and commits[-1] > offsets[-1]) or (commits and not offsets):
@@ -179,8 +178,10 @@ def _check_logs(report: HealthReport, reader: CheckpointReader, stream: StreamSp
 
 
 def _sink_tables(stream: StreamSpec, roots: Roots) -> list[tuple[str, str]]:
-    dead_letter = [("dead_letter", stream.dead_letter_table_path(roots))]
-    return dead_letter if not stream.sink.path else [("sink", stream.sink_path(roots)), *dead_letter]
+    """Every Delta table the stream's batches commit to, by role."""
+    tables = [("dead_letter", stream.dead_letter_table_path(roots))]
+    tables += [(f"fan_out[{index}]", join(roots.lake, spec.path)) for index, spec in enumerate(stream.patterns.fan_out)]
+    return tables if not stream.sink.path else [("sink", stream.sink_path(roots)), *tables]
 
 
 def _check_sink(report: HealthReport, stream: StreamSpec, roots: Roots, query_id: str | None,

@@ -38,6 +38,38 @@ def default_application(script: str = "stream_runner.py") -> str:
     return str(Path(spec.origin).parent.parent / script)
 
 
+# The packages executors import: the core and the Spark side (not the Airflow plugins).
+SHIPPED_PACKAGES = ("sluice", "sluice_spark")
+
+
+def project_archive(folder: str | None = None) -> str:
+    """A zip of the packages executors import, for ``--py-files``: a cluster's executors run Sluice's Python code
+    (the rs Delta sink and source, the transforms) and need not have the project installed. Named by the hash of
+    its content, so it is built once per version of the code and two tasks never write the same file at once."""
+    import hashlib
+    import zipfile
+
+    files: list[tuple[str, Path]] = []
+    for package in SHIPPED_PACKAGES:
+        spec = find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            raise AirflowException(f"cannot locate the {package} package; install the project")
+        root = Path(next(iter(spec.submodule_search_locations)))
+        files += sorted((str(path.relative_to(root.parent)), path) for path in root.rglob("*")
+                        if path.is_file() and path.suffix in (".py", ".yaml") and "__pycache__" not in path.parts)
+    digest = hashlib.sha256()
+    for name, path in files:
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    target = Path(folder or tempfile.gettempdir()) / f"sluice-code-{digest.hexdigest()[:16]}.zip"
+    if not target.exists():
+        partial = target.with_suffix(f".{os.getpid()}.tmp")
+        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
+            for name, path in files:
+                archive.write(path, name)
+        partial.replace(target)
+    return str(target)
+
+
 def resolve_roots(landing: str | None, lake: str | None, checkpoints: str | None) -> Roots:
     """Roots given to an operator, each falling back to the worker's ``SLUICE_*`` environment."""
     defaults = Roots.from_env()
@@ -48,7 +80,8 @@ def resolve_roots(landing: str | None, lake: str | None, checkpoints: str | None
 class SparkAppOperator(BaseOperator):
     """Base of the operators that spark-submit a Sluice application: the connection (``local[*]`` when it is not
     defined), the roots, the project's interpreter for the driver and the workers, and killing the whole process
-    tree on kill. Cluster deploy mode is refused: the summary is read from the driver's output.
+    tree on kill. On a cluster master the project's packages go to the executors as a ``--py-files`` archive.
+    Cluster deploy mode is refused: the summary is read from the driver's output.
 
     :param catalog: path of the stream catalog; default ``SLUICE_CATALOG`` or the bundled catalog (templated)
     :param conn_id: Airflow Spark connection; when it is not defined the run uses ``local[*]``
@@ -121,9 +154,19 @@ class SparkAppOperator(BaseOperator):
         provider's failure, if any, is returned for the caller to weigh against the summary."""
         from sluice_airflow.hooks import SluiceSparkSubmitHook
 
-        self._hook = SluiceSparkSubmitHook(conn_id=self.conn_id, application_args=args, env_vars=self.spark_env(),
-                                           secret_env=self.secret_env(), conf=self.conf, name=name,
-                                           **(self.spark_submit_kwargs or {}))
+        options = dict(self.spark_submit_kwargs or {})
+        env, secret_env = self.spark_env(), self.secret_env()
+
+        def hook() -> SluiceSparkSubmitHook:
+            return SluiceSparkSubmitHook(conn_id=self.conn_id, application_args=args, env_vars=env,
+                                         secret_env=secret_env, conf=self.conf, name=name, **options)
+
+        self._hook = hook()
+        if not self._hook.master.startswith("local") and "py_files" not in options:
+            # Executors on other machines get the project's code with the application.
+            options["py_files"] = project_archive()
+            self.log.info("Shipping the project's code to the executors: %s", options["py_files"])
+            self._hook = hook()
         if self._hook._connection.get("deploy_mode") == "cluster":
             raise AirflowFailException(
                 f"connection {self.conn_id!r} asks for deploy-mode cluster, which Sluice does not support yet: the "

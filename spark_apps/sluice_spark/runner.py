@@ -75,7 +75,9 @@ def build_routed_frame(spark: SparkSession, stream: StreamSpec, roots: Roots, *,
     ``read_stream``); ``engine`` reads lookup tables.
 
     A row-wise stream keeps every row in one frame. A stateful stream (dedupe, join, aggregate) feeds only its good
-    rows to the stateful operators; the dead-letter rows bypass them and are unioned back in front of the sink.
+    rows to the stateful operators; the dead-letter rows bypass them and are unioned back in front of the sink. Spark
+    plans each branch with its own instance of the source, so a stateful stream scans its input twice per batch
+    (``StreamSpec.checkpoint_sources``); both read the same versions, and one batch commits both.
     """
     patterns = stream.patterns
     parsed = with_watermark(

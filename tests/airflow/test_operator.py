@@ -132,3 +132,38 @@ def test_health_check_operator_templates_its_stream() -> None:
     operator.render_template_fields({"params": operator.params})
     assert operator.stream == "events_bronze"
     assert "stream" in operator.template_fields
+
+
+def test_the_code_archive_holds_what_executors_import(tmp_path: Path) -> None:
+    import zipfile
+
+    from sluice_airflow.operators import project_archive
+
+    path = project_archive(str(tmp_path))
+    names = zipfile.ZipFile(path).namelist()
+    assert {"sluice/__init__.py", "sluice/streams.yaml", "sluice_spark/delta_rs_sink.py",
+            "sluice_spark/runner.py"} <= set(names)
+    assert not [name for name in names if name.startswith("sluice_airflow") or "__pycache__" in name]
+    assert project_archive(str(tmp_path)) == path  # named by content: built once per version of the code
+    assert len(list(tmp_path.iterdir())) == 1
+
+
+def test_a_cluster_master_gets_the_code_archive_a_local_one_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk.exceptions import AirflowException
+
+    from sluice_airflow import hooks
+
+    submitted: list[str | None] = []
+
+    def fake_submit(self: hooks.SluiceSparkSubmitHook, application: str = "", **kwargs: object) -> None:
+        submitted.append(self._py_files)
+        raise AirflowException("not run")
+
+    monkeypatch.setattr(hooks.SluiceSparkSubmitHook, "submit", fake_submit)
+    operator = make_operator(streams=["events_bronze"])
+    monkeypatch.delenv("AIRFLOW_CONN_SLUICE_SPARK", raising=False)
+    operator.submit("stream_runner.py", [], name="local")
+    monkeypatch.setenv("AIRFLOW_CONN_SLUICE_SPARK", '{"conn_type": "spark", "host": "spark://127.0.0.1", "port": 7077}')
+    operator.submit("stream_runner.py", [], name="cluster")
+    assert submitted[0] is None
+    assert submitted[1] is not None and Path(submitted[1]).name.startswith("sluice-code-")

@@ -10,6 +10,7 @@ the run started with), and, for append-mode windows, only the windows that the f
 from __future__ import annotations
 
 import datetime as dt
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +183,15 @@ def test_silver_and_gold_patterns_equal_their_batch_oracles(spark: Any, tmp_path
           r.events) for r in sessions.collect()), key=repr)
     assert len(rows_of(tmp_path, "sessions", ["user_id"])) == 3  # u1 twice, u2 once: not a vacuous comparison
 
+    # The checkpoint health gate sees the state, and refuses a stateful checkpoint that lost it.
+    from sluice.health import Health, check_stream
+
+    tumbling = catalog.get("tumbling")
+    report = check_stream(tumbling, roots_in(tmp_path))
+    assert report.status is Health.OK and report.facts["state_bytes"] > 0, report.findings
+    shutil.rmtree(tmp_path / "checkpoints" / "tumbling" / "state")
+    assert [f.code for f in check_stream(tumbling, roots_in(tmp_path)).findings] == ["STATE_MISSING"]
+
     # State is bounded by the watermark: what the last run holds is far less than every key ever seen.
     assert runs[-1]["deduped"].state_rows <= 3
     assert runs[-1]["tumbling"].state_rows <= 2
@@ -271,3 +281,7 @@ def test_stream_stream_join_with_a_lookup_equals_the_batch_join(spark: Any, tmp_
     expected = sorted((tuple(row) for row in oracle.collect()), key=repr)
     assert rows_of(tmp_path, "attributed", ["ad_id", "impression_id", "click_id", "category"]) == expected
     assert ("a2", "i4", "c4", None) in expected and len(expected) == 4  # a2 has no category; c2 came too late
+    from sluice.health import Health, check_stream
+
+    report = check_stream(catalog.get("attributed"), roots_in(tmp_path))
+    assert report.status is Health.OK, report.findings  # both sides, each read for good rows and dead letters

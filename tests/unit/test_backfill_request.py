@@ -26,7 +26,8 @@ def ask(catalog: Catalog, **params: Any) -> Any:
 @pytest.mark.parametrize(
     ("params", "message"),
     [
-        ({"stream": "nope"}, "stream: unknown stream 'nope'; known streams: events_bronze, orders_bronze"),
+        ({"stream": "nope"}, "stream: unknown stream 'nope'; known streams: events_bronze, orders_bronze, "
+                             "events_silver, activity_hourly"),
         ({"stream": "../events_bronze"}, "stream: unknown stream '../events_bronze'"),
         ({"stream": "/data/lake/bronze/events"}, "stream: unknown stream '/data/lake/bronze/events'"),
         ({"end": "2026-10-31T00:00:00Z"}, "end: 2026-10-31T00:00:00+00:00 is not after start"),

@@ -29,7 +29,7 @@ def rejects(raw: dict[str, Any], *fragments: str) -> str:
 
 def test_bundled_catalog_is_valid() -> None:
     catalog = load_catalog(DEFAULT_CATALOG)
-    assert [stream.name for stream in catalog] == ["events_bronze", "orders_bronze"]
+    assert [stream.name for stream in catalog] == ["events_bronze", "orders_bronze", "events_silver", "activity_hourly"]
     events = catalog.get("events_bronze")
     assert events.source.format is FileFormat.JSON
     assert events.source.schema.required == ["event_id", "event_type", "user_id", "event_time"]
