@@ -107,10 +107,11 @@ lint: $(STAMP)  ## ruff and mypy
 	$(BIN)/mypy include plugins
 
 .PHONY: bench
-bench: $(STAMP)  ## benchmarks: ingest (Delta sink vs Parquet sink, BENCH_ROWS=1000000), health check, lag check
+bench: $(STAMP)  ## benchmarks: ingest (Delta sink vs Parquet sink, BENCH_ROWS=1000000), health check, lag check, MERGE vs append
 	$(BIN)/python bench/bench_ingest.py --rows $${BENCH_ROWS:-1000000}
 	$(BIN)/python bench/bench_health.py
 	$(BIN)/python bench/bench_lag.py
+	$(BIN)/python bench/bench_merge.py
 
 .PHONY: freeze
 freeze: $(STAMP)  ## rewrite requirements.txt from the environment after an upgrade

@@ -53,6 +53,7 @@ def emit(line_json: str, summary_file: str | None) -> None:
         path = Path(summary_file)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(line_json + "\n", encoding="utf-8")
+    sys.stdout.flush()  # alone on a fresh buffer, the line reaches the pipe in one write
     print(BACKFILL_MARKER + line_json, flush=True)
 
 

@@ -52,6 +52,7 @@ def emit(summary: RunSummary, summary_file: str | None) -> None:
         path = Path(summary_file)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(summary.to_json() + "\n", encoding="utf-8")
+    sys.stdout.flush()  # alone on a fresh buffer, the line reaches the pipe in one write
     print(summary.to_line(), flush=True)
 
 

@@ -150,10 +150,11 @@ def parse_request(params: Mapping[str, Any], catalog: Catalog, *, run_id: str) -
     if stream.sink.format is SinkFormat.KAFKA:
         raise BackfillError("stream", f"stream '{name}' writes to Kafka; backfills replace or append Delta rows, "
                                       "and a topic cannot be rewritten")
-    if stream.patterns.stateful or stream.sink.mode.value != "append":
-        raise BackfillError("stream", f"stream '{name}' keeps state in its checkpoint or upserts its table; a "
-                                      "backfill runs with a checkpoint of its own, so it could neither see nor "
-                                      "update that state. Rebuild the stream from its source instead")
+    if stream.patterns.stateful or stream.patterns.fan_out or stream.sink.mode.value != "append":
+        raise BackfillError("stream", f"stream '{name}' keeps state in its checkpoint, upserts its table or fans "
+                                      "out; a backfill runs with a checkpoint of its own and writes the stream's "
+                                      "table only, so it could neither see that state nor keep the tables in step. "
+                                      "Rebuild the stream from its source instead")
     zone_name = params.get("timezone")
     zone = None
     if zone_name not in (None, ""):

@@ -229,6 +229,11 @@ class StreamSpec:
     output_columns: tuple[str, ...] = ()
 
     @property
+    def table_paths(self) -> list[str]:
+        """The tables the stream's batches write, under the lake root: its sink and its fan-out tables."""
+        return [*([self.sink.path] if self.sink.path else []), *(spec.path for spec in self.patterns.fan_out)]
+
+    @property
     def checkpoint_sources(self) -> int:
         """How many sources Spark records in this stream's checkpoint. A stateful stream reads its source twice in
         one query: its good rows feed the stateful operators, its dead letters bypass them (the runner unions the
@@ -281,8 +286,10 @@ class Catalog:
         return [upstream for upstream in found if upstream is not None]
 
     def _writer_of(self, source: SourceSpec) -> StreamSpec | None:
+        """The stream that writes the table a Delta source reads: as its sink, or as one of its fan-out tables."""
         wanted = os.path.normpath(source.path)
-        return next((other for other in self if os.path.normpath(other.sink.path) == wanted), None)
+        return next((other for other in self if wanted in {os.path.normpath(path) for path in other.table_paths}),
+                    None)
 
     def select(self, names: list[str]) -> list[StreamSpec]:
         if not names:
@@ -560,6 +567,9 @@ def parse_catalog(raw: object, *, source_file: str | None = None) -> Catalog:
         if stream.sink.format is SinkFormat.DELTA:
             _claim(tables, stream.sink.path, stream.name, "sink table", "sink.path")
         _claim(tables, stream.dead_letter_path, stream.name, "dead-letter table", "dead_letter.path")
+        for position, fan_out in enumerate(stream.patterns.fan_out):
+            # Two targets of one batch share its transaction id: the second would be skipped as a replay.
+            _claim(tables, fan_out.path, stream.name, "fan-out table", f"fan_out[{position}].path")
         streams[stream.name] = stream
     catalog = Catalog(streams=streams, source_file=source_file)
     for stream in catalog:

@@ -152,8 +152,10 @@ def _check_logs(report: HealthReport, reader: CheckpointReader, stream: StreamSp
             if len(entry.sources) != stream.checkpoint_sources:
                 report.add("SOURCE_COUNT_MISMATCH", Health.FAIL,
                            f"the checkpoint records {len(entry.sources)} source(s), the catalog stream reads "
-                           f"{stream.checkpoint_sources}: the checkpoint belongs to another query. Point the stream "
-                           "at its own checkpoint, or reset it", batch_id=latest, sources=len(entry.sources))
+                           f"{stream.checkpoint_sources}: the checkpoint belongs to another query, or the stream "
+                           "gained or lost a stateful step or a join since it was written. Point the stream at its "
+                           "own checkpoint, or give the changed stream a new one",
+                           batch_id=latest, sources=len(entry.sources))
     planned = set(offsets)
     missing_offsets = [batch for batch in commits if batch not in planned and (not offsets or batch >= offsets[0])]
     if missing_offsets or (commits and offsets and commits[-1] > offsets[-1]) or (commits and not offsets):

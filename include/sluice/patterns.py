@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sluice.constants import SinkMode, SourceType
 from sluice.errors import CatalogError
@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from sluice.catalog import SinkSpec, SourceSpec, _Section
 
 _INTERVAL = re.compile(r"^\s*(\d+)\s*(seconds?|s|minutes?|min|m|hours?|h|days?|d)\s*$", re.IGNORECASE)
-_UNIT_SECONDS = {"s": 1, "se": 1, "m": 60, "mi": 60, "h": 3600, "ho": 3600, "d": 86400, "da": 86400}
+# Keyed by the unit's first letter, which tells seconds, minutes, hours and days apart.
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _MEASURE = re.compile(r"^\s*(count|sum|min|max|avg|approx_count_distinct)\s*\(\s*(\*|[A-Za-z_][A-Za-z0-9_]*)\s*\)\s*$")
 _IDENTIFIER = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 WINDOW_START = "window_start"
@@ -38,8 +39,7 @@ def parse_interval(text: object, *, stream: str, field_name: str) -> int:
     if match is None or int(match.group(1)) <= 0:
         raise CatalogError(f"expected a positive duration such as '10 minutes', '1 hour' or '30s', got {text!r}",
                            stream=stream, field=field_name)
-    unit = match.group(2).lower()
-    return int(match.group(1)) * _UNIT_SECONDS[unit[:2] if unit[:2] in _UNIT_SECONDS else unit[:1]]
+    return int(match.group(1)) * _UNIT_SECONDS[match.group(2)[0].lower()]
 
 
 def spark_interval(seconds: int) -> str:
@@ -207,7 +207,7 @@ def parse_lookups(owner: _Section, key: str) -> tuple[LookupSpec, ...]:
     return tuple(lookups)
 
 
-def parse_join(section: _Section, parse_source: Any) -> JoinSpec | None:
+def parse_join(section: _Section, parse_source: Callable[[str, _Section], SourceSpec]) -> JoinSpec | None:
     if not section.raw:
         return None
     stream = section.stream or ""
@@ -316,6 +316,9 @@ def check_patterns(stream: str, patterns: Patterns, columns: list[str], source: 
     if watermark is not None:
         need((watermark.column,), available, "watermark.column", "column")
         _need_timestamp(source.schema, watermark.column, lambda message: refuse("watermark.column", message))
+    if watermark is not None and not patterns.stateful:
+        raise refuse("watermark", "a watermark bounds the state of dedupe, join or aggregate, and this stream has "
+                                  "none of them; remove it")
     if patterns.dedupe is not None:
         need(patterns.dedupe.keys, available, "dedupe.keys", "key column(s)")
         if watermark is None:
@@ -389,7 +392,8 @@ def _check_output_mode(patterns: Patterns, sink: SinkSpec, output: list[str], re
     if mode is SinkMode.COMPLETE and aggregate is None:
         raise refuse("sink.mode", "complete mode rewrites the whole result every batch and needs an `aggregate`; "
                                   "use mode append (or merge with keys) for row streams")
-    if aggregate is not None and mode is not SinkMode.COMPLETE and watermark is None:
+    windowed = aggregate is not None and aggregate.window is not None
+    if windowed and mode is not SinkMode.COMPLETE and watermark is None:
         raise refuse("watermark", f"an aggregate in {mode.value} mode needs a watermark, or its state grows forever "
                                   "(append mode would never emit a row); add `watermark: {column, delay}` on the "
                                   "event-time column, or use sink.mode complete for a small result")
@@ -417,9 +421,14 @@ def _check_output_mode(patterns: Patterns, sink: SinkSpec, output: list[str], re
             raise refuse("sink.sequence_by", "a batch may carry several versions of a key, and a late version must "
                                              "not overwrite a newer one: name the column that orders them (e.g. "
                                              "updated_at) in sink.sequence_by")
-        missing = [key for key in (*sink.keys, *([sink.sequence_by] if sink.sequence_by else [])) if key not in output]
+        missing = [key for key in sink.keys if key not in output]
         if missing:
             raise refuse("sink.keys", f"column(s) {', '.join(missing)} are not in the output: {', '.join(output)}")
+        if sink.sequence_by not in output:
+            raise refuse("sink.sequence_by", f"column {sink.sequence_by!r} is not in the output: {', '.join(output)}")
+        if sink.sequence_by not in required:
+            raise refuse("sink.sequence_by", f"{sink.sequence_by!r} must be declared `not null` in the source schema: "
+                                             "a version without a sequence cannot be ordered against the others")
         nullable = [key for key in sink.keys if key not in required]
         if nullable:
             raise refuse("sink.keys", f"merge key(s) {', '.join(nullable)} must be declared `not null` in the "

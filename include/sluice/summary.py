@@ -17,7 +17,8 @@ from sluice.errors import StreamRunError
 
 @dataclass
 class StreamRunSummary:
-    """The numbers of one stream's run. For a row-wise stream, rows in always equal rows out plus dead-letter rows."""
+    """The numbers of one stream's run. ``input_rows`` counts the rows read from the stream's sources (both sides
+    of a join). For a row-wise stream, rows in always equal rows out plus dead-letter rows."""
 
     stream: str
     query_id: str | None = None

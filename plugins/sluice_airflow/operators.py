@@ -244,9 +244,13 @@ class StreamRunOperator(SparkAppOperator):
             summary_file = str(Path(folder) / "summary.json")
             failure = self.submit("stream_runner.py", self.application_args(run_id=run_id, summary_file=summary_file),
                                   name=f"sluice-{'-'.join(self.streams)}")
-            summary = self._hook.run_summary if self._hook else None
-            if summary is None and Path(summary_file).exists():
+            # The file first: in client mode the driver writes it beside this task. The log line is the fallback,
+            # and can be torn by Spark's log output on the same pipe.
+            summary: RunSummary | None = None
+            if Path(summary_file).exists():
                 summary = RunSummary.from_json(Path(summary_file).read_text(encoding="utf-8"))
+            elif self._hook is not None:
+                summary = self._hook.run_summary
         if summary is None:
             raise AirflowException(f"Spark run of {self.streams} produced no run summary: {failure}")
         for stream in summary.streams:
@@ -414,9 +418,10 @@ class BackfillOperator(SparkAppOperator):
             args = ["--catalog", self.catalog_path(), *request.to_args(), *self.resolved_roots().as_args(),
                     "--summary-file", str(summary_file), *self.engine_args()]
             failure = self.submit("backfill_runner.py", args, name=f"sluice-backfill-{request.stream}")
-            summary = self._hook.backfill_summary if self._hook else None
-            if summary is None and summary_file.exists():
+            if summary_file.exists():  # as for a stream run: the file first, the log line as the fallback
                 summary = json.loads(summary_file.read_text(encoding="utf-8"))
+            else:
+                summary = self._hook.backfill_summary if self._hook else None
         if summary is None:
             raise AirflowException(f"backfill of {request.stream} produced no summary: {failure}")
         self.log.info("Backfill summary: %s", json.dumps(summary, sort_keys=True))

@@ -30,7 +30,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from sluice.constants import COMMIT_INFO_RECORDS
+from sluice.constants import COMMIT_INFO_RECORDS, SinkMode
 from sluice.delta import commit_metadata
 from sluice_spark import faults
 
@@ -60,7 +60,7 @@ class TableTarget:
     columns: tuple[tuple[str, str], ...]
     partition_by: tuple[str, ...] = ()
     flag: str | None = None
-    mode: str = "append"
+    mode: SinkMode = SinkMode.APPEND
     keys: tuple[str, ...] = ()
     sequence_by: str | None = None
 
@@ -77,13 +77,16 @@ class TableTarget:
 
     def to_dict(self) -> dict[str, Any]:
         return {"route": self.route, "path": self.path, "columns": [list(pair) for pair in self.columns],
-                "partition_by": list(self.partition_by), "flag": self.flag}
+                "partition_by": list(self.partition_by), "flag": self.flag, "mode": self.mode.value,
+                "keys": list(self.keys), "sequence_by": self.sequence_by}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TableTarget:
         return cls(route=data["route"], path=data["path"],
                    columns=tuple((source, name) for source, name in data["columns"]),
-                   partition_by=tuple(data.get("partition_by", ())), flag=data.get("flag"))
+                   partition_by=tuple(data.get("partition_by", ())), flag=data.get("flag"),
+                   mode=SinkMode(data.get("mode", SinkMode.APPEND.value)), keys=tuple(data.get("keys", ())),
+                   sequence_by=data.get("sequence_by"))
 
 
 def encode_targets(targets: Sequence[TableTarget]) -> str:
@@ -142,7 +145,7 @@ class DeltaRsDataSource(DataSource):
         routes = [(target.route, target.flag) for target in targets]
         if len(set(routes)) != len(routes):
             raise ValueError(f"{DATA_SOURCE_NAME} sink: each table needs its own route and flag, got {routes}")
-        if any(target.mode != "append" for target in targets):
+        if any(target.mode is not SinkMode.APPEND for target in targets):
             raise ValueError(f"{DATA_SOURCE_NAME} sink appends; merge and overwrite go through foreachBatch")
         return DeltaRsStreamWriter(
             targets=targets,

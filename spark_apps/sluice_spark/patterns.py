@@ -42,12 +42,13 @@ def dedupe(frame: DataFrame, spec: DedupeSpec) -> DataFrame:
 
 
 def read_joined(spark: SparkSession, stream: StreamSpec, spec: JoinSpec, roots: Roots) -> DataFrame:
-    """The joined stream's source as the runner reads a source: the declared columns, flagged for dead letters."""
+    """The joined stream's source as the runner reads a source: the declared columns, flagged for dead letters.
+    Its watermark goes on its good rows (see the runner)."""
     from sluice_spark.quality import flag_dead_letters
     from sluice_spark.sources import read_stream
 
     side = replace(stream, source=spec.source)
-    return with_watermark(flag_dead_letters(read_stream(spark, side, roots), side), spec.watermark)
+    return flag_dead_letters(read_stream(spark, side, roots), side)
 
 
 def stream_join(left: DataFrame, right: DataFrame, spec: JoinSpec, left_columns: list[str]) -> DataFrame:
@@ -70,7 +71,10 @@ def read_dimension(spark: SparkSession, spec: LookupSpec, roots: Roots, engine: 
     path = join(roots.lake, spec.table)
     wanted = [*spec.on, *spec.columns]
     if engine is DeltaEngine.JVM:
-        dimension = spark.read.format("delta").load(path)
+        from sluice.delta import table_version
+
+        # Pinned to the version of the run's start, as on rs; unpinned, delta-spark reads the newest every batch.
+        dimension = spark.read.format("delta").option("versionAsOf", table_version(path)).load(path)
         missing = [name for name in wanted if name not in dimension.columns]
         dimension = dimension if missing else dimension.select(*wanted)
     else:

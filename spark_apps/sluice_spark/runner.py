@@ -26,6 +26,7 @@ from sluice.delta import batch_commits, ensure_table, table_version
 from sluice.errors import SluiceError
 from sluice.lock import StreamLock
 from sluice.paths import Roots, join, require_local
+from sluice.patterns import LookupSpec
 from sluice.summary import RunSummary, StreamRunSummary
 from sluice_spark import patterns as steps
 from sluice_spark.delta_rs_sink import TableTarget
@@ -70,18 +71,11 @@ class PreparedStream:
 def build_routed_frame(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | None = None,
                        trigger: TriggerSpec | None = None,
                        engine: DeltaEngine = DeltaEngine.RS) -> tuple[DataFrame, list[str]]:
-    """Source -> dead-letter flag -> watermark -> transform -> patterns -> one frame carrying a route column.
-    Returns it and the data columns of the stream's table. ``path`` and ``trigger`` override the source's (see
-    ``read_stream``); ``engine`` reads lookup tables.
-
-    A row-wise stream keeps every row in one frame. A stateful stream (dedupe, join, aggregate) feeds only its good
-    rows to the stateful operators; the dead-letter rows bypass them and are unioned back in front of the sink. Spark
-    plans each branch with its own instance of the source, so a stateful stream scans its input twice per batch
-    (``StreamSpec.checkpoint_sources``); both read the same versions, and one batch commits both.
+    """Source -> dead-letter flag -> transform -> patterns -> one frame carrying a route column. Returns it and the
+    data columns of the stream's table. ``path`` and ``trigger`` override the source's (see ``read_stream``);
+    ``engine`` reads lookup tables.
     """
-    patterns = stream.patterns
-    parsed = with_watermark(
-        flag_dead_letters(read_stream(spark, stream, roots, path=path, trigger=trigger), stream), patterns.watermark)
+    parsed = flag_dead_letters(read_stream(spark, stream, roots, path=path, trigger=trigger), stream)
     before = set(parsed.columns)
     transformed = get_transform(stream.transform)(parsed)
     lost = sorted(before - set(transformed.columns))
@@ -90,66 +84,65 @@ def build_routed_frame(spark: SparkSession, stream: StreamSpec, roots: Roots, *,
             f"stream '{stream.name}': transform '{stream.transform}' dropped column(s) {', '.join(lost)}; transforms "
             "of file streams must keep every column so that bad records still reach the dead-letter table"
         )
-    dimensions = [(spec, steps.read_dimension(spark, spec, roots, engine)) for spec in patterns.lookup]
+    dimensions = [(spec, steps.read_dimension(spark, spec, roots, engine)) for spec in stream.patterns.lookup]
+    if stream.patterns.stateful:
+        return _route_stateful(spark, stream, roots, transformed, dimensions)
+    for spec, dimension in dimensions:
+        transformed = steps.lookup(transformed, dimension, spec)
+    data_columns = [name for name in transformed.columns if name not in _INTERNAL_COLUMNS]
     rejected = F.col(REASON_COLUMN).isNotNull()
-    if not patterns.stateful:
-        for spec, dimension in dimensions:
-            transformed = steps.lookup(transformed, dimension, spec)
-        data_columns = [name for name in transformed.columns if name not in _INTERNAL_COLUMNS]
-        # Only what some table keeps crosses to the sink: the corrupt-record text is already in the raw record, and
-        # the dead-letter columns are NULL on good rows.
-        routed = transformed.select(
-            *data_columns,
-            F.current_timestamp().alias(INGEST_TIME_COLUMN),
-            F.when(rejected, F.lit(DEAD_LETTER_ROUTE)).otherwise(F.lit(GOOD_ROUTE)).cast("tinyint").alias(ROUTE_COLUMN),
-            RAW_COLUMN,
-            REASON_COLUMN,
-            F.when(rejected, F.lit(stream.name)).alias(_STREAM_COLUMN),
-            *_fan_out_flags(stream),
-        )
-        return routed, [*data_columns, INGEST_TIME_COLUMN]
+    route = F.when(rejected, F.lit(DEAD_LETTER_ROUTE)).otherwise(F.lit(GOOD_ROUTE))
+    routed = _route(transformed, [F.col(c) for c in data_columns], route, _fan_out_flags(stream), stream=stream.name)
+    return routed, [*data_columns, INGEST_TIME_COLUMN]
 
+
+def _route_stateful(spark: SparkSession, stream: StreamSpec, roots: Roots, transformed: DataFrame,
+                    dimensions: list[tuple[LookupSpec, DataFrame]]) -> tuple[DataFrame, list[str]]:
+    """Good rows through the stateful steps, dead letters around them, one union in front of the sink.
+
+    The watermark is set on the good rows only: a dead letter with a wild event time must not move it. Spark plans
+    each branch with its own instance of the source, so a stateful stream scans its input twice per batch
+    (``StreamSpec.checkpoint_sources``); both read the same versions, and one batch commits both.
+    """
+    patterns = stream.patterns
+    rejected = F.col(REASON_COLUMN).isNotNull()
     keep = [name for name in transformed.columns if name not in _INTERNAL_COLUMNS]
-    good = transformed.where(~rejected).select(*keep)
+    good = with_watermark(transformed.where(~rejected).select(*keep), patterns.watermark)
     dead = [transformed.where(rejected)]
     if patterns.dedupe is not None:
         good = steps.dedupe(good, patterns.dedupe)
     if patterns.join is not None:
         right = steps.read_joined(spark, stream, patterns.join, roots)
-        right_bad = right.where(F.col(REASON_COLUMN).isNotNull())
-        dead.append(right_bad)
+        dead.append(right.where(F.col(REASON_COLUMN).isNotNull()))
         right_good = right.where(F.col(REASON_COLUMN).isNull()).select(*patterns.join.source.schema.names)
-        good = steps.stream_join(good, right_good, patterns.join, keep)
+        good = steps.stream_join(good, with_watermark(right_good, patterns.join.watermark), patterns.join, keep)
     for spec, dimension in dimensions:
         good = steps.lookup(good, dimension, spec)
     if patterns.aggregate is not None:
         good = steps.aggregate(good, patterns.aggregate)
     data_columns = list(good.columns)
+    types = dict(good.dtypes)
     # A dead letter keeps its lineage even when the stream's own rows (an aggregate's) have none.
     lineage = [] if SOURCE_FILE_COLUMN in data_columns else [SOURCE_FILE_COLUMN]
-    routed = good.select(
-        *data_columns,
-        *[F.lit(None).cast("string").alias(name) for name in lineage],
-        F.current_timestamp().alias(INGEST_TIME_COLUMN),
-        F.lit(GOOD_ROUTE).cast("tinyint").alias(ROUTE_COLUMN),
-        F.lit(None).cast("string").alias(RAW_COLUMN),
-        F.lit(None).cast("string").alias(REASON_COLUMN),
-        F.lit(None).cast("string").alias(_STREAM_COLUMN),
-        *_fan_out_flags(stream),
-    )
-    types = dict(routed.dtypes)
+    empty = {name: F.lit(None).cast("string") for name in (*lineage, RAW_COLUMN, REASON_COLUMN)}
+    routed = _route(good.withColumns(empty), [F.col(c) for c in (*data_columns, *lineage)], F.lit(GOOD_ROUTE),
+                    _fan_out_flags(stream), stream=stream.name)
+    no_fan_out = [F.lit(False).alias(_fan_out_column(index)) for index, _ in enumerate(patterns.fan_out)]
     for bad in dead:
-        routed = routed.unionByName(bad.select(
-            *[F.lit(None).cast(types[name]).alias(name) for name in data_columns],
-            *lineage,
-            F.current_timestamp().alias(INGEST_TIME_COLUMN),
-            F.lit(DEAD_LETTER_ROUTE).cast("tinyint").alias(ROUTE_COLUMN),
-            RAW_COLUMN,
-            REASON_COLUMN,
-            F.lit(stream.name).alias(_STREAM_COLUMN),
-            *[F.lit(False).alias(_fan_out_column(index)) for index, _ in enumerate(stream.patterns.fan_out)],
-        ))
+        nulls = [F.lit(None).cast(types[name]).alias(name) for name in data_columns]
+        routed = routed.unionByName(_route(bad, [*nulls, *map(F.col, lineage)], F.lit(DEAD_LETTER_ROUTE), no_fan_out,
+                                           stream=stream.name))
     return routed, [*data_columns, INGEST_TIME_COLUMN]
+
+
+def _route(frame: DataFrame, data: list[Column], route: Column, fan_out: list[Column], *, stream: str) -> DataFrame:
+    """The routed frame's columns: the data, the ingest time, the route, the dead-letter columns (NULL on good rows)
+    and one flag per fan-out table. Only what some table keeps crosses to the sink: the corrupt-record text is
+    already in the raw record."""
+    rejected = F.col(REASON_COLUMN).isNotNull()
+    return frame.select(*data, F.current_timestamp().alias(INGEST_TIME_COLUMN),
+                        route.cast("tinyint").alias(ROUTE_COLUMN), RAW_COLUMN, REASON_COLUMN,
+                        F.when(rejected, F.lit(stream)).alias(_STREAM_COLUMN), *fan_out)
 
 
 def _fan_out_column(index: int) -> str:
@@ -176,7 +169,7 @@ def sink_targets(stream: StreamSpec, roots: Roots, data_columns: list[str]) -> l
     ]
     return [
         TableTarget(GOOD_ROUTE, stream.sink_path(roots), tuple((c, c) for c in data_columns), sink.partition_by,
-                    mode=sink.mode.value, keys=keys, sequence_by=sink.sequence_by),
+                    mode=sink.mode, keys=keys, sequence_by=sink.sequence_by),
         TableTarget(DEAD_LETTER_ROUTE, stream.dead_letter_table_path(roots), _DEAD_LETTER_FIELDS),
         *fan_out,
     ]
@@ -188,9 +181,11 @@ def create_tables(stream: StreamSpec, routed: DataFrame, targets: list[TableTarg
     arrow_schema = to_arrow_schema(routed.schema, timezone="UTC")
     for target in targets:
         fields = [arrow_schema.field(source).with_name(name) for source, name in target.columns]
-        name = stream.name if target.route == GOOD_ROUTE else f"{stream.name}_dead_letter"
-        ensure_table(target.path, pa.schema(fields), target.partition_by,
-                     name=f"{name}_{target.flag}" if target.flag else name, description=stream.description)
+        if target.flag:  # a fan-out table is named after its folder
+            name = target.path.rstrip("/").rsplit("/", 1)[-1]
+        else:
+            name = stream.name if target.route == GOOD_ROUTE else f"{stream.name}_dead_letter"
+        ensure_table(target.path, pa.schema(fields), target.partition_by, name=name, description=stream.description)
 
 
 def prepare_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, run_id: str,
@@ -254,15 +249,16 @@ def start_stream(prepared: PreparedStream) -> StreamingQuery:
     return query
 
 
-def _progress_rows(query: StreamingQuery) -> dict[int, int]:
+def _progress_rows(query: StreamingQuery, scans: int = 1) -> dict[int, int]:
     """Input rows per executed batch id, from every progress report of this run.
 
-    A report without an ``addBatch`` duration is an idle trigger that found no new data: no batch ran.
+    A report without an ``addBatch`` duration is an idle trigger that found no new data: no batch ran. A stateful
+    stream reads each of its sources ``scans`` times (good rows and dead letters), and Spark counts every scan.
     """
     rows: dict[int, int] = {}
     for progress in query.recentProgress:
         if "addBatch" in progress.durationMs:
-            rows[int(progress.batchId)] = int(progress.numInputRows)
+            rows[int(progress.batchId)] = int(progress.numInputRows) // scans
     return rows
 
 
@@ -283,7 +279,7 @@ def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: floa
     """Fill the summary once the query has ended; reconcile rows read with rows committed."""
     summary = prepared.summary
     summary.duration_seconds = round(time.monotonic() - started, 3)
-    input_rows = _progress_rows(query)
+    input_rows = _progress_rows(query, scans=2 if prepared.spec.patterns.stateful else 1)
     summary.batch_ids = sorted(input_rows)
     summary.batches = len(input_rows)
     summary.input_rows = sum(input_rows.values())

@@ -46,7 +46,7 @@ def delta_writer(
     mode: SinkMode = SinkMode.APPEND,
 ) -> DataStreamWriter:
     """A ``DataStreamWriter`` (without trigger or checkpoint) that routes ``frame`` into ``targets``."""
-    if engine is DeltaEngine.RS and all(target.mode == SinkMode.APPEND.value for target in targets):
+    if engine is DeltaEngine.RS and all(target.mode is SinkMode.APPEND for target in targets):
         return (
             frame.writeStream.format(DATA_SOURCE_NAME)
             .outputMode(OUTPUT_MODES[mode])
@@ -77,10 +77,12 @@ def delta_writer(
 
 def latest_per_key(rows: DataFrame, keys: Sequence[str], sequence_by: str | None) -> DataFrame:
     """One row per key: the one with the highest ``sequence_by``. A MERGE fails when two source rows match one
-    target row, and a batch may carry several versions of a key."""
+    target row, and a batch may carry several versions of a key. Versions with the same sequence are told apart by
+    their other columns, so that a replay picks the same one; across batches, the later batch wins a tie."""
     if sequence_by is None:
         return rows  # an aggregate's update output has one row per key already
-    order = Window.partitionBy(*keys).orderBy(F.col(sequence_by).desc_nulls_last())
+    others = [F.col(f"`{name}`").desc_nulls_last() for name in rows.columns if name not in (*keys, sequence_by)]
+    order = Window.partitionBy(*keys).orderBy(F.col(sequence_by).desc_nulls_last(), *others)
     return rows.withColumn("_sluice_rank", F.row_number().over(order)).where("_sluice_rank = 1").drop("_sluice_rank")
 
 
@@ -114,29 +116,29 @@ def _write_rs(rows: DataFrame, target: TableTarget, query_id: str, batch_id: int
                     batch_id, query_id, target.path, committed)
         return
     offered = rows.count()  # a merge's superseded versions count as processed, for the row reconciliation
-    if offered == 0 and target.mode != SinkMode.COMPLETE.value:
+    if offered == 0 and target.mode is not SinkMode.COMPLETE:
         return
-    if target.mode == SinkMode.MERGE.value:
+    if target.mode is SinkMode.MERGE:
         rows = latest_per_key(rows, target.keys, target.sequence_by)
     import pyarrow as pa
 
     data = rows.toArrow().cast(pa.schema(table.schema().to_arrow()))  # Spark's Arrow types as the table has them
     properties = CommitProperties(custom_metadata={**metadata, COMMIT_INFO_RECORDS: offered},
                                   app_transactions=[Transaction(query_id, batch_id)])
-    if target.mode == SinkMode.MERGE.value:
+    if target.mode is SinkMode.MERGE:
         condition = _merge_condition(target.keys, "IS NOT DISTINCT FROM")
         merger = table.merge(data, condition, source_alias="s", target_alias="t", commit_properties=properties)
         merger.when_matched_update_all(predicate=_newer(target.sequence_by)).when_not_matched_insert_all().execute()
     else:
-        write_deltalake(table, data, mode="overwrite" if target.mode == SinkMode.COMPLETE.value else "append",
+        write_deltalake(table, data, mode="overwrite" if target.mode is SinkMode.COMPLETE else "append",
                         partition_by=list(target.partition_by) or None, commit_properties=properties)
 
 
 def _write_jvm(rows: DataFrame, target: TableTarget, query_id: str, batch_id: int, metadata: dict[str, Any]) -> None:
-    if target.mode != SinkMode.MERGE.value:
+    if target.mode is not SinkMode.MERGE:
         writer = (
             rows.write.format("delta")
-            .mode("overwrite" if target.mode == SinkMode.COMPLETE.value else "append")
+            .mode("overwrite" if target.mode is SinkMode.COMPLETE else "append")
             .option("txnAppId", query_id)
             .option("txnVersion", batch_id)
             .option("userMetadata", json.dumps(metadata))

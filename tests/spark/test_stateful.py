@@ -44,7 +44,7 @@ INCREMENTS: list[list[tuple[str, str | None, float, int]]] = [
      ("e4", "u3", 7.0, 26)],
     # watermark 00:16: e5 (00:08) is late; the copy of e3 (00:12) is late too; e6 comes twice in one batch
     [("e5", "u2", 3.0, 8), ("e3", "u1", 5.0, 12), ("e6", "u3", 4.0, 21), ("e7", "u1", 6.0, 33),
-     ("e6", "u3", 4.0, 21), ("bad", None, 1.0, 30)],
+     ("e6", "u3", 4.0, 21), ("bad", None, 1.0, 30), ("wild", None, 1.0, 90)],  # dead letters move no watermark
     # watermark 00:23: e9 (00:24) is on time; the copy of e7 (00:33) is a duplicate within the watermark
     [("e8", "u2", 9.0, 52), ("e9", "u1", 1.0, 24), ("e7", "u1", 6.0, 33)],
 ]
@@ -156,9 +156,10 @@ def test_silver_and_gold_patterns_equal_their_batch_oracles(spark: Any, tmp_path
                               for r in oracle.collect()), key=repr)
     assert [run["deduped"].late_rows for run in runs] == [0, 2, 0]  # e5 and the late copy of e3
     assert [run["deduped"].duplicate_rows for run in runs] == [1, 1, 1]
-    assert [run["deduped"].dead_letter_rows for run in runs] == [0, 1, 0]
+    assert [run["deduped"].dead_letter_rows for run in runs] == [0, 2, 0]
+    assert [run["deduped"].input_rows for run in runs] == [len(rows) for rows in INCREMENTS]
     assert table_rows(str(tmp_path / "lake" / "out" / "deduped_dead_letter"), ["reason"]) == [
-        ("missing required field 'user_id'",)]
+        ("missing required field 'user_id'",)] * 2
 
     # Gold, append: exactly the windows the final watermark closed, each written once.
     window = ["window_start", "window_end", "revenue", "events"]
@@ -192,26 +193,35 @@ def test_silver_and_gold_patterns_equal_their_batch_oracles(spark: Any, tmp_path
     shutil.rmtree(tmp_path / "checkpoints" / "tumbling" / "state")
     assert [f.code for f in check_stream(tumbling, roots_in(tmp_path)).findings] == ["STATE_MISSING"]
 
-    # State is bounded by the watermark: what the last run holds is far less than every key ever seen.
-    assert runs[-1]["deduped"].state_rows <= 3
-    assert runs[-1]["tumbling"].state_rows <= 2
+    # State is bounded by the watermark, run after run. Dedupe keeps a key while its event time + 10 minutes is
+    # after the watermark (00:16, 00:23, 00:42 after each run): {e3, e4}, {e4, e6, e7}, {e7, e8}, out of 9 keys.
+    # The tumbling aggregate keeps the windows that have not closed: {10-20, 20-30}, {20-30, 30-40}, {50-60}.
+    assert [run["deduped"].state_rows for run in runs] == [2, 3, 2]
+    assert [run["tumbling"].state_rows for run in runs] == [2, 2, 1]
     assert runs[-1]["per_user"].state_rows == 3  # complete mode keeps every group, by design
 
 
-def test_a_replayed_merge_batch_changes_nothing(spark: Any, tmp_path: Path) -> None:
+def users_catalog(tmp_path: Path) -> Any:
     updates = {"user_id": "string not null", "plan": "string", "updated_at": "timestamp not null"}
-    catalog = load_catalog(write_catalog(tmp_path, {
+    return load_catalog(write_catalog(tmp_path, {
         "name": "users", "source": source("raw/users", updates), "schedule": "0 * * * *", "checkpoint": "users",
         "sink": {"path": "out/users", "engine": "rs", "mode": "merge", "keys": ["user_id"],
                  "sequence_by": "updated_at"},
         "fan_out": [{"path": "out/paid", "where": "plan = 'paid'", "columns": ["user_id", "updated_at"]}],
     }))
-    raw = tmp_path / "lake" / "raw" / "users"
+
+
+def land_users(tmp_path: Path, rows: list[tuple[str, str, int]]) -> None:
     schema = pa.schema([("user_id", pa.string()), ("plan", pa.string()), ("updated_at", pa.timestamp("us", "UTC"))])
+    write_deltalake(str(tmp_path / "lake" / "raw" / "users"), pa.Table.from_pylist(
+        [{"user_id": u, "plan": p, "updated_at": at(m)} for u, p, m in rows], schema=schema), mode="append")
+
+
+def test_a_replayed_merge_batch_changes_nothing(spark: Any, tmp_path: Path) -> None:
+    catalog = users_catalog(tmp_path)
 
     def land(rows: list[tuple[str, str, int]]) -> None:
-        write_deltalake(str(raw), pa.Table.from_pylist(
-            [{"user_id": u, "plan": p, "updated_at": at(m)} for u, p, m in rows], schema=schema), mode="append")
+        land_users(tmp_path, rows)
 
     land([("u1", "free", 1), ("u2", "free", 2), ("u1", "paid", 5)])  # two versions of u1 in one batch
     summaries(spark, catalog, tmp_path)
@@ -233,7 +243,10 @@ def test_a_replayed_merge_batch_changes_nothing(spark: Any, tmp_path: Path) -> N
     assert rows_of(tmp_path, "users", ["user_id", "plan", "updated_at"]) == expected
 
 
-def test_stream_stream_join_with_a_lookup_equals_the_batch_join(spark: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("join_type", ["inner", "left_outer"])
+def test_stream_stream_join_with_a_lookup_equals_the_batch_join(spark: Any, tmp_path: Path, join_type: str) -> None:
+    """Inner and left outer. A left-outer row without a match is emitted, with NULLs, once the watermark closes
+    its time bound: here i2 (00:05, bound 00:20), by the final watermark min(00:41, 00:50) - 10 minutes = 00:31."""
     from pyspark.sql import functions as F
 
     impressions = {"ad_id": "string not null", "impression_id": "string not null",
@@ -243,8 +256,8 @@ def test_stream_stream_join_with_a_lookup_equals_the_batch_join(spark: Any, tmp_
         "name": "attributed", "source": source("raw/impressions", impressions), "schedule": "*/5 * * * *",
         "watermark": {"column": "impression_time", "delay": "10 minutes"},
         "join": {"source": source("raw/clicks", clicks), "watermark": {"column": "click_time", "delay": "10 minutes"},
-                 "on": ["ad_id"], "within": {"left": "impression_time", "right": "click_time",
-                                             "max_delay": "15 minutes"}},
+                 "on": ["ad_id"], "type": join_type, "within": {"left": "impression_time", "right": "click_time",
+                                                                "max_delay": "15 minutes"}},
         "lookup": [{"table": "dim/ads", "on": ["ad_id"], "columns": ["category"]}],
         "sink": {"path": "out/attributed", "engine": "rs"},
     }))
@@ -275,13 +288,50 @@ def test_stream_stream_join_with_a_lookup_equals_the_batch_join(spark: Any, tmp_
                                                                          "click_time timestamp")
     shown_at = F.col("l.impression_time")
     within = F.col("r.click_time").between(shown_at, shown_at + F.expr("INTERVAL 15 MINUTES"))
-    joined = left.alias("l").join(right.alias("r"), (F.col("l.ad_id") == F.col("r.ad_id")) & within)
     dim = spark.createDataFrame([("a1", "shoes"), ("a3", "hats")], "ad_id string, category string")
-    oracle = joined.select("l.ad_id", "impression_id", "click_id").join(dim, "ad_id", "left")
+    # A left-outer row without a match is final once the watermark (the older side's newest time - 10 minutes)
+    # has passed its time bound; until then it may still be matched.
+    final = min(max(r.impression_time for r in left.collect()), max(r.click_time for r in right.collect()))
+    closed = F.col("l.impression_time") + F.expr("INTERVAL 15 MINUTES") < F.lit(final) - F.expr("INTERVAL 10 MINUTES")
+    outer = left.alias("l").join(right.alias("r"), (F.col("l.ad_id") == F.col("r.ad_id")) & within, join_type)
+    outer = outer.where(F.col("r.click_id").isNotNull() | closed)
+    oracle = outer.select("l.ad_id", "impression_id", "click_id").join(dim, "ad_id", "left")
     expected = sorted((tuple(row) for row in oracle.collect()), key=repr)
+    assert ("a2", "i4", "c4", None) in expected  # a2 has no category
+    assert len(expected) == (5 if join_type == "left_outer" else 4)  # c2 came too late for i2, which stands alone
     assert rows_of(tmp_path, "attributed", ["ad_id", "impression_id", "click_id", "category"]) == expected
-    assert ("a2", "i4", "c4", None) in expected and len(expected) == 4  # a2 has no category; c2 came too late
     from sluice.health import Health, check_stream
 
     report = check_stream(catalog.get("attributed"), roots_in(tmp_path))
     assert report.status is Health.OK, report.findings  # both sides, each read for good rows and dead letters
+
+
+def test_a_crash_between_the_merge_and_the_fan_out_is_finished_by_the_next_run(
+        spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch's MERGE commits, then the run dies before its fan-out commit (foreachBatch runs in this process, so
+    the crash point is raised here): the next run replays the batch, skips the MERGE and writes the fan-out."""
+    from sluice_spark import sinks
+
+    catalog = users_catalog(tmp_path)
+    land_users(tmp_path, [("u1", "free", 1), ("u2", "paid", 2)])
+    summaries(spark, catalog, tmp_path)
+    land_users(tmp_path, [("u1", "paid", 5), ("u3", "paid", 6)])
+
+    def crash(point: str, batch_id: int | None = None) -> None:
+        if point == "between_commits" and batch_id == 1:
+            raise RuntimeError("crash between commits")
+
+    monkeypatch.setattr(sinks.faults, "reach", crash)
+    failed = run_streams(spark, catalog, ["users"], roots_in(tmp_path)).streams[0]
+    assert failed.status == "failed" and "crash between commits" in (failed.error or "")
+    users, paid = (DeltaTable(str(tmp_path / "lake" / "out" / name)) for name in ("users", "paid"))
+    assert (users.transaction_version(failed.query_id), paid.transaction_version(failed.query_id)) == (1, 0)
+    merged_at = users.version()
+
+    monkeypatch.undo()
+    replay = summaries(spark, catalog, tmp_path)["users"]
+    assert replay.batch_ids == [1]
+    assert DeltaTable(str(tmp_path / "lake" / "out" / "users")).version() == merged_at  # the MERGE was not redone
+    assert rows_of(tmp_path, "users", ["user_id", "plan", "updated_at"]) == [
+        ("u1", "paid", at(5)), ("u2", "paid", at(2)), ("u3", "paid", at(6))]
+    assert rows_of(tmp_path, "paid", ["user_id", "updated_at"]) == [("u1", at(5)), ("u2", at(2)), ("u3", at(6))]

@@ -77,3 +77,6 @@ def test_a_stateful_stream_is_not_backfilled() -> None:
     with pytest.raises(BackfillError) as refused:
         ask(parse_catalog({"version": 1, "streams": [deduped]}), stream="deduped")
     assert str(refused.value).startswith("stream: stream 'deduped' keeps state in its checkpoint")
+    split = events_stream("split", fan_out=[{"path": "bronze/purchases", "where": "event_type = 'purchase'"}])
+    with pytest.raises(BackfillError, match="fans out"):
+        ask(parse_catalog({"version": 1, "streams": [split]}), stream="split")

@@ -48,16 +48,18 @@ def test_intervals(text: str, seconds: int) -> None:
 @pytest.mark.parametrize(("fields", "fragments"), [
     ({"dedupe": {"keys": ["event_id"]}}, ["dedupe:", "state forever", "watermark"]),
     ({"watermark": WATERMARK, "dedupe": {"keys": ["id"]}}, ["dedupe.keys", "key column(s) id"]),
-    ({"watermark": {"column": "day", "delay": "1 hour"}}, ["watermark.column", "must be a timestamp", "DATE"]),
+    ({"watermark": {"column": "day", "delay": "1 hour"}, "dedupe": {"keys": ["event_id"]}},
+     ["watermark.column", "must be a timestamp", "DATE"]),
+    ({"watermark": WATERMARK}, ["watermark:", "none of them; remove it"]),
     ({"watermark": {"column": "event_time", "delay": "soon"}}, ["watermark.delay", "positive duration"]),
     ({"aggregate": TUMBLING}, ["watermark:", "state grows forever", "complete"]),
     ({"watermark": WATERMARK, "aggregate": {**TUMBLING, "window": None}},
      ["sink.mode", "append mode emits an aggregate row once", "merge"]),
     ({"watermark": WATERMARK, "aggregate": {**TUMBLING, "group_by": ["user_id"], "window": {
         "type": "tumbling", "column": "day", "duration": "1 hour"}}}, ["sink.mode", "on the watermark column"]),
-    ({"watermark": WATERMARK, "sink": {"mode": "complete"}}, ["sink.mode", "needs an `aggregate`"]),
-    ({"watermark": WATERMARK, "sink": {"mode": "merge", "keys": ["event_id"]}}, ["sink.sequence_by", "updated_at"]),
-    ({"watermark": WATERMARK, "sink": {"mode": "merge", "keys": ["user_id"], "sequence_by": "event_time"}},
+    ({"sink": {"mode": "complete"}}, ["sink.mode", "needs an `aggregate`"]),
+    ({"sink": {"mode": "merge", "keys": ["event_id"]}}, ["sink.sequence_by", "updated_at"]),
+    ({"sink": {"mode": "merge", "keys": ["user_id"], "sequence_by": "event_time"}},
      ["sink.keys", "must be declared `not null`"]),
     ({"sink": {"mode": "merge"}}, ["sink.keys", "name the key column(s)"]),
     ({"sink": {"keys": ["event_id"]}}, ["sink.keys", "for mode merge"]),
@@ -124,3 +126,27 @@ def test_a_stream_stream_join_parses() -> None:
 ])
 def test_refused_joins(fields: dict[str, Any], fragments: list[str]) -> None:
     rejects(catalog_with(impressions(**fields)), "stream 'attributed'", *fragments)
+
+
+def test_fan_out_tables_are_claimed_like_sinks() -> None:
+    fan_out = {"fan_out": [{"path": "silver/events", "where": "amount > 1"}]}
+    rejects(catalog_with(silver(**fan_out)), "stream 'silver'", "fan_out[0].path", "already used by stream 'silver'")
+    twice = {"fan_out": [{"path": "big", "where": "amount > 1"}, {"path": "big", "where": "amount > 9"}]}
+    rejects(catalog_with(silver(**twice)), "fan_out[1].path", "already used")
+    reader = {**silver(), "name": "reader", "source": {"type": "delta", "path": "x/big", "schema": SCHEMA},
+              "sink": {"path": "gold/x"}, "schedule": None}
+    catalog = parse_catalog(catalog_with(silver(fan_out=[{"path": "x/big", "where": "amount > 1"}]), reader))
+    assert catalog.upstream_of(catalog.get("reader")) is catalog.get("silver")
+
+
+def test_merge_rules_for_sequences_and_windowless_aggregates() -> None:
+    schema = {**SCHEMA, "updated_at": "timestamp"}
+    nullable = silver(sink={"mode": "merge", "keys": ["event_id"], "sequence_by": "updated_at"})
+    nullable["source"]["schema"] = schema
+    rejects(catalog_with(nullable), "sink.sequence_by", "must be declared `not null`")
+    rejects(catalog_with(silver(sink={"mode": "merge", "keys": ["event_id"], "sequence_by": "nope"})),
+            "sink.sequence_by", "'nope' is not in the output")
+    # A group-by aggregate has no event time to evict by: its state is one row per group, watermark or not.
+    totals = parse_catalog(catalog_with(silver(aggregate={"group_by": ["user_id"], "measures": {"n": "count(*)"}},
+                                               sink={"mode": "merge"}))).get("silver")
+    assert totals.output_columns == ("user_id", "n")
