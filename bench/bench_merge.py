@@ -22,7 +22,7 @@ from deltalake import write_deltalake
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from sluice.constants import DeltaEngine
+from sluice.constants import DeltaEngine, SinkMode
 from sluice_spark.delta_rs_sink import TableTarget
 from sluice_spark.session import configure_sluice, register_data_sources
 from sluice_spark.sinks import write_target
@@ -52,8 +52,9 @@ def batch(spark: SparkSession, table_rows: int, batch_rows: int, round_: int):  
 def timed(spark: SparkSession, root: Path, mode: str, table_rows: int, batch_rows: int, rounds: int) -> list[float]:
     path = root / mode
     seed(path, table_rows)
-    target = TableTarget(0, str(path), COLUMNS, mode=mode, keys=("id",) if mode == "merge" else (),
-                         sequence_by="updated_at" if mode == "merge" else None)
+    merge = mode == "merge"
+    target = TableTarget(0, str(path), COLUMNS, mode=SinkMode.MERGE if merge else SinkMode.APPEND,
+                         keys=("id",) if merge else (), sequence_by="updated_at" if merge else None)
     seconds = []
     for round_ in range(rounds):
         rows = batch(spark, table_rows, batch_rows, round_)
@@ -63,6 +64,15 @@ def timed(spark: SparkSession, root: Path, mode: str, table_rows: int, batch_row
                      metadata={"bench": mode})
         seconds.append(time.perf_counter() - started)
         rows.unpersist()
+    # What was timed did the work: every round's new ids inserted (and, for the merge, half its rows updated).
+    from sluice.delta import query
+
+    counts = query(str(path), "SELECT count(*) AS n, sum(CASE WHEN plan = 'paid' THEN 1 ELSE 0 END) AS paid FROM t")
+    n, paid = counts.column("n")[0].as_py(), counts.column("paid")[0].as_py()
+    half = batch_rows // 2
+    expected = (table_rows + rounds * half, rounds * half + len({i * 7 % table_rows for i in range(half)})) \
+        if mode == "merge" else (table_rows + rounds * batch_rows, rounds * batch_rows)
+    assert (n, paid) == expected, f"{mode}: table has {(n, paid)} rows/paid, expected {expected}"
     return seconds
 
 
