@@ -68,25 +68,29 @@ def stream_join(left: DataFrame, right: DataFrame, spec: JoinSpec, left_columns:
 def read_dimension(spark: SparkSession, spec: LookupSpec, roots: Roots, engine: DeltaEngine) -> DataFrame:
     """The dimension table as it is when the run starts, with its key unique (a duplicate key would multiply the
     stream's rows)."""
+    from sluice.delta import query, table_version
+
     path = join(roots.lake, spec.table)
     wanted = [*spec.on, *spec.columns]
+    # Pinned to the version of the run's start on both engines; unpinned, delta-spark reads the newest every batch.
+    version = table_version(path)
+    if version is None:
+        raise SluiceError(f"lookup table {path} does not exist")
     if engine is DeltaEngine.JVM:
-        from sluice.delta import table_version
-
-        # Pinned to the version of the run's start, as on rs; unpinned, delta-spark reads the newest every batch.
-        dimension = spark.read.format("delta").option("versionAsOf", table_version(path)).load(path)
-        missing = [name for name in wanted if name not in dimension.columns]
-        dimension = dimension if missing else dimension.select(*wanted)
+        table = spark.read.format("delta").option("versionAsOf", version).load(path)
+        columns = table.columns
     else:
-        from sluice.delta import query
+        from deltalake import DeltaTable
 
-        table = query(path, "SELECT * FROM t")
-        if table is None:
-            raise SluiceError(f"lookup table {path} does not exist")
-        missing = [name for name in wanted if name not in table.column_names]
-        dimension = None if missing else spark.createDataFrame(table.select(wanted))
-    if missing or dimension is None:
+        columns = [field.name for field in DeltaTable(path, version=version).schema().fields]
+    missing = [name for name in wanted if name not in columns]
+    if missing:
         raise SluiceError(f"lookup table {path} has no column(s) {', '.join(missing)}")
+    if engine is DeltaEngine.JVM:
+        dimension = table.select(*wanted)
+    else:
+        selected = ", ".join(f'"{name}"' for name in wanted)
+        dimension = spark.createDataFrame(query(path, f"SELECT {selected} FROM t", version=version))
     duplicates = dimension.groupBy(*spec.on).count().where("count > 1").limit(5).collect()
     if duplicates:
         keys = ", ".join(str(tuple(row)[:-1]) for row in duplicates)

@@ -107,6 +107,7 @@ def write_target(rows: DataFrame, target: TableTarget, *, engine: DeltaEngine, q
 
 
 def _write_rs(rows: DataFrame, target: TableTarget, query_id: str, batch_id: int, metadata: dict[str, Any]) -> None:
+    import pyarrow as pa
     from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
     table = DeltaTable(target.path)
@@ -120,8 +121,6 @@ def _write_rs(rows: DataFrame, target: TableTarget, query_id: str, batch_id: int
         return
     if target.mode is SinkMode.MERGE:
         rows = latest_per_key(rows, target.keys, target.sequence_by)
-    import pyarrow as pa
-
     data = rows.toArrow().cast(pa.schema(table.schema().to_arrow()))  # Spark's Arrow types as the table has them
     properties = CommitProperties(custom_metadata={**metadata, COMMIT_INFO_RECORDS: offered},
                                   app_transactions=[Transaction(query_id, batch_id)])
