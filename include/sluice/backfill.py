@@ -30,18 +30,22 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from sluice.arguments import option_args
 from sluice.catalog import Catalog, StreamSpec
 from sluice.checkpoint import CheckpointReader
 from sluice.constants import SOURCE_FILE_COLUMN, SinkFormat, SourceType
 from sluice.delta import query
 from sluice.errors import SluiceError
 from sluice.paths import Roots
-from sluice.source_files import SourceFile, SourceState, list_source_files, local_file_path
+from sluice.predicates import DATAFUSION, RowFilter, render
+from sluice.source_files import SourceFile, SourceState, list_source_files, local_file_path, source_links
 
 MODES = ("append", "replace")
 SELECT_BY = ("event_time", "file_time")
 PARAMS = ("stream", "start", "end", "timezone", "select_by", "mode", "dry_run", "max_files_per_trigger", "reason")
 MAX_REASON_LENGTH = 500
+# More files per micro-batch than this is one batch in all but name, and a number Spark would read as a long.
+MAX_FILES_PER_TRIGGER = 100_000
 # Characters a Hadoop glob alternation cannot hold, even escaped (commas can be escaped).
 _GLOB_UNSAFE = ("{", "}", "[", "]", "*", "?", "\\")
 _RUN_KEY = re.compile(r"[^A-Za-z0-9._-]+")
@@ -82,15 +86,10 @@ class BackfillRequest:
 
     def to_args(self) -> list[str]:
         """The backfill runner's command-line arguments for this request."""
-        args = ["--stream", self.stream, "--start", self.start.isoformat(), "--end", self.end.isoformat(),
-                "--mode", self.mode, "--select-by", self.select_by, "--run-id", self.run_id]
-        if self.dry_run:
-            args.append("--dry-run")
-        if self.max_files_per_trigger is not None:
-            args += ["--max-files-per-trigger", str(self.max_files_per_trigger)]
-        if self.reason:
-            args += ["--reason", self.reason]
-        return args
+        return option_args({"stream": self.stream, "start": self.start.isoformat(), "end": self.end.isoformat(),
+                            "mode": self.mode, "select-by": self.select_by, "run-id": self.run_id,
+                            "dry-run": self.dry_run, "max-files-per-trigger": self.max_files_per_trigger,
+                            "reason": self.reason or None})
 
 
 def _parse_time(name: str, value: object, zone: Any) -> datetime:
@@ -183,8 +182,9 @@ def parse_request(params: Mapping[str, Any], catalog: Catalog, *, run_id: str) -
                                          "file_time, or declare the column in the catalog")
     limit = params.get("max_files_per_trigger")
     if limit is not None:
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise BackfillError("max_files_per_trigger", f"expected a positive integer, got {limit!r}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_FILES_PER_TRIGGER:
+            raise BackfillError("max_files_per_trigger", f"expected an integer from 1 to {MAX_FILES_PER_TRIGGER}, "
+                                                         f"got {limit!r}")
         if mode == "replace":
             raise BackfillError("max_files_per_trigger", "replace reads the range in one batch, so that it is "
                                                          "swapped in one commit; leave it empty")
@@ -208,8 +208,9 @@ class BackfillPlan:
     pending_files: int = 0
     pending_bytes: int = 0
     held_files: int = 0
-    sink_predicate: str | None = None
-    dead_letter_predicate: str | None = None
+    # replace only: the rows each table gives up, written out per engine by sluice.predicates.
+    sink_filter: RowFilter | None = None
+    dead_letter_filter: RowFilter | None = None
     rows_to_replace: int = 0
     dead_letter_rows_to_replace: int = 0
     event_time_column: str | None = None
@@ -221,6 +222,9 @@ class BackfillPlan:
 
     def to_dict(self, *, sample: int | None = None) -> dict[str, Any]:
         data = asdict(self)
+        for name in ("sink_filter", "dead_letter_filter"):
+            row_filter = getattr(self, name)
+            data[name] = row_filter.to_dict() if row_filter is not None else None
         data["file_count"], data["file_bytes"] = len(self.files), self.bytes
         if sample is not None:
             data["files"] = [f["path"] for f in data["files"][:sample]]
@@ -228,42 +232,26 @@ class BackfillPlan:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BackfillPlan:
+        if data.get("sink_predicate") or data.get("dead_letter_predicate"):
+            raise SluiceError("this backfill's plan was frozen by an older Sluice, as predicate text; start the "
+                              "backfill again with a new run (its own checkpoint folder is per run)")
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         known["files"] = [SourceFile(**f) for f in data["files"]]
+        for name in ("sink_filter", "dead_letter_filter"):
+            known[name] = RowFilter.from_dict(data[name]) if data.get(name) else None
         return cls(**known)
 
 
-def _sql_string(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
-
-
-def _utc_literal(moment: datetime) -> str:
-    return _sql_string(moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
-
-
-def range_predicate(column: str, start: datetime, end: datetime) -> str:
-    return f"`{column}` >= {_utc_literal(start)} AND `{column}` < {_utc_literal(end)}"
-
-
-def files_predicate(column: str, uris: list[str]) -> str:
-    return f"`{column}` IN ({', '.join(_sql_string(uri) for uri in uris)})"
-
-
-def _distinct(path: str, column: str, where: str | None) -> set[str]:
-    rows = query(path, f'SELECT DISTINCT "{column}" AS v FROM t' + (f" WHERE {_datafusion(where)}" if where else ""))
+def _distinct(path: str, column: str, where: RowFilter | None) -> set[str]:
+    sql = f"SELECT DISTINCT {DATAFUSION.identifier(column)} AS v FROM t"
+    rows = query(path, sql + (f" WHERE {render(where, DATAFUSION)}" if where else ""))
     return set() if rows is None else {str(value) for value in rows.column("v").to_pylist() if value is not None}
 
 
-def count_rows(path: str, where: str) -> int:
-    """Rows of a Delta table matching a predicate, counted by delta-rs; 0 when there is no table."""
-    rows = query(path, f"SELECT count(*) AS n FROM t WHERE {_datafusion(where)}")
+def count_rows(path: str, where: RowFilter) -> int:
+    """Rows of a Delta table matching a filter, counted by delta-rs; 0 when there is no table."""
+    rows = query(path, f"SELECT count(*) AS n FROM t WHERE {render(where, DATAFUSION)}")
     return 0 if rows is None else int(rows.column("n")[0].as_py())
-
-
-def _datafusion(predicate: str) -> str:
-    """Delta predicates quote names with backticks; DataFusion SQL wants double quotes and typed timestamps."""
-    text = re.sub(r"`([^`]+)`", r'"\1"', predicate)
-    return re.sub(r"'(\d{4}-\d\d-\d\dT[\d:.]+Z)'", r"TIMESTAMP '\1'", text)
 
 
 def plan_backfill(request: BackfillRequest, stream: StreamSpec, roots: Roots) -> BackfillPlan:
@@ -278,6 +266,10 @@ def plan_backfill(request: BackfillRequest, stream: StreamSpec, roots: Roots) ->
     plan = BackfillPlan(request=request.to_dict(), files=[],
                         event_time_column=stream.backfill.event_time_column if request.select_by == "event_time"
                         else None)
+    links = source_links(stream, roots)
+    if links:
+        raise SluiceError(f"stream '{stream.name}': the landing zone holds {len(links)} symbolic link(s), e.g. "
+                          f"{links[0]}; a backfill reads no file through a link. Remove them and plan again")
     for planned in list_source_files(stream, roots):
         if not in_slice(planned):
             continue
@@ -294,7 +286,8 @@ def plan_backfill(request: BackfillRequest, stream: StreamSpec, roots: Roots) ->
     if plan.pending_files:
         plan.notes.append(f"{plan.pending_files} file(s) of the slice are not read yet by the live stream; its "
                           "next run ingests them, so the backfill leaves them alone")
-    where = range_predicate(plan.event_time_column, request.start, request.end) if plan.event_time_column else None
+    column = plan.event_time_column
+    where = RowFilter(time_column=column, start=request.start, end=request.end) if column else None
     if request.mode == "append":
         held = {local_file_path(uri) for uri in _distinct(stream.sink_path(roots), SOURCE_FILE_COLUMN, where)}
         held |= {local_file_path(uri) for uri in _distinct(stream.dead_letter_table_path(roots),
@@ -304,12 +297,11 @@ def plan_backfill(request: BackfillRequest, stream: StreamSpec, roots: Roots) ->
         plan.files = kept
     elif plan.files:
         uris = _stored_uris(stream, roots, plan.files)
-        files_only = files_predicate(SOURCE_FILE_COLUMN, uris)
-        plan.sink_predicate = f"{where} AND {files_only}" if where else files_only
-        plan.dead_letter_predicate = files_predicate(DEAD_LETTER_SOURCE_COLUMN, uris)
-        plan.rows_to_replace = count_rows(stream.sink_path(roots), plan.sink_predicate)
-        plan.dead_letter_rows_to_replace = count_rows(stream.dead_letter_table_path(roots),
-                                                      plan.dead_letter_predicate)
+        plan.sink_filter = RowFilter(file_column=SOURCE_FILE_COLUMN, files=tuple(uris), time_column=column,
+                                     start=request.start if column else None, end=request.end if column else None)
+        plan.dead_letter_filter = RowFilter(file_column=DEAD_LETTER_SOURCE_COLUMN, files=tuple(uris))
+        plan.rows_to_replace = count_rows(stream.sink_path(roots), plan.sink_filter)
+        plan.dead_letter_rows_to_replace = count_rows(stream.dead_letter_table_path(roots), plan.dead_letter_filter)
     return plan
 
 

@@ -191,6 +191,17 @@ class CheckpointReader:
             return []
         return sorted(batch for entry in os.scandir(folder) if (batch := log_file_batch(entry.name)) is not None)
 
+    def missing_file_source_batches(self, source: int, through: int) -> list[int]:
+        """The batches of file source ``source``'s log that Spark needs to resume at log offset ``through`` and that
+        are not there: the newest ``.compact`` file at or before it (which holds every earlier batch) and each batch
+        after that, or every batch from 0 when nothing was compacted. Spark fails such a run with
+        "batch N doesn't exist"."""
+        folder = self.root / "sources" / str(source)
+        present = set(self.file_source_log(source))
+        compacts = [batch for batch in present if batch <= through and (folder / f"{batch}.compact").is_file()]
+        first = max(compacts, default=0)
+        return [batch for batch in range(first, through + 1) if batch not in present]
+
     def file_source_entries(self, source: int = 0) -> dict[str, int]:
         """Every file the file source has recorded, as local path -> modification time (ms)."""
         return {path: entry.timestamp_ms for path, entry in self.file_source_files(source).items()}

@@ -14,9 +14,11 @@ from enum import Enum
 from typing import Any
 
 from sluice.catalog import StreamSpec
-from sluice.checkpoint import CheckpointError, CheckpointReader, read_query_id
+from sluice.checkpoint import CheckpointError, CheckpointReader, OffsetEntry, read_query_id
+from sluice.constants import SourceType
 from sluice.lock import read_lock
 from sluice.paths import Roots, join
+from sluice.source_files import source_links
 from sluice.transforms import TRANSFORMS
 
 
@@ -87,6 +89,8 @@ def check_stream(stream: StreamSpec, roots: Roots, *, now: float | None = None) 
                    run_id=holder.run_id, host=holder.host, pid=holder.pid,
                    heartbeat_age_s=round(holder.age_seconds(now)))
 
+    if stream.source.type is SourceType.FILES:
+        _check_landing_zone(report, stream, roots)
     offsets, commits = reader.offset_ids(), reader.commit_ids()
     query_id = _check_metadata(report, reader, stream, has_batches=bool(offsets or commits))
     report.facts.update(query_id=query_id, batches_retained=len(offsets), latest_offsets_batch=offsets[-1] if offsets
@@ -119,6 +123,18 @@ def check_stream(stream: StreamSpec, roots: Roots, *, now: float | None = None) 
                    "restore the checkpoint from a backup, or reset the stream and rebuild its state",
                    last_batch_id=commits[-1])
     return report
+
+
+def _check_landing_zone(report: HealthReport, stream: StreamSpec, roots: Roots) -> None:
+    """Spark's file listing follows symbolic links: a link in the landing zone would make the run read whatever
+    host file it points at (into the tables, or as raw text into the dead-letter table). The run waits until it
+    is gone."""
+    links = source_links(stream, roots)
+    if links:
+        report.add("LANDING_SYMLINK", Health.FAIL,
+                   f"the landing zone holds {len(links)} symbolic link(s), e.g. {links[0]}; Spark would read what they "
+                   "point at. Remove them (upload the files themselves) and run again",
+                   links=links[:20])
 
 
 def _check_metadata(report: HealthReport, reader: CheckpointReader, stream: StreamSpec, *,
@@ -156,6 +172,7 @@ def _check_logs(report: HealthReport, reader: CheckpointReader, stream: StreamSp
                            "gained or lost a stateful step or a join since it was written. Point the stream at its "
                            "own checkpoint, or give the changed stream a new one",
                            batch_id=latest, sources=len(entry.sources))
+            _check_source_logs(report, reader, stream, entry)
     planned = set(offsets)
     missing_offsets = [batch for batch in commits if batch not in planned and (not offsets or batch >= offsets[0])]
     if missing_offsets or (commits and offsets and commits[-1] > offsets[-1]) or (commits and not offsets):
@@ -177,6 +194,26 @@ def _check_logs(report: HealthReport, reader: CheckpointReader, stream: StreamSp
                    + ("" if severity is Health.WARN else f"; {len(uncommitted)} uncommitted batches is not a state "
                       "Spark leaves behind: restore the checkpoint from a backup"),
                    batches=uncommitted[:20])
+
+
+def _check_source_logs(report: HealthReport, reader: CheckpointReader, stream: StreamSpec,
+                       entry: OffsetEntry) -> None:
+    """What each source of the checkpoint needs beyond offsets/ and commits/ to resume. A file source (its offset is
+    ``{"logOffset": N}``) needs its own log of the files each batch read, ``sources/<i>/``, through batch N; Kafka and
+    Delta sources resume from their offsets alone."""
+    for index, offset in enumerate(entry.sources):
+        if not isinstance(offset, dict) or not isinstance(offset.get("logOffset"), int) or offset["logOffset"] < 0:
+            continue
+        missing = reader.missing_file_source_batches(index, offset["logOffset"])
+        if missing:
+            report.add("SOURCE_LOG_MISSING", Health.FAIL,
+                       f"the file source log sources/{index}/ lacks batch(es) {missing[:20]} of the "
+                       f"{offset['logOffset'] + 1} that batch {entry.batch_id}'s offsets refer to: Spark cannot "
+                       "resume the stream (\"batch N doesn't exist\") and no retry can fix that. Restore the "
+                       "checkpoint from a backup (sluice.repair backup keeps them beside it); without one, give the "
+                       "stream a new checkpoint and rebuild its table",
+                       source=index, log_offset=offset["logOffset"], missing=missing[:100],
+                       folder=str(reader.root / "sources" / str(index)))
 
 
 def _sink_tables(stream: StreamSpec, roots: Roots) -> list[tuple[str, str]]:

@@ -55,7 +55,18 @@ _SSL_TO_JAVA = {
     "ssl.key.password": "ssl.key.password",
     "ssl.endpoint.identification.algorithm": "ssl.endpoint.identification.algorithm",
 }
-_SECRET_KEY = re.compile(r"password|secret|jaas|token|credential", re.IGNORECASE)
+# The settings of a Kafka client that are not secret, by name (without the ``kafka.`` prefix). Every other setting
+# of a connection is treated as a secret: a rule that lists secret names misses the next one (an inline PEM key is
+# ``ssl.keystore.key``), a rule that lists public names fails safe.
+_PUBLIC_SETTING = re.compile(
+    r"bootstrap\.servers|security\.protocol|sasl\.mechanisms?|sasl\.username|"
+    r"ssl\.(?:[a-z]+\.)?(?:location|type)|ssl\.endpoint\.identification\.algorithm|ssl\.enabled\.protocols|"
+    r"ssl\.protocol|client\.id|group\.id",
+    re.IGNORECASE,
+)
+_JAAS_PASSWORD = re.compile(r'password="((?:[^"\\]|\\.)*)"')
+# Lines of a multi-line secret (a PEM body) shorter than this are armour or padding, not key material.
+_MIN_SECRET_LINE = 16
 REDACTED = "***"
 
 
@@ -341,14 +352,31 @@ def options_from_env(conn_id: str, environ: Mapping[str, str] | None = None) -> 
     return {str(k): str(v) for k, v in options.items()}
 
 
+def is_secret_setting(key: str) -> bool:
+    """True for every client setting that is not known to be public (see ``_PUBLIC_SETTING``)."""
+    return not _PUBLIC_SETTING.fullmatch(str(key).lower().removeprefix("kafka."))
+
+
+def secret_forms(secret: str) -> list[str]:
+    """The ways a secret can appear in a log or an error: as it is, JSON-escaped (a PEM key inside a JSON
+    document), and line by line (a PEM key printed by a tool that wraps or indents it)."""
+    forms = [secret, json.dumps(secret)[1:-1]]
+    forms += [line.strip() for line in secret.splitlines()
+              if len(line.strip()) >= _MIN_SECRET_LINE and not line.strip().startswith("-----")]
+    return [form for form in dict.fromkeys(forms) if form]
+
+
 def secret_values(options: Mapping[str, str]) -> list[str]:
-    """The secrets within options, and the passwords inside a JAAS config, for masking."""
+    """Every form of every secret within options, and of the passwords inside a JAAS config (both as written in
+    the config and as the plain password a client error may quote), for masking and scrubbing."""
     secrets: list[str] = []
     for key, value in options.items():
-        if _SECRET_KEY.search(key) and value:
-            secrets.append(value)
-            secrets += re.findall(r'password="((?:[^"\\]|\\.)*)"', value)
-    return [s for s in secrets if s]
+        if not value or not is_secret_setting(key):
+            continue
+        secrets += secret_forms(value)
+        for escaped in _JAAS_PASSWORD.findall(value):
+            secrets += [escaped, *secret_forms(re.sub(r"\\(.)", r"\1", escaped))]
+    return list(dict.fromkeys(secret for secret in secrets if secret))
 
 
 def env_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
@@ -369,7 +397,7 @@ def env_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
 
 def redact(options: Mapping[str, Any]) -> dict[str, Any]:
     """Options with every secret value replaced, for an error message or a repr."""
-    return {k: REDACTED if _SECRET_KEY.search(str(k)) and v else v for k, v in options.items()}
+    return {k: REDACTED if is_secret_setting(str(k)) and v else v for k, v in options.items()}
 
 
 def scrub(text: str, secrets: Iterable[str]) -> str:

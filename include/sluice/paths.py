@@ -7,6 +7,7 @@ import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
+from sluice.arguments import option_args
 from sluice.errors import CatalogError
 
 
@@ -53,7 +54,7 @@ class Roots:
         )
 
     def as_args(self) -> list[str]:
-        return ["--landing-root", self.landing, "--lake-root", self.lake, "--checkpoint-root", self.checkpoints]
+        return option_args({"landing-root": self.landing, "lake-root": self.lake, "checkpoint-root": self.checkpoints})
 
 
 def require_local(path: str, *, what: str) -> str:

@@ -186,6 +186,10 @@ def history(stream: StreamSpec, roots: Roots, *, limit: int = 50) -> dict[str, A
             "versions": table_history(stream.sink_path(roots), limit=limit)}
 
 
+# Delta versions are signed 64-bit numbers in the log; a larger one is a typo that delta-rs would overflow on.
+MAX_DELTA_VERSION = 2**63 - 1
+
+
 def reset_to_version(stream: StreamSpec, roots: Roots, version: int) -> dict[str, Any]:
     """Make the stream resume after Delta version ``version`` of its sink table.
 
@@ -198,8 +202,8 @@ def reset_to_version(stream: StreamSpec, roots: Roots, version: int) -> dict[str
     The checkpoint is cut first: a crash between the steps leaves SINK_AHEAD_OF_CHECKPOINT, which stops runs,
     and the same reset can simply be run again.
     """
-    if isinstance(version, bool) or not isinstance(version, int):
-        raise RepairError(f"version: expected a Delta version number, got {version!r}")
+    if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= MAX_DELTA_VERSION:
+        raise RepairError(f"version: expected a Delta version number from 0 to {MAX_DELTA_VERSION}, got {version!r}")
     checkpoint = Path(stream.checkpoint_path(roots))
     with _exclusive(checkpoint, stream.name):
         return _reset(stream, roots, checkpoint, version)

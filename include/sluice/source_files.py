@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -115,8 +116,9 @@ def glob_regex(glob: str) -> re.Pattern[str]:
     return re.compile("".join(out) + r"\Z", re.DOTALL)
 
 
-def iter_source_paths(stream: StreamSpec, roots: Roots) -> Iterator[str]:
-    """The absolute paths Spark's file source would list, in no particular order, without a stat per file."""
+def _walk_source(stream: StreamSpec, roots: Roots) -> Iterator[tuple[str, bool]]:
+    """Every path Spark's file source would list, each with whether it is a symbolic link (a linked folder is
+    reported, not entered)."""
     root = os.path.abspath(require_local(stream.source_path(roots), what=f"stream '{stream.name}': source path"))
     glob = stream.source.options.get("pathGlobFilter")
     matches = glob_regex(glob).match if glob else None
@@ -134,21 +136,38 @@ def iter_source_paths(stream: StreamSpec, roots: Roots) -> Iterator[str]:
         for entry in entries:
             if entry.name.startswith(("_", ".")):
                 continue
-            if entry.is_dir():
+            if entry.is_dir():  # follows a link, as Hadoop's listing does
                 if recursive or "=" in entry.name:
-                    folders.append(entry.path)
+                    if entry.is_symlink():
+                        yield entry.path, True
+                    else:
+                        folders.append(entry.path)
             elif matches is None or matches(entry.name):
-                yield entry.path
+                yield entry.path, entry.is_symlink()
         pending.extend(reversed(folders))
 
 
+def iter_source_paths(stream: StreamSpec, roots: Roots) -> Iterator[str]:
+    """The absolute paths Spark's file source would list, in no particular order, without a stat per file.
+
+    Symbolic links are left out: a link in a landing zone lets whoever can upload there make Spark read any file
+    the cluster can (see :func:`source_links`)."""
+    return (path for path, is_link in _walk_source(stream, roots) if not is_link)
+
+
+def source_links(stream: StreamSpec, roots: Roots) -> list[str]:
+    """The symbolic links (to files, or to folders Spark would descend into) among what Spark would list. Spark's
+    listing follows them, so a stream must not run while there is one."""
+    return sorted(path for path, is_link in _walk_source(stream, roots) if is_link)
+
+
 def stat_file(path: str) -> SourceFile | None:
-    """A listed file's size and time; None when it vanished since it was listed."""
+    """A listed file's size and time; None when it vanished since it was listed, or is no longer a plain file."""
     try:
-        stat = os.stat(path)
+        found = os.lstat(path)
     except FileNotFoundError:
         return None
-    return SourceFile(path, stat.st_size, stat.st_mtime)
+    return SourceFile(path, found.st_size, found.st_mtime) if stat.S_ISREG(found.st_mode) else None
 
 
 def list_source_files(stream: StreamSpec, roots: Roots) -> list[SourceFile]:

@@ -79,20 +79,25 @@ class RunSummary:
 
 
 def find_marked_json(lines: Iterable[str], marker: str) -> Any:
-    """The JSON value after the last ``marker`` among log lines, or None.
+    """The JSON value of the last line that is exactly ``marker`` followed by one JSON value, or None.
 
-    A logger may wrap the line: text before the marker and after the JSON object is ignored.
+    The runners print that line alone, from its first column. A marker anywhere else in a line is ignored, so that
+    a record quoted in an error message, or a log line that repeats the marker, cannot pass for a summary.
     """
     found: Any = None
     decoder = json.JSONDecoder()
     for line in lines:
-        position = line.find(marker)
-        if position < 0:
+        if not line.startswith(marker):
             continue
+        text = line[len(marker):].rstrip("\r\n")
         try:
-            found, _ = decoder.raw_decode(line[position + len(marker):].lstrip())
+            value, end = decoder.raw_decode(text)
         except json.JSONDecodeError as exc:
             raise StreamRunError(f"summary after {marker.strip()} is not valid JSON: {exc}") from exc
+        if text[end:].strip():
+            raise StreamRunError(f"summary after {marker.strip()} has text after its JSON value: "
+                                 f"{text[end:end + 40]!r}")
+        found = value
     return found
 
 

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from airflow.sdk import DAG, Param
 
-from sluice.backfill import MAX_REASON_LENGTH, MODES, SELECT_BY
+from sluice.backfill import MAX_FILES_PER_TRIGGER, MAX_REASON_LENGTH, MODES, SELECT_BY
 from sluice.catalog import Catalog, load_catalog
 from sluice_airflow.dag_factory import START_DATE
 from sluice_airflow.operators import BackfillOperator, BackfillPlanOperator
@@ -42,7 +42,8 @@ def backfill_dag(catalog: Catalog | None = None, *, doc: str = "") -> DAG:
                                       "nothing). replace: swap the range's rows from the files read, in one commit"),
             "dry_run": Param(True, type="boolean", title="Dry run",
                              description="Report the files, the rows to write and the rows to replace; write nothing"),
-            "max_files_per_trigger": Param(None, type=["null", "integer"], minimum=1, title="Files per batch",
+            "max_files_per_trigger": Param(None, type=["null", "integer"], minimum=1,
+                                           maximum=MAX_FILES_PER_TRIGGER, title="Files per batch",
                                            description="append only: files per micro-batch (default: all at once)"),
             "reason": Param(None, type=["null", "string"], maxLength=MAX_REASON_LENGTH, title="Reason",
                             description="Recorded in the Delta commit info of every backfill commit"),

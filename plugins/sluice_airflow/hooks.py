@@ -69,7 +69,7 @@ class SluiceSparkSubmitHook(SparkSubmitHook):
     def _process_spark_submit_log(self, itr: Any) -> None:
         def watch(lines: Any) -> Any:
             for line in lines:
-                if SUMMARY_MARKER in line or BACKFILL_MARKER in line:
+                if line.startswith((SUMMARY_MARKER, BACKFILL_MARKER)):
                     self.summary_lines.append(line)
                 yield line
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from sluice.arguments import option_args
 from sluice.catalog import DEFAULT_CATALOG
 from sluice.paths import Roots
 from sluice.summary import RunSummary
@@ -129,7 +130,7 @@ class SparkAppOperator(BaseOperator):
         return resolve_roots(self.landing_root, self.lake_root, self.checkpoint_root)
 
     def engine_args(self) -> list[str]:
-        return ["--engine", self.engine] if self.engine else []
+        return option_args({"engine": self.engine or None})
 
     def catalog_path(self) -> str:
         return self.catalog or os.environ.get("SLUICE_CATALOG") or str(DEFAULT_CATALOG)
@@ -231,12 +232,9 @@ class StreamRunOperator(SparkAppOperator):
     def application_args(self, *, run_id: str, summary_file: str) -> list[str]:
         if not self.streams or not all(isinstance(name, str) and name for name in self.streams):
             raise AirflowException(f"streams must be a non-empty list of stream names, got {self.streams!r}")
-        args = ["--catalog", self.catalog_path()]
-        for name in self.streams:
-            args += ["--stream", name]
-        args += self.resolved_roots().as_args()
-        args += ["--run-id", run_id, "--summary-file", summary_file]
-        return args + self.engine_args()
+        return [*option_args({"catalog": self.catalog_path()}), *(f"--stream={name}" for name in self.streams),
+                *self.resolved_roots().as_args(), *option_args({"run-id": run_id, "summary-file": summary_file}),
+                *self.engine_args()]
 
     def execute(self, context: Context) -> dict[str, Any]:
         run_id = f"{self.dag_id}/{context['run_id']}/{self.task_id}"
@@ -415,8 +413,9 @@ class BackfillOperator(SparkAppOperator):
         request = _backfill_request(context, self.catalog)
         with tempfile.TemporaryDirectory(prefix="sluice-backfill-") as folder:
             summary_file = Path(folder) / "summary.json"
-            args = ["--catalog", self.catalog_path(), *request.to_args(), *self.resolved_roots().as_args(),
-                    "--summary-file", str(summary_file), *self.engine_args()]
+            args = [*option_args({"catalog": self.catalog_path()}), *request.to_args(),
+                    *self.resolved_roots().as_args(), *option_args({"summary-file": summary_file}),
+                    *self.engine_args()]
             failure = self.submit("backfill_runner.py", args, name=f"sluice-backfill-{request.stream}")
             if summary_file.exists():  # as for a stream run: the file first, the log line as the fallback
                 summary = json.loads(summary_file.read_text(encoding="utf-8"))

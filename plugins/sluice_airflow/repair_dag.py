@@ -7,7 +7,7 @@ from datetime import timedelta
 from airflow.sdk import DAG, Param
 
 from sluice.catalog import Catalog, load_catalog
-from sluice.repair import ACTIONS
+from sluice.repair import ACTIONS, MAX_DELTA_VERSION
 from sluice_airflow.dag_factory import START_DATE
 from sluice_airflow.operators import CheckpointHealthCheckOperator, CheckpointRepairOperator
 
@@ -33,7 +33,7 @@ def repair_dag(catalog: Catalog | None = None, *, doc: str = "") -> DAG:
                                         "uncommitted latest offsets file aside. repin-query-id: restore the query id "
                                         "recorded in the Delta table. reset: resume the stream after `version`, "
                                         "rolling the tables back to it"),
-            "version": Param(None, type=["null", "integer"], minimum=0,
+            "version": Param(None, type=["null", "integer"], minimum=0, maximum=MAX_DELTA_VERSION,
                              description="reset only: the sink table's Delta version to resume after (see history)"),
             "confirm": Param(False, type="boolean",
                              description="Tick to confirm: every action but history changes the checkpoint"),

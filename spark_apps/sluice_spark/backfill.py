@@ -34,6 +34,7 @@ from sluice.constants import BACKFILL_MARKER, DeltaEngine
 from sluice.delta import table_version
 from sluice.lock import LockHeld, StreamLock
 from sluice.paths import Roots, join, require_local
+from sluice.predicates import DATAFUSION, SPARK_SQL, RowFilter, render
 from sluice_spark.delta_rs_sink import TableTarget
 from sluice_spark.runner import (
     DEAD_LETTER_ROUTE,
@@ -212,7 +213,7 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
                 "sluice.backfill.queryId": query_id, "sluice.backfill.mode": request.mode,
                 "sluice.backfill.range": f"[{request.start.isoformat()}, {request.end.isoformat()})",
                 "sluice.backfill.reason": request.reason or ""}
-    predicates = {GOOD_ROUTE: plan.sink_predicate, DEAD_LETTER_ROUTE: plan.dead_letter_predicate}
+    replaced = {GOOD_ROUTE: plan.sink_filter, DEAD_LETTER_ROUTE: plan.dead_letter_filter}
 
     def write_batch(batch: DataFrame, batch_id: int) -> None:
         batch = batch.withColumn("_sluice_in_range", in_range)
@@ -233,7 +234,7 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
                         DEAD_LETTER_ROUTE: counts.get((DEAD_LETTER_ROUTE, True), 0)
                         + counts.get((DEAD_LETTER_ROUTE, False), 0)}
             for target in targets:
-                if not to_write[target.route] and not predicates[target.route]:
+                if not to_write[target.route] and not replaced[target.route]:
                     continue  # an append of nothing: no empty commit
                 rows = batch.where(F.col(ROUTE_COLUMN) == target.route)
                 if target.route == GOOD_ROUTE:
@@ -241,7 +242,7 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
                 rows = rows.select(*[F.col(source).alias(name) for source, name in target.columns])
                 info = {**metadata, "sluice.backfill.batchId": batch_id}
                 write = _write_rs if resolved is DeltaEngine.RS else _write_jvm
-                replayed |= not write(rows, target, batch_id, query_id, predicates[target.route], info,
+                replayed |= not write(rows, target, batch_id, query_id, replaced[target.route], info,
                                       scratch / f"{batch_id}-{target.route}")
             if replayed:
                 summary.replayed_batches.append(batch_id)
@@ -268,10 +269,10 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
         summary.status = "succeeded"
 
 
-def _write_rs(rows: DataFrame, target: TableTarget, batch_id: int, query_id: str, predicate: str | None,
+def _write_rs(rows: DataFrame, target: TableTarget, batch_id: int, query_id: str, replace: RowFilter | None,
               info: dict[str, Any], staging: Path) -> bool:
     """Stage the rows as Parquet with Spark, then commit them with delta-rs in one transaction: an append, or a
-    ``replaceWhere`` overwrite of ``predicate``. False when the table already holds this batch (a replay)."""
+    overwrite of the rows ``replace`` selects. False when the table already holds this batch (a replay)."""
     import pyarrow as pa
     import pyarrow.dataset as ds
     from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
@@ -292,8 +293,8 @@ def _write_rs(rows: DataFrame, target: TableTarget, batch_id: int, query_id: str
     write_deltalake(
         target.path,
         pa.RecordBatchReader.from_batches(schema, batches()),
-        mode="overwrite" if predicate else "append",
-        predicate=predicate,
+        mode="overwrite" if replace else "append",
+        predicate=render(replace, DATAFUSION) if replace else None,
         partition_by=list(target.partition_by) or None,
         commit_properties=CommitProperties(custom_metadata=info,
                                            app_transactions=[Transaction(query_id, batch_id)]),
@@ -301,15 +302,15 @@ def _write_rs(rows: DataFrame, target: TableTarget, batch_id: int, query_id: str
     return True
 
 
-def _write_jvm(rows: DataFrame, target: TableTarget, batch_id: int, query_id: str, predicate: str | None,
+def _write_jvm(rows: DataFrame, target: TableTarget, batch_id: int, query_id: str, replace: RowFilter | None,
                info: dict[str, Any], staging: Path) -> bool:
     """delta-spark's idempotent write: ``txnAppId``/``txnVersion`` skip a replayed batch, ``replaceWhere`` swaps
     the range in the same commit."""
-    writer = (rows.write.format("delta").mode("overwrite" if predicate else "append")
+    writer = (rows.write.format("delta").mode("overwrite" if replace else "append")
               .option("txnAppId", query_id).option("txnVersion", batch_id)
               .option("userMetadata", json.dumps(info)))
-    if predicate:
-        writer = writer.option("replaceWhere", predicate)
+    if replace:
+        writer = writer.option("replaceWhere", render(replace, SPARK_SQL))
     if target.partition_by:
         writer = writer.partitionBy(*target.partition_by)
     writer.save(target.path)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -300,6 +301,7 @@ def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: floa
     if error is not None:
         summary.status = "failed"
         summary.error = error_message(error)
+        summary.retryable = not is_permanent_failure(summary.error)
     elif not prepared.spec.patterns.stateful and summary.input_rows != summary.output_rows + summary.dead_letter_rows:
         # A stateful stream drops late rows and duplicates, and an aggregate turns rows into groups: there the
         # counts are reported, not reconciled.
@@ -312,6 +314,19 @@ def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: floa
     else:
         summary.status = "succeeded"
     return summary
+
+
+# Spark's words for a checkpoint that lacks what a resume needs: the same run fails the same way until someone
+# restores or resets the checkpoint, so Airflow must not retry it.
+_PERMANENT_FAILURES = re.compile(
+    r"batch \d+ doesn't exist|Unable to find batch|Error reading (?:delta|snapshot) file .* of HDFSStateStoreProvider|"
+    r"STATE_STORE_\w*(?:NOT_FOUND|CORRUPT)|CANNOT_LOAD_STATE_STORE"
+)
+
+
+def is_permanent_failure(message: str) -> bool:
+    """True for a query error that a rerun of the same checkpoint cannot get past."""
+    return _PERMANENT_FAILURES.search(message) is not None
 
 
 def error_message(error: BaseException) -> str:

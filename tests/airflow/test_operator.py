@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pendulum
 import pytest
@@ -15,6 +17,7 @@ import pytest
 from sluice.summary import RunSummary, StreamRunSummary
 
 pytestmark = pytest.mark.airflow
+PROJECT = Path(__file__).resolve().parents[2]
 
 
 def make_operator(**kwargs):  # type: ignore[no-untyped-def]
@@ -48,17 +51,45 @@ def test_constructor_stores_arguments_unchanged_and_does_no_io() -> None:
     assert (operator.streams, operator.catalog, operator.engine) == (["a", "b"], "/nowhere/catalog.yaml", "rs")
 
 
+def load_runner(script: str) -> Any:
+    """A Spark entry point of spark_apps/, loaded as a module (it imports pyspark, but starts no JVM)."""
+    spec = importlib.util.spec_from_file_location(script.removesuffix(".py"), PROJECT / "spark_apps" / script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_application_args_carry_everything_the_runner_needs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLUICE_DATA_ROOT", "/srv/sluice")
     monkeypatch.delenv("SLUICE_LAKE_ROOT", raising=False)
     operator = make_operator(streams=["a", "b"], landing_root="/landing", engine="rs")
-    args = operator.application_args(run_id="dag/run/task", summary_file="/tmp/s.json")
-    assert args[args.index("--catalog") + 1].endswith("streams.yaml")
-    assert [args[i + 1] for i, a in enumerate(args) if a == "--stream"] == ["a", "b"]
-    assert args[args.index("--landing-root") + 1] == "/landing"
-    assert args[args.index("--lake-root") + 1] == "/srv/sluice/lake"
-    assert args[args.index("--engine") + 1] == "rs"
-    assert args[args.index("--run-id") + 1] == "dag/run/task"
+    args = load_runner("stream_runner.py").parse_args(
+        operator.application_args(run_id="dag/run/task", summary_file="/tmp/s.json"))
+    assert args.catalog.endswith("streams.yaml")
+    assert args.streams == ["a", "b"]
+    assert (args.landing_root, args.lake_root) == ("/landing", "/srv/sluice/lake")
+    assert (args.engine, args.run_id, args.summary_file) == ("rs", "dag/run/task", "/tmp/s.json")
+
+
+def test_values_that_start_with_a_dash_reach_the_runners_as_values() -> None:
+    """A run id or a backfill reason chosen by a user must never be read as one of the runner's options."""
+    from sluice.backfill import parse_request
+    from sluice.catalog import parse_catalog
+    from sluice.paths import Roots
+    from tests.helpers import events_stream
+
+    operator = make_operator(streams=["a"])
+    args = load_runner("stream_runner.py").parse_args(
+        operator.application_args(run_id="--engine=jvm", summary_file="-s.json"))
+    assert (args.run_id, args.summary_file, args.engine) == ("--engine=jvm", "-s.json", None)
+
+    catalog = parse_catalog({"streams": [events_stream("events")]})
+    request = parse_request({"stream": "events", "start": "2026-11-01T00:00:00Z", "end": "2026-11-02T00:00:00Z",
+                             "select_by": "file_time", "reason": "--mode=replace"}, catalog, run_id="-h")
+    backfill = load_runner("backfill_runner.py").parse_args(
+        [*request.to_args(), "--catalog=c.yaml", *Roots("/l", "/k", "/c").as_args()])
+    assert (backfill.reason, backfill.run_id, backfill.mode) == ("--mode=replace", "-h", "append")
 
 
 def test_empty_stream_list_is_refused() -> None:

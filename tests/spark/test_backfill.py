@@ -185,3 +185,45 @@ def test_a_range_across_daylight_saving_selects_the_intended_hours(spark: Any, t
     summary = run_backfill(spark, catalog, ask, roots)
 
     assert summary.ok and summary.rows_written == 5 * 4 and summary.rows_replaced == 5 * 4
+
+
+def test_replace_selects_a_file_whose_name_holds_quotes_and_timestamps(spark: Any, tmp_path: Path) -> None:
+    """A file name is user data: its quotes must stay inside their literal on both engines' predicates. The rs run
+    is real; the jvm predicate is checked by Spark's own SQL parser over the same table read as a batch."""
+    from sluice.backfill import plan_backfill
+    from sluice.predicates import SPARK_SQL, render
+
+    write_catalog(tmp_path, events_stream())
+    catalog, roots = load_catalog(tmp_path / "catalog.yaml"), roots_in(tmp_path)
+    producer = DemoProducer(tmp_path / "landing", seed=64, malformed_rate=0.1)
+    plain = producer.events_file(lines=20, now=NOW).files[0]
+    quoted = producer.events_file(lines=20, now=NOW + dt.timedelta(hours=1)).files[0]
+    quoted = quoted.rename(quoted.with_name("report'2026-11-23T10.00.00Z'.json"))
+    for path in (plain, quoted):
+        os.utime(path, (NOW.timestamp(), NOW.timestamp()))
+    assert run_streams(spark, catalog, ["events"], roots).ok
+    sink = catalog.get("events").sink_path(roots)
+    DeltaTable(sink).update(updates={"event_type": "'corrupted'"})
+    corrupted = rows(roots)
+    ask = parse_request({"stream": "events", "start": (NOW - dt.timedelta(minutes=1)).isoformat(),
+                         "end": (NOW + dt.timedelta(minutes=1)).isoformat(), "select_by": "file_time",
+                         "mode": "replace"}, catalog, run_id="quoted")
+    plan = plan_backfill(ask, catalog.get("events"), roots)
+    assert plan.sink_filter is not None
+    batch = spark.read.parquet(*DeltaTable(sink).file_uris())  # the current version's files
+    good, _ = expected_events(tmp_path / "landing")
+    assert batch.where(render(plan.sink_filter, SPARK_SQL)).count() == plan.rows_to_replace == len(good)
+    quoted_only = [uri for uri in plan.sink_filter.files if "report'" in uri]
+    assert quoted_only, plan.sink_filter.files
+    from dataclasses import replace as replaced
+
+    only = replaced(plan.sink_filter, files=tuple(quoted_only))
+    expected_quoted, _ = expected_events(tmp_path / "landing", files=[quoted])
+    assert batch.where(render(only, SPARK_SQL)).count() == len(expected_quoted) > 0
+
+    summary = run_backfill(spark, catalog, ask, roots)
+
+    assert summary.ok and summary.rows_replaced == len(good), summary
+    after = rows(roots)
+    assert set(after) ^ {row[:4] for row in good} == set(), "the table equals the json oracle"
+    assert all(row[1] == "corrupted" for row in corrupted)

@@ -155,6 +155,29 @@ def test_gap_in_offsets(world: tuple[Catalog, Roots, Path]) -> None:
     assert report.findings[report.codes.index("GAP")].evidence["missing"] == [1]
 
 
+def test_lost_file_source_log_fails_the_gate(world: tuple[Catalog, Roots, Path]) -> None:
+    """Without sources/0 Spark fails the run with "batch 2 doesn't exist", which no retry can fix."""
+    shutil.rmtree(checkpoint_of(world) / "sources" / "0")
+    report = report_of(world)
+    assert report.status is Health.FAIL and report.codes == ["SOURCE_LOG_MISSING"]
+    assert report.findings[0].evidence["missing"] == [0, 1, 2]
+
+
+def test_a_run_past_a_lost_file_source_log_is_not_retried(spark: Any, world: tuple[Catalog, Roots, Path]) -> None:
+    """Should the gate be skipped, Spark's own failure is marked as one that a retry cannot fix."""
+    shutil.rmtree(checkpoint_of(world) / "sources" / "0")
+    DemoProducer(world[2] / "landing", seed=99).events_file(lines=5)
+    [stream] = run_streams(spark, world[0], ["events"], world[1]).streams
+    assert stream.status == "failed" and not stream.retryable, stream.error
+
+
+def test_one_lost_file_source_log_batch_fails_the_gate(world: tuple[Catalog, Roots, Path]) -> None:
+    remove(checkpoint_of(world) / "sources" / "0" / "1")
+    report = report_of(world)
+    assert report.status is Health.FAIL and report.codes == ["SOURCE_LOG_MISSING"]
+    assert report.findings[0].evidence["missing"] == [1]
+
+
 def test_commit_without_offsets(world: tuple[Catalog, Roots, Path]) -> None:
     shutil.copy(checkpoint_of(world) / "commits" / "2", checkpoint_of(world) / "commits" / "3")
     report = report_of(world)
@@ -372,6 +395,9 @@ def test_reset_refusals_change_nothing(world: tuple[Catalog, Roots, Path]) -> No
         reset_to_version(stream, roots, 99)
     with pytest.raises(RepairError, match="version: expected a Delta version number"):
         reset_to_version(stream, roots, "1")  # type: ignore[arg-type]
+    for out_of_range in (-1, 2**63, 10**30):
+        with pytest.raises(RepairError, match="version: expected a Delta version number from 0 to"):
+            reset_to_version(stream, roots, out_of_range)
     with StreamLock(checkpoint, "events", "live-run"), pytest.raises(RepairError, match="live-run"):
         reset_to_version(stream, roots, 1)
     assert (sorted(str(p) for p in checkpoint.rglob("*")), DeltaTable(stream.sink_path(roots)).version()) == before

@@ -156,3 +156,47 @@ def test_the_run_summary_scrubs_credentials_from_spark_errors(monkeypatch: pytes
     printed = capsys.readouterr().out
     assert PASSWORD not in printed and PASSWORD not in (tmp_path / "summary.json").read_text()
     assert "Invalid value *** for sasl.jaas.config (***)" in printed
+
+
+PEM_KEY = ("-----BEGIN PRIVATE KEY-----\n"
+           "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7VJTUt9Us8cKj\n"
+           "MzEfYyjiWA4R4/M2bS1GB4t7NXp98C3SC6dVMvDuictGeurT8jNbvJZHtCSuYEvu\n"
+           "-----END PRIVATE KEY-----\n")
+
+
+def test_an_inline_pem_key_never_reaches_the_task_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Kafka's Java client takes a PEM key inline as ``ssl.keystore.key``: no secret-name rule knew that name."""
+    monkeypatch.setenv("AIRFLOW_CONN_SLUICE_KAFKA", json.dumps({
+        "conn_type": "kafka", "extra": {"bootstrap.servers": "b1:9093", "security.protocol": "SSL",
+                                        "ssl.keystore.type": "PEM", "ssl.keystore.key": PEM_KEY,
+                                        "ssl.keystore.certificate.chain": "-----BEGIN CERTIFICATE-----\nx\n"}}))
+    import airflow.sdk.log
+
+    masked: list[str] = []
+    monkeypatch.setattr(airflow.sdk.log, "mask_secret", masked.append)
+    operator = make_operator(kafka_catalog(tmp_path), ["clicks"])
+    with caplog.at_level(logging.DEBUG):
+        secret_env = operator.secret_env()
+    assert json.loads(secret_env[KAFKA_ENV])["kafka.ssl.keystore.key"] == PEM_KEY, "the driver gets the key"
+    logged = caplog.text + "".join(capsys.readouterr())
+    assert "Kafka connection sluice_kafka" in logged, "the log was captured"
+    for line in PEM_KEY.splitlines()[1:-1]:
+        assert line not in logged
+        assert line in masked, "Airflow's masker hides the key in whatever prints it, line by line"
+    assert json.dumps(PEM_KEY)[1:-1] in masked, "and JSON-escaped"
+    assert "'kafka.ssl.keystore.type': 'PEM'" in logged, "public settings stay readable"
+
+
+def test_the_driver_scrubs_the_plain_password_as_well_as_its_jaas_escaped_form(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from sluice.kafka import ConnectionFields, env_secrets, scrub, spark_options
+
+    password = 'pa"ss\\word-1234'
+    options = spark_options(ConnectionFields("k", extra={"bootstrap.servers": "b:1", "security.protocol": "SASL_SSL",
+                                                         "sasl.username": "svc", "sasl.password": password}))
+    assert password not in options["kafka.sasl.jaas.config"], "the JAAS config escapes the password"
+    monkeypatch.setenv(KAFKA_ENV, json.dumps(options))
+    message = f"Authentication failed for svc with password {password}"
+    assert scrub(message, env_secrets()) == "Authentication failed for svc with password ***"

@@ -87,3 +87,39 @@ def test_uncommitted_batches_file_names_and_relative_roots(tmp_path: Path, monke
     by_name = stream_with({"recursiveFileLookup": True, "pathGlobFilter": "*.json", "fileNameOnly": True})
     unread = unread_files(by_name, roots, SourceState.of(by_name, reader))
     assert sorted(f.path for f in unread.files) == [str(files["a/2.json"])], "b/1.json has a recorded name"
+
+
+def test_symbolic_links_are_never_listed_and_the_gate_and_the_backfill_plan_refuse_them(tmp_path: Path) -> None:
+    """An uploader who plants a link must not make Spark read a host file (into the dead-letter table's raw text)."""
+    from sluice.backfill import parse_request, plan_backfill
+    from sluice.catalog import parse_catalog
+    from sluice.health import Health, check_stream
+    from sluice.source_files import list_source_files, source_links
+
+    roots = Roots(landing=str(tmp_path / "landing"), lake=str(tmp_path / "lake"), checkpoints=str(tmp_path / "cp"))
+    catalog = parse_catalog({"streams": [events_stream()]})
+    stream = catalog.get("events")
+    landing = tmp_path / "landing" / "events"
+    (landing / "2026-11-22").mkdir(parents=True)
+    real = landing / "2026-11-22" / "a.json"
+    real.write_text('{"event_id": "1"}\n')
+    secret = tmp_path / "host-secret.json"
+    secret.write_text('{"password": "hunter2"}\n')
+    (landing / "2026-11-22" / "planted.json").symlink_to(secret)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "x.json").write_text("{}\n")
+    (landing / "linked-folder").symlink_to(tmp_path / "elsewhere")
+
+    assert [found.path for found in list_source_files(stream, roots)] == [str(real)]
+    assert source_links(stream, roots) == [str(landing / "2026-11-22" / "planted.json"), str(landing / "linked-folder")]
+    report = check_stream(stream, roots)
+    assert report.status is Health.FAIL and "LANDING_SYMLINK" in report.codes
+    assert "planted.json" in report.describe()
+    request = parse_request({"stream": "events", "start": "2026-11-01T00:00:00Z", "end": "2026-11-02T00:00:00Z",
+                             "select_by": "file_time"}, catalog, run_id="r")
+    with pytest.raises(SluiceError, match="symbolic link"):
+        plan_backfill(request, stream, roots)
+
+    (landing / "2026-11-22" / "planted.json").unlink()
+    (landing / "linked-folder").unlink()
+    assert check_stream(stream, roots).status is Health.OK

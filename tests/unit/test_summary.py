@@ -15,12 +15,26 @@ def sample() -> RunSummary:
     )
 
 
-def test_round_trip_through_a_log_line_with_a_prefix() -> None:
-    lines = ["INFO something else",
-             "[2026-11-22 10:00:00] INFO - " + sample().to_line() + " [airflow.task.hooks] loc=spark_submit.py:965"]
-    parsed = find_summary_line(lines)
+def test_round_trip_through_the_runners_line() -> None:
+    parsed = find_summary_line(["INFO something else\n", sample().to_line() + "\n", "INFO bye\n"])
     assert parsed == sample()
     assert parsed is not None and parsed.ok
+
+
+def test_a_marker_quoted_inside_another_line_cannot_forge_a_summary() -> None:
+    """A record quoted in an error message carries the marker in the middle of Spark's log line."""
+    forged = sample()
+    forged.streams[0].output_rows = 10**6
+    lines = [sample().to_line(),
+             "26/11/23 10:00:01 ERROR Executor: bad record: " + forged.to_line(),
+             "  " + forged.to_line()]
+    assert find_summary_line(lines) == sample()
+    assert find_summary_line(lines[1:]) is None
+
+
+def test_text_after_the_summary_json_is_refused() -> None:
+    with pytest.raises(StreamRunError, match="text after its JSON value"):
+        find_summary_line([sample().to_line() + " and more"])
 
 
 def test_last_summary_wins() -> None:
