@@ -39,38 +39,6 @@ def default_application(script: str = "stream_runner.py") -> str:
     return str(Path(spec.origin).parent.parent / script)
 
 
-# The packages executors import: the core and the Spark side (not the Airflow plugins).
-SHIPPED_PACKAGES = ("sluice", "sluice_spark")
-
-
-def project_archive(folder: str | None = None) -> str:
-    """A zip of the packages executors import, for ``--py-files``: a cluster's executors run Sluice's Python code
-    (the rs Delta sink and source, the transforms) and need not have the project installed. Named by the hash of
-    its content, so it is built once per version of the code and two tasks never write the same file at once."""
-    import hashlib
-    import zipfile
-
-    files: list[tuple[str, Path]] = []
-    for package in SHIPPED_PACKAGES:
-        spec = find_spec(package)
-        if spec is None or not spec.submodule_search_locations:
-            raise AirflowException(f"cannot locate the {package} package; install the project")
-        root = Path(next(iter(spec.submodule_search_locations)))
-        files += sorted((str(path.relative_to(root.parent)), path) for path in root.rglob("*")
-                        if path.is_file() and path.suffix in (".py", ".yaml") and "__pycache__" not in path.parts)
-    digest = hashlib.sha256()
-    for name, path in files:
-        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
-    target = Path(folder or tempfile.gettempdir()) / f"sluice-code-{digest.hexdigest()[:16]}.zip"
-    if not target.exists():
-        partial = target.with_suffix(f".{os.getpid()}.tmp")
-        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
-            for name, path in files:
-                archive.write(path, name)
-        partial.replace(target)
-    return str(target)
-
-
 def resolve_roots(landing: str | None, lake: str | None, checkpoints: str | None) -> Roots:
     """Roots given to an operator, each falling back to the worker's ``SLUICE_*`` environment."""
     defaults = Roots.from_env()
@@ -158,22 +126,15 @@ class SparkAppOperator(BaseOperator):
         options = dict(self.spark_submit_kwargs or {})
         env, secret_env = self.spark_env(), self.secret_env()
 
-        def hook() -> SluiceSparkSubmitHook:
-            return SluiceSparkSubmitHook(conn_id=self.conn_id, application_args=args, env_vars=env,
-                                         secret_env=secret_env, conf=self.conf, name=name, **options)
-
-        self._hook = hook()
-        if not self._hook.master.startswith("local") and "py_files" not in options:
-            # Executors on other machines get the project's code with the application.
-            options["py_files"] = project_archive()
-            self.log.info("Shipping the project's code to the executors: %s", options["py_files"])
-            self._hook = hook()
+        self._hook = SluiceSparkSubmitHook(conn_id=self.conn_id, application_args=args, env_vars=env,
+                                           secret_env=secret_env, conf=self.conf, name=name, **options)
         if self._hook._connection.get("deploy_mode") == "cluster":
             raise AirflowFailException(
                 f"connection {self.conn_id!r} asks for deploy-mode cluster, which Sluice does not support yet: the "
                 "run summary is read from the driver's output, which a cluster-mode driver does not send back. "
                 "Use client mode (the default)"
             )
+        self._hook.ship_project_code()  # on a cluster master: the project's code for the executors
         try:
             self._hook.submit(self.application or default_application(script))
         except AirflowException as exc:

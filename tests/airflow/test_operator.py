@@ -165,20 +165,6 @@ def test_health_check_operator_templates_its_stream() -> None:
     assert "stream" in operator.template_fields
 
 
-def test_the_code_archive_holds_what_executors_import(tmp_path: Path) -> None:
-    import zipfile
-
-    from sluice_airflow.operators import project_archive
-
-    path = project_archive(str(tmp_path))
-    names = zipfile.ZipFile(path).namelist()
-    assert {"sluice/__init__.py", "sluice/streams.yaml", "sluice_spark/delta_rs_sink.py",
-            "sluice_spark/runner.py"} <= set(names)
-    assert not [name for name in names if name.startswith("sluice_airflow") or "__pycache__" in name]
-    assert project_archive(str(tmp_path)) == path  # named by content: built once per version of the code
-    assert len(list(tmp_path.iterdir())) == 1
-
-
 def test_a_cluster_master_gets_the_code_archive_a_local_one_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow.sdk.exceptions import AirflowException
 

@@ -20,7 +20,7 @@ from sluice.catalog import Catalog, load_catalog
 from sluice.delta import table_history
 from sluice.demo_producer import DemoProducer
 from sluice.health import Health, check_stream
-from sluice.lock import LockHeld, StreamLock
+from sluice.lock import LockHeld, StreamLock, process_space
 from sluice.paths import Roots
 from sluice.repair import RepairError, backup, quarantine_offsets, repin_query_id, reset_to_version
 from sluice_spark.runner import run_streams
@@ -236,8 +236,8 @@ def test_held_lock_fails_and_blocks_a_run(spark: Any, world: tuple[Catalog, Root
 
 def test_lock_of_a_dead_process_is_stale(world: tuple[Catalog, Roots, Path]) -> None:
     lock = checkpoint_of(world) / ".sluice-lock.json"
-    lock.write_text(json.dumps({"stream": "events", "run_id": "ghost", "host": os.uname().nodename, "pid": 2**22 + 7,
-                                "acquired_at": time.time(), "heartbeat_at": time.time()}))
+    lock.write_text(json.dumps({"stream": "events", "run_id": "ghost", "pid": 2**22 + 7, "acquired_at": time.time(),
+                                "heartbeat_at": time.time()} | process_space()))
     assert "LOCKED" not in report_of(world).codes
     with StreamLock(checkpoint_of(world), "events", "mine"):
         assert json.loads(lock.read_text())["run_id"] == "mine"
