@@ -86,6 +86,29 @@ class BatchCommit:
     stream: str | None = None
 
 
+def recorded_batch(table: Any, query_id: str) -> int | None:
+    """The newest batch of query ``query_id`` that a Delta table (a path, or a delta-rs ``DeltaTable``) records as
+    committed: its transaction version for that app id. None when the table has no commit of that query, or no
+    table exists at the path."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    if not isinstance(table, DeltaTable):
+        try:
+            table = DeltaTable(table)
+        except TableNotFoundError:
+            return None
+    version = table.transaction_version(query_id)
+    return None if version is None else int(version)
+
+
+def holds_batch(table: Any, query_id: str, batch_id: int) -> bool:
+    """The exactly-once guard: True when the table already holds batch ``batch_id`` of query ``query_id`` (or a
+    later one), so that a replay of it must write nothing. Every writer asks this, and only this."""
+    recorded = recorded_batch(table, query_id)
+    return recorded is not None and recorded >= batch_id
+
+
 def commit_metadata(base: dict[str, Any], *, stream: str, query_id: str, batch_id: int, route: int,
                     **extra: Any) -> dict[str, Any]:
     """The commit info of one batch's commit to one table, as both Delta engines write it."""

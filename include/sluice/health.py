@@ -16,7 +16,7 @@ from typing import Any
 from sluice.catalog import StreamSpec
 from sluice.checkpoint import CheckpointError, CheckpointReader, OffsetEntry, read_query_id
 from sluice.constants import SourceType
-from sluice.lock import read_lock
+from sluice.lock import LockFileError, read_lock
 from sluice.paths import Roots, join
 from sluice.source_files import source_links
 from sluice.transforms import TRANSFORMS
@@ -81,7 +81,12 @@ def check_stream(stream: StreamSpec, roots: Roots, *, now: float | None = None) 
     reader = CheckpointReader(checkpoint)
     report = HealthReport(stream=stream.name, checkpoint=checkpoint)
 
-    holder = read_lock(checkpoint)
+    try:
+        holder = read_lock(checkpoint)
+    except LockFileError as exc:
+        holder = None
+        report.add("LOCKED", Health.FAIL, f"{exc}; until then no run can take the stream's lock",
+                   path=str(exc.path), kind=exc.kind)
     if holder is not None and not holder.is_stale(now):
         report.add("LOCKED", Health.FAIL,
                    f"run {holder.run_id!r} on {holder.host} (pid {holder.pid}) holds the stream's lock; wait for it "
@@ -228,18 +233,12 @@ def _check_sink(report: HealthReport, stream: StreamSpec, roots: Roots, query_id
     """The sink must not hold a batch the checkpoint never planned: that means the checkpoint went back in time."""
     if query_id is None:
         return
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
-
-    from sluice.delta import txn_timeline
+    from sluice.delta import recorded_batch, txn_timeline
 
     planned = offsets[-1] if offsets else -1
     known_to_sink = False
     for role, path in _sink_tables(stream, roots):
-        try:
-            committed = DeltaTable(path).transaction_version(query_id)
-        except TableNotFoundError:
-            continue
+        committed = recorded_batch(path, query_id)
         known_to_sink = known_to_sink or committed is not None
         if committed is not None and committed > planned:
             last = commits[-1] if commits else -1

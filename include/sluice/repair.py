@@ -64,17 +64,15 @@ def _exclusive(checkpoint: Path, stream: str) -> Iterator[None]:
 
 def _sink_batch(stream: StreamSpec, roots: Roots, query_id: str | None) -> int | None:
     """The newest batch of ``query_id`` that either of the stream's tables holds."""
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
+    from sluice.delta import recorded_batch
 
     if query_id is None:
         return None
     versions = []
     for path in (stream.sink_path(roots), stream.dead_letter_table_path(roots)):
-        with contextlib.suppress(TableNotFoundError):
-            version = DeltaTable(path).transaction_version(query_id)
-            if version is not None:
-                versions.append(version)
+        version = recorded_batch(path, query_id)
+        if version is not None:
+            versions.append(version)
     return max(versions, default=None)
 
 

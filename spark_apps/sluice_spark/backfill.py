@@ -20,9 +20,8 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -34,8 +33,6 @@ from sluice.constants import BACKFILL_MARKER, DeltaEngine
 from sluice.delta import table_version
 from sluice.lock import LockHeld, StreamLock
 from sluice.paths import Roots, join, require_local
-from sluice.predicates import DATAFUSION, SPARK_SQL, RowFilter, render
-from sluice_spark.delta_rs_sink import TableTarget
 from sluice_spark.runner import (
     DEAD_LETTER_ROUTE,
     GOOD_ROUTE,
@@ -47,10 +44,13 @@ from sluice_spark.runner import (
     sink_targets,
 )
 from sluice_spark.session import activate, resolve_engine
+from sluice_spark.writers import BatchRouter
 
 log = logging.getLogger(__name__)
 
 BACKFILL_ROOT = "_backfill"
+# Whether a good row's event time is in the backfill's range: only those are written.
+IN_RANGE_COLUMN = "_sluice_in_range"
 _GLOB_SPECIAL = "\\{}[]*?,^"
 
 
@@ -213,44 +213,27 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
                 "sluice.backfill.queryId": query_id, "sluice.backfill.mode": request.mode,
                 "sluice.backfill.range": f"[{request.start.isoformat()}, {request.end.isoformat()})",
                 "sluice.backfill.reason": request.reason or ""}
-    replaced = {GOOD_ROUTE: plan.sink_filter, DEAD_LETTER_ROUTE: plan.dead_letter_filter}
 
-    def write_batch(batch: DataFrame, batch_id: int) -> None:
-        batch = batch.withColumn("_sluice_in_range", in_range)
-        batch.persist()
-        try:
-            counts = {(row[0], bool(row[1])): int(row[2]) for row in
-                      batch.groupBy(ROUTE_COLUMN, "_sluice_in_range").count().collect()}
-            summary.batches += 1
-            summary.input_rows += sum(counts.values())
-            summary.rows_written += counts.get((GOOD_ROUTE, True), 0)
-            summary.rows_outside_range += counts.get((GOOD_ROUTE, False), 0)
-            summary.dead_letter_rows += counts.get((DEAD_LETTER_ROUTE, True), 0) + counts.get(
-                (DEAD_LETTER_ROUTE, False), 0)
-            if request.dry_run:
-                return
-            replayed = False
-            to_write = {GOOD_ROUTE: counts.get((GOOD_ROUTE, True), 0),
-                        DEAD_LETTER_ROUTE: counts.get((DEAD_LETTER_ROUTE, True), 0)
-                        + counts.get((DEAD_LETTER_ROUTE, False), 0)}
-            for target in targets:
-                if not to_write[target.route] and not replaced[target.route]:
-                    continue  # an append of nothing: no empty commit
-                rows = batch.where(F.col(ROUTE_COLUMN) == target.route)
-                if target.route == GOOD_ROUTE:
-                    rows = rows.where(F.col("_sluice_in_range"))
-                rows = rows.select(*[F.col(source).alias(name) for source, name in target.columns])
-                info = {**metadata, "sluice.backfill.batchId": batch_id}
-                write = _write_rs if resolved is DeltaEngine.RS else _write_jvm
-                replayed |= not write(rows, target, batch_id, query_id, replaced[target.route], info,
-                                      scratch / f"{batch_id}-{target.route}")
-            if replayed:
-                summary.replayed_batches.append(batch_id)
-        finally:
-            batch.unpersist()
+    def count(batch: DataFrame, batch_id: int) -> bool:
+        counts = {(row[0], bool(row[1])): int(row[2]) for row in
+                  batch.groupBy(ROUTE_COLUMN, IN_RANGE_COLUMN).count().collect()}
+        summary.batches += 1
+        summary.input_rows += sum(counts.values())
+        summary.rows_written += counts.get((GOOD_ROUTE, True), 0)
+        summary.rows_outside_range += counts.get((GOOD_ROUTE, False), 0)
+        summary.dead_letter_rows += sum(rows for (route, _), rows in counts.items() if route == DEAD_LETTER_ROUTE)
+        return not request.dry_run
 
-    query = (routed.writeStream.foreachBatch(write_batch).queryName(f"backfill-{stream.name}")
-             .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+    # The good rows outside the range are read and counted, never written; dead letters are kept whatever their time.
+    good = [replace(target, flag=IN_RANGE_COLUMN) if target.route == GOOD_ROUTE else target for target in targets]
+    router = BatchRouter(good, engine=resolved, route_column=ROUTE_COLUMN, query_id=query_id,
+                         commit_info=lambda batch_id, _route: {**metadata, "sluice.backfill.batchId": batch_id},
+                         staging=scratch,
+                         replace={GOOD_ROUTE: plan.sink_filter, DEAD_LETTER_ROUTE: plan.dead_letter_filter},
+                         before=count)
+    query = (routed.withColumn(IN_RANGE_COLUMN, in_range).writeStream.foreachBatch(router)
+             .queryName(f"backfill-{stream.name}").option("checkpointLocation", checkpoint)
+             .trigger(availableNow=True).start())
     try:
         await_query(f"backfill-{stream.name}", query, lock)
     finally:
@@ -260,6 +243,7 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
             shutil.rmtree(scratch, ignore_errors=True)
         else:
             shutil.rmtree(own / "staging", ignore_errors=True)
+    summary.replayed_batches = list(router.replayed)
     error = query.exception()
     if lock.lost:
         summary.status, summary.error = "failed", "lost the stream's lock to another run during the backfill"
@@ -267,51 +251,3 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
         summary.status, summary.error = "failed", error_message(error)
     else:
         summary.status = "succeeded"
-
-
-def _write_rs(rows: DataFrame, target: TableTarget, batch_id: int, query_id: str, replace: RowFilter | None,
-              info: dict[str, Any], staging: Path) -> bool:
-    """Stage the rows as Parquet with Spark, then commit them with delta-rs in one transaction: an append, or a
-    overwrite of the rows ``replace`` selects. False when the table already holds this batch (a replay)."""
-    import pyarrow as pa
-    import pyarrow.dataset as ds
-    from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-
-    table = DeltaTable(target.path)
-    committed = table.transaction_version(query_id)
-    if committed is not None and committed >= batch_id:
-        return False
-    rows.write.mode("overwrite").parquet(str(staging))
-    schema = pa.schema(table.schema().to_arrow())
-    parts = sorted(str(p) for p in staging.glob("*.parquet"))
-    scanner = ds.dataset(parts, format="parquet").scanner() if parts else None
-
-    def batches() -> Iterator[pa.RecordBatch]:
-        for batch in scanner.to_batches() if scanner is not None else []:
-            yield from pa.Table.from_batches([batch]).select(schema.names).cast(schema).to_batches()
-
-    write_deltalake(
-        target.path,
-        pa.RecordBatchReader.from_batches(schema, batches()),
-        mode="overwrite" if replace else "append",
-        predicate=render(replace, DATAFUSION) if replace else None,
-        partition_by=list(target.partition_by) or None,
-        commit_properties=CommitProperties(custom_metadata=info,
-                                           app_transactions=[Transaction(query_id, batch_id)]),
-    )
-    return True
-
-
-def _write_jvm(rows: DataFrame, target: TableTarget, batch_id: int, query_id: str, replace: RowFilter | None,
-               info: dict[str, Any], staging: Path) -> bool:
-    """delta-spark's idempotent write: ``txnAppId``/``txnVersion`` skip a replayed batch, ``replaceWhere`` swaps
-    the range in the same commit."""
-    writer = (rows.write.format("delta").mode("overwrite" if replace else "append")
-              .option("txnAppId", query_id).option("txnVersion", batch_id)
-              .option("userMetadata", json.dumps(info)))
-    if replace:
-        writer = writer.option("replaceWhere", render(replace, SPARK_SQL))
-    if target.partition_by:
-        writer = writer.partitionBy(*target.partition_by)
-    writer.save(target.path)
-    return True

@@ -31,7 +31,7 @@ from pyspark.sql.datasource import (
 )
 
 from sluice.constants import COMMIT_INFO_RECORDS, SinkMode
-from sluice.delta import commit_metadata
+from sluice.delta import commit_metadata, holds_batch
 from sluice_spark import faults
 
 if TYPE_CHECKING:
@@ -228,22 +228,21 @@ class DeltaRsStreamWriter(DataSourceStreamArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         from deltalake import CommitProperties, DeltaTable, Transaction
-        from deltalake.transaction import AddAction, PostCommitHookProperties
+        from deltalake.transaction import AddAction, PostCommitHookProperties, RemoveAction
 
         files = [f for message in messages if isinstance(message, DeltaCommitMessage) for f in message.files]
         faults.reach("before_commit", batchId)
         for index, target in enumerate(self.targets):
             table_files = [f for f in files if f.table == index]
             table = DeltaTable(target.path)
-            committed = table.transaction_version(self.app_id)
-            if committed is not None and committed >= batchId:
-                log.warning("Batch %s of %s is already in %s (txn version %s); skipping its replay",
-                            batchId, self.app_id, target.path, committed)
+            if holds_batch(table, self.app_id, batchId):
+                log.warning("Batch %s of %s is already in %s; skipping its replay", batchId, self.app_id,
+                            target.path)
                 _remove_files(target.path, table_files)
                 continue
             if not table_files:
                 continue
-            actions = [
+            actions: list[AddAction | RemoveAction] = [
                 AddAction(f.path, f.size, f.partition_values, f.modification_time, True, f.stats) for f in table_files
             ]
             metadata = commit_metadata(

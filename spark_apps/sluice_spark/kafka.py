@@ -32,11 +32,11 @@ from sluice.constants import (
     DeltaEngine,
     FileFormat,
 )
-from sluice.delta import commit_metadata
 from sluice.errors import SluiceError
 from sluice.kafka import DEFAULT_CONNECTION, options_from_env
 from sluice_spark.delta_rs_sink import TableTarget
 from sluice_spark.sources import CORRUPT_COLUMN
+from sluice_spark.writers import BatchRouter, stream_commit_info
 
 # A class of each jar the connector needs, and the jar's name.
 CONNECTOR_CLASSES = {
@@ -198,25 +198,18 @@ def kafka_sink_writer(
     failure sends its records again. The dead-letter table stays exactly once (transaction id = query id + batch
     id). ``sent`` receives the records sent per batch id, for the run's row reconciliation.
     """
-    from sluice_spark.sinks import write_target
-
     sink = stream.sink
     options = options_from_env(sink.connection or DEFAULT_CONNECTION)
 
-    def write_batch(batch: DataFrame, batch_id: int) -> None:
-        batch.persist()
-        try:
-            records = kafka_records(batch.where(F.col(route_column) == good_route), data_columns, sink.key_column)
-            count = records.count()
-            if count:
-                send_records(records, options, sink.topic or "")
-            sent[batch_id] = count
-            rows = batch.where(F.col(route_column) == dead_letter.route).select(
-                *[F.col(source).alias(name) for source, name in dead_letter.columns])
-            info = commit_metadata(commit_info, stream=stream.name, query_id=query_id, batch_id=batch_id,
-                                   route=dead_letter.route)
-            write_target(rows, dead_letter, engine=engine, query_id=query_id, batch_id=batch_id, metadata=info)
-        finally:
-            batch.unpersist()
+    def send(batch: DataFrame, batch_id: int) -> bool:
+        records = kafka_records(batch.where(F.col(route_column) == good_route), data_columns, sink.key_column)
+        count = records.count()
+        if count:
+            send_records(records, options, sink.topic or "")
+        sent[batch_id] = count
+        return True
 
-    return frame.writeStream.foreachBatch(write_batch)
+    router = BatchRouter([dead_letter], engine=engine, route_column=route_column, query_id=query_id,
+                         commit_info=stream_commit_info(commit_info, stream=stream.name, query_id=query_id),
+                         before=send)
+    return frame.writeStream.foreachBatch(router)

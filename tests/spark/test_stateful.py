@@ -310,7 +310,7 @@ def test_a_crash_between_the_merge_and_the_fan_out_is_finished_by_the_next_run(
         spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The batch's MERGE commits, then the run dies before its fan-out commit (foreachBatch runs in this process, so
     the crash point is raised here): the next run replays the batch, skips the MERGE and writes the fan-out."""
-    from sluice_spark import sinks
+    from sluice_spark import writers
 
     catalog = users_catalog(tmp_path)
     land_users(tmp_path, [("u1", "free", 1), ("u2", "paid", 2)])
@@ -321,7 +321,7 @@ def test_a_crash_between_the_merge_and_the_fan_out_is_finished_by_the_next_run(
         if point == "between_commits" and batch_id == 1:
             raise RuntimeError("crash between commits")
 
-    monkeypatch.setattr(sinks.faults, "reach", crash)
+    monkeypatch.setattr(writers.faults, "reach", crash)
     failed = run_streams(spark, catalog, ["users"], roots_in(tmp_path)).streams[0]
     assert failed.status == "failed" and "crash between commits" in (failed.error or "")
     users, paid = (DeltaTable(str(tmp_path / "lake" / "out" / name)) for name in ("users", "paid"))

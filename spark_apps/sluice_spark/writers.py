@@ -1,0 +1,242 @@
+"""One write path for every micro-batch Sluice commits: the stream runner's, the backfill's and the Kafka sink's.
+
+A routed batch carries a route value per row (good rows, dead letters) and, for fan-out tables, a flag column.
+:class:`BatchRouter` is the ``foreachBatch`` function of every query that does not take the rs engine's append-only
+data source: it selects each :class:`TableTarget`'s rows and hands them to the engine's idempotent writer.
+
+The writers know append, merge (upsert by keys, newest ``sequence_by`` wins), complete (rewrite) and replace (swap
+the rows a :class:`~sluice.predicates.RowFilter` selects). Each commit carries the batch's transaction identifier
+(app id = query id, version = batch id), so a replayed batch is skipped table by table:
+
+- ``jvm``: delta-spark with ``txnAppId``/``txnVersion`` on writes and the same two SQL settings around a MERGE
+  (delta-spark's documented idempotent writes); delta-spark itself skips a replay.
+- ``rs``: delta-rs with ``app_transactions``, after :func:`sluice.delta.holds_batch`, the one place that decides
+  whether a table already holds a batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+
+from sluice.constants import COMMIT_INFO_RECORDS, DeltaEngine, SinkMode
+from sluice.delta import commit_metadata, holds_batch
+from sluice.predicates import DATAFUSION, SPARK_SQL, RowFilter, render
+from sluice_spark import faults
+from sluice_spark.delta_rs_sink import TableTarget
+
+log = logging.getLogger(__name__)
+
+
+class DeltaTableWriter(ABC):
+    """Writes one batch's rows into one table, once."""
+
+    engine: DeltaEngine
+
+    @abstractmethod
+    def write(self, rows: DataFrame, target: TableTarget, *, query_id: str, batch_id: int, metadata: dict[str, Any],
+              replace: RowFilter | None = None, staging: Path | None = None) -> bool:
+        """Commit ``rows`` to ``target`` as its mode says, or as a replace of the rows ``replace`` selects. False when
+        the table already holds this batch (a replay). ``staging``, when given, is a folder on storage the executors
+        share, where appended rows are staged as Parquet instead of crossing to the driver."""
+
+
+def latest_per_key(rows: DataFrame, keys: Sequence[str], sequence_by: str | None) -> DataFrame:
+    """One row per key: the one with the highest ``sequence_by``. A MERGE fails when two source rows match one
+    target row, and a batch may carry several versions of a key. Versions with the same sequence are told apart by
+    their other columns, so that a replay picks the same one; across batches, the later batch wins a tie."""
+    if sequence_by is None:
+        return rows  # an aggregate's update output has one row per key already
+    others = [F.col(f"`{name}`").desc_nulls_last() for name in rows.columns if name not in (*keys, sequence_by)]
+    order = Window.partitionBy(*keys).orderBy(F.col(sequence_by).desc_nulls_last(), *others)
+    return rows.withColumn("_sluice_rank", F.row_number().over(order)).where("_sluice_rank = 1").drop("_sluice_rank")
+
+
+def _merge_condition(keys: Sequence[str], equal_null_safe: str) -> str:
+    """Keys match when equal or both NULL (an aggregate's group may be NULL)."""
+    return " AND ".join(f"(t.`{key}` {equal_null_safe} s.`{key}`)" for key in keys)
+
+
+def _newer(sequence_by: str | None) -> str | None:
+    """A matched row is replaced only by a newer or equal version: a late, older version changes nothing."""
+    return None if sequence_by is None else f"s.`{sequence_by}` >= t.`{sequence_by}` OR t.`{sequence_by}` IS NULL"
+
+
+class RsTableWriter(DeltaTableWriter):
+    """delta-rs on the driver: appends, rewrites and replaces with ``write_deltalake``, upserts with ``merge``."""
+
+    engine = DeltaEngine.RS
+
+    def write(self, rows: DataFrame, target: TableTarget, *, query_id: str, batch_id: int, metadata: dict[str, Any],
+              replace: RowFilter | None = None, staging: Path | None = None) -> bool:
+        import pyarrow as pa
+        from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+        table = DeltaTable(target.path)
+        if holds_batch(table, query_id, batch_id):
+            log.warning("Batch %s of %s is already in %s; skipping its replay", batch_id, query_id, target.path)
+            return False
+        offered = rows.count()  # a merge's superseded versions count as processed, for the row reconciliation
+        if offered == 0 and target.mode is SinkMode.APPEND and replace is None:
+            return True  # nothing to append: no empty commit
+        schema = pa.schema(table.schema().to_arrow())
+        properties = CommitProperties(custom_metadata={**metadata, COMMIT_INFO_RECORDS: offered},
+                                      app_transactions=[Transaction(query_id, batch_id)])
+        if target.mode is SinkMode.MERGE:
+            # Spark's Arrow types as the table has them.
+            data = latest_per_key(rows, target.keys, target.sequence_by).toArrow().cast(schema)
+            merger = table.merge(data, _merge_condition(target.keys, "IS NOT DISTINCT FROM"), source_alias="s",
+                                 target_alias="t", commit_properties=properties)
+            merger.when_matched_update_all(predicate=_newer(target.sequence_by)).when_not_matched_insert_all().execute()
+            return True
+        data = _staged(rows, schema, staging) if staging is not None else rows.toArrow().cast(schema)
+        partition_by = list(target.partition_by) or None
+        if replace is not None or target.mode is SinkMode.COMPLETE:
+            write_deltalake(table, data, mode="overwrite", partition_by=partition_by, commit_properties=properties,
+                            predicate=render(replace, DATAFUSION) if replace is not None else None)
+        else:
+            write_deltalake(table, data, mode="append", partition_by=partition_by, commit_properties=properties)
+        return True
+
+
+def _staged(rows: DataFrame, schema: Any, staging: Path) -> Any:
+    """Rows written as Parquet by the executors into ``staging``, read back as one Arrow stream in the table's
+    schema: a large batch never has to fit in the driver's memory."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    rows.write.mode("overwrite").parquet(str(staging))
+    parts = sorted(str(path) for path in staging.glob("*.parquet"))
+    scanner = ds.dataset(parts, format="parquet").scanner() if parts else None
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for batch in scanner.to_batches() if scanner is not None else []:
+            yield from pa.Table.from_batches([batch]).select(schema.names).cast(schema).to_batches()
+
+    return pa.RecordBatchReader.from_batches(schema, batches())
+
+
+class JvmTableWriter(DeltaTableWriter):
+    """delta-spark: idempotent writes by ``txnAppId``/``txnVersion``, ``replaceWhere`` for a replace."""
+
+    engine = DeltaEngine.JVM
+
+    def write(self, rows: DataFrame, target: TableTarget, *, query_id: str, batch_id: int, metadata: dict[str, Any],
+              replace: RowFilter | None = None, staging: Path | None = None) -> bool:
+        if target.mode is SinkMode.MERGE:
+            return self._merge(rows, target, query_id=query_id, batch_id=batch_id, metadata=metadata)
+        overwrite = replace is not None or target.mode is SinkMode.COMPLETE
+        writer = (
+            rows.write.format("delta")
+            .mode("overwrite" if overwrite else "append")
+            .option("txnAppId", query_id)
+            .option("txnVersion", batch_id)
+            .option("userMetadata", json.dumps(metadata))
+        )
+        if replace is not None:
+            writer = writer.option("replaceWhere", render(replace, SPARK_SQL))
+        if target.partition_by:
+            writer = writer.partitionBy(*target.partition_by)
+        writer.save(target.path)
+        return True
+
+    @staticmethod
+    def _merge(rows: DataFrame, target: TableTarget, *, query_id: str, batch_id: int,
+               metadata: dict[str, Any]) -> bool:
+        from delta.tables import DeltaTable
+
+        spark = rows.sparkSession
+        offered = rows.count()
+        if offered == 0:
+            return True
+        settings = {"spark.databricks.delta.write.txnAppId": query_id,
+                    "spark.databricks.delta.write.txnVersion": str(batch_id),
+                    "spark.databricks.delta.commitInfo.userMetadata": json.dumps(
+                        {**metadata, COMMIT_INFO_RECORDS: offered})}
+        for key, value in settings.items():
+            spark.conf.set(key, value)
+        try:
+            source = latest_per_key(rows, target.keys, target.sequence_by)
+            target_table = DeltaTable.forPath(spark, target.path).alias("t")
+            (target_table.merge(source.alias("s"), _merge_condition(target.keys, "<=>"))
+             .whenMatchedUpdateAll(condition=_newer(target.sequence_by)).whenNotMatchedInsertAll().execute())
+        finally:
+            for key in settings:
+                spark.conf.unset(key)
+        return True
+
+
+_WRITERS: dict[DeltaEngine, DeltaTableWriter] = {DeltaEngine.RS: RsTableWriter(), DeltaEngine.JVM: JvmTableWriter()}
+
+
+def table_writer(engine: DeltaEngine) -> DeltaTableWriter:
+    """The idempotent writer of a resolved engine (``rs`` or ``jvm``)."""
+    try:
+        return _WRITERS[engine]
+    except KeyError:
+        raise ValueError(f"no Delta writer for engine {engine.value!r}; resolve 'auto' first") from None
+
+
+CommitInfo = Callable[[int, int], dict[str, Any]]
+
+
+def stream_commit_info(base: Mapping[str, Any], *, stream: str, query_id: str) -> CommitInfo:
+    """The commit info of a stream's batch (by batch id and route), with the keys that tie it to the stream's query
+    (:func:`sluice.delta.commit_metadata`): health, repair and the run summary read them."""
+    return lambda batch_id, route: commit_metadata(dict(base), stream=stream, query_id=query_id, batch_id=batch_id,
+                                                   route=route)
+
+
+class BatchRouter:
+    """The ``foreachBatch`` function that writes each micro-batch into its tables, table by table, once.
+
+    ``before`` sees the persisted batch first (the Kafka sink sends its good rows, the backfill counts); when it
+    returns False the batch writes nothing (a dry run). ``replace`` maps a route to the rows its table gives up in
+    the same commit. ``commit_info`` gives each commit's metadata by batch id and route (see
+    :func:`stream_commit_info`). Batches a table already held are listed in ``replayed``.
+    """
+
+    def __init__(self, targets: Sequence[TableTarget], *, engine: DeltaEngine, route_column: str, query_id: str,
+                 commit_info: CommitInfo, replace: Mapping[int, RowFilter | None] | None = None,
+                 staging: Path | None = None, before: Callable[[DataFrame, int], bool] | None = None) -> None:
+        self.targets = list(targets)
+        self.writer = table_writer(engine)
+        self.route_column = route_column
+        self.query_id = query_id
+        self.commit_info = commit_info
+        self.replace = dict(replace or {})
+        self.staging = staging
+        self.before = before
+        self.replayed: list[int] = []
+
+    def rows_of(self, batch: DataFrame, target: TableTarget) -> DataFrame:
+        """The rows of a routed batch that go to ``target``, with the table's column names."""
+        selected = F.col(self.route_column) == target.route
+        if target.flag:
+            selected = selected & F.col(target.flag)
+        return batch.where(selected).select(*[F.col(source).alias(name) for source, name in target.columns])
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        batch.persist()
+        try:
+            if self.before is not None and not self.before(batch, batch_id):
+                return
+            replayed = False
+            for target in self.targets:
+                metadata = self.commit_info(batch_id, target.route)
+                staging = self.staging / f"{batch_id}-{target.route}" if self.staging is not None else None
+                replayed |= not self.writer.write(self.rows_of(batch, target), target, query_id=self.query_id,
+                                                  batch_id=batch_id, metadata=metadata,
+                                                  replace=self.replace.get(target.route), staging=staging)
+                faults.reach("between_commits", batch_id)
+            if replayed:
+                self.replayed.append(batch_id)
+        finally:
+            batch.unpersist()

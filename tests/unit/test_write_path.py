@@ -1,0 +1,40 @@
+"""The rule that makes Sluice exactly once exists once: only ``sluice.delta`` reads a table's transaction version,
+and only the writers ask ``holds_batch`` whether a batch is a replay."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parents[2]
+PACKAGES = [PROJECT / "include", PROJECT / "spark_apps", PROJECT / "plugins", PROJECT / "dags"]
+
+
+def uses_of(name: str) -> dict[str, int]:
+    """Every module that references ``name`` as an attribute or a name, with how often."""
+    found: dict[str, int] = {}
+    for package in PACKAGES:
+        for path in package.rglob("*.py"):
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+            count = sum(1 for node in ast.walk(tree)
+                        if (isinstance(node, ast.Attribute) and node.attr == name)
+                        or (isinstance(node, ast.Name) and node.id == name))
+            if count:
+                found[str(path.relative_to(PROJECT))] = count
+    return found
+
+
+def test_only_sluice_delta_reads_a_tables_transaction_version() -> None:
+    assert uses_of("transaction_version") == {"include/sluice/delta.py": 1}
+
+
+def test_only_the_writers_ask_whether_a_batch_is_a_replay() -> None:
+    assert set(uses_of("holds_batch")) == {"spark_apps/sluice_spark/writers.py",
+                                           "spark_apps/sluice_spark/delta_rs_sink.py"}
+
+
+def test_every_foreach_batch_goes_through_the_router() -> None:
+    assert set(uses_of("foreachBatch")) <= {"spark_apps/sluice_spark/sinks.py", "spark_apps/sluice_spark/kafka.py",
+                                            "spark_apps/sluice_spark/backfill.py"}
+    assert set(uses_of("BatchRouter")) >= {"spark_apps/sluice_spark/sinks.py", "spark_apps/sluice_spark/kafka.py",
+                                           "spark_apps/sluice_spark/backfill.py"}
