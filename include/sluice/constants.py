@@ -74,3 +74,67 @@ COMMIT_INFO_RESET_BATCH = "sluice.reset.afterBatch"
 COMMIT_INFO_RESET_VERSION = "sluice.reset.sinkVersion"
 
 DEFAULT_CHECKPOINT_INTERVAL = 10
+
+
+class Severity(str, Enum):
+    """A health finding's weight: FAIL stops the run before Spark starts, WARN is logged."""
+
+    OK = "OK"
+    WARN = "WARN"
+    FAIL = "FAIL"
+
+
+class FaultCode(str, Enum):
+    """The stable codes of the checkpoint health checks. :data:`FAULT_CODES` says what each means; the README's table
+    of codes is :func:`fault_code_table` (a test keeps the two equal)."""
+
+    NEW = "NEW"
+    METADATA_MISSING = "METADATA_MISSING"
+    METADATA_CORRUPT = "METADATA_CORRUPT"
+    OFFSETS_CORRUPT = "OFFSETS_CORRUPT"
+    UNCOMMITTED_BATCH = "UNCOMMITTED_BATCH"
+    COMMIT_WITHOUT_OFFSETS = "COMMIT_WITHOUT_OFFSETS"
+    GAP = "GAP"
+    SOURCE_COUNT_MISMATCH = "SOURCE_COUNT_MISMATCH"
+    SOURCE_LOG_MISSING = "SOURCE_LOG_MISSING"
+    SINK_AHEAD_OF_CHECKPOINT = "SINK_AHEAD_OF_CHECKPOINT"
+    QUERY_ID_UNKNOWN_TO_SINK = "QUERY_ID_UNKNOWN_TO_SINK"
+    STALE = "STALE"
+    LOCKED = "LOCKED"
+    STATE_MISSING = "STATE_MISSING"
+    LANDING_SYMLINK = "LANDING_SYMLINK"
+
+
+# Each code's usual severity and its meaning, for the README and `python -m sluice.health --codes`.
+FAULT_CODES: dict[FaultCode, tuple[Severity, str]] = {
+    FaultCode.NEW: (Severity.OK, "no batch has run yet"),
+    FaultCode.METADATA_MISSING: (Severity.FAIL, "the query id is lost: replays would no longer be deduplicated"),
+    FaultCode.METADATA_CORRUPT: (Severity.FAIL, "the `metadata` file does not parse"),
+    FaultCode.OFFSETS_CORRUPT: (Severity.FAIL, "the latest `offsets/N` is torn"),
+    FaultCode.UNCOMMITTED_BATCH: (Severity.WARN, "batch N was planned, not committed: Spark replays it, the sink "
+                                                 "skips what it holds"),
+    FaultCode.COMMIT_WITHOUT_OFFSETS: (Severity.FAIL, "a commit has no offsets file: the logs were edited or partly "
+                                                      "restored"),
+    FaultCode.GAP: (Severity.FAIL, "`offsets/` or `commits/` misses a batch between two others: Spark cannot replay "
+                                   "across it"),
+    FaultCode.SOURCE_COUNT_MISMATCH: (Severity.FAIL, "the checkpoint belongs to another query"),
+    FaultCode.SOURCE_LOG_MISSING: (Severity.FAIL, "a file source's log (`sources/<i>/`) lacks batches Spark needs to "
+                                                  "resume; no retry can fix it"),
+    FaultCode.SINK_AHEAD_OF_CHECKPOINT: (Severity.FAIL, "a Delta table holds batches the checkpoint never planned (old "
+                                                        "backup restored)"),
+    FaultCode.QUERY_ID_UNKNOWN_TO_SINK: (Severity.FAIL, "a new checkpoint in front of a table this stream already fed "
+                                         "(a likely full duplicate load); `allow_new_query_id: true` in the catalog "
+                                         "makes it a WARN"),
+    FaultCode.STALE: (Severity.WARN, "no commit for longer than `alerts.stale_after_seconds`"),
+    FaultCode.LOCKED: (Severity.FAIL, "another run holds the stream's lock, or something other than a lock file sits "
+                                      "at its path"),
+    FaultCode.STATE_MISSING: (Severity.FAIL, "a stateful stream lost its `state/` folder"),
+    FaultCode.LANDING_SYMLINK: (Severity.FAIL, "the landing zone holds a symbolic link, which Spark would follow to "
+                                               "read any host file"),
+}
+
+
+def fault_code_table() -> str:
+    """The README's table of health codes, as Markdown."""
+    rows = [f"| `{code.value}` | {severity.value} | {meaning} |" for code, (severity, meaning) in FAULT_CODES.items()]
+    return "\n".join(["| code | status | meaning |", "| --- | --- | --- |", *rows])

@@ -10,30 +10,25 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from enum import Enum
 from typing import Any
 
 from sluice.catalog import StreamSpec
 from sluice.checkpoint import CheckpointError, CheckpointReader, OffsetEntry, read_query_id
-from sluice.constants import SourceType
+from sluice.constants import FaultCode, Severity, SourceType
 from sluice.lock import LockFileError, read_lock
 from sluice.paths import Roots, join
 from sluice.source_files import source_links
 from sluice.transforms import TRANSFORMS
 
-
-class Health(str, Enum):
-    OK = "OK"
-    WARN = "WARN"
-    FAIL = "FAIL"
-
+# A finding's weight; the name the checks and their callers have always used.
+Health = Severity
 
 _RANK = {Health.OK: 0, Health.WARN: 1, Health.FAIL: 2}
 
 
 @dataclass
 class Finding:
-    code: str
+    code: FaultCode
     severity: Health
     message: str
     evidence: dict[str, Any] = field(default_factory=dict)
@@ -54,7 +49,7 @@ class HealthReport:
     def codes(self) -> list[str]:
         return [finding.code for finding in self.findings]
 
-    def add(self, code: str, severity: Health, message: str, **evidence: Any) -> None:
+    def add(self, code: FaultCode, severity: Health, message: str, **evidence: Any) -> None:
         self.findings.append(Finding(code, severity, message, evidence))
 
     def to_dict(self) -> dict[str, Any]:
@@ -85,10 +80,10 @@ def check_stream(stream: StreamSpec, roots: Roots, *, now: float | None = None) 
         holder = read_lock(checkpoint)
     except LockFileError as exc:
         holder = None
-        report.add("LOCKED", Health.FAIL, f"{exc}; until then no run can take the stream's lock",
+        report.add(FaultCode.LOCKED, Health.FAIL, f"{exc}; until then no run can take the stream's lock",
                    path=str(exc.path), kind=exc.kind)
     if holder is not None and not holder.is_stale(now):
-        report.add("LOCKED", Health.FAIL,
+        report.add(FaultCode.LOCKED, Health.FAIL,
                    f"run {holder.run_id!r} on {holder.host} (pid {holder.pid}) holds the stream's lock; wait for it "
                    f"to finish. A dead holder's lock expires {holder.expires_after_seconds}s after its last heartbeat",
                    run_id=holder.run_id, host=holder.host, pid=holder.pid,
@@ -101,7 +96,8 @@ def check_stream(stream: StreamSpec, roots: Roots, *, now: float | None = None) 
     report.facts.update(query_id=query_id, batches_retained=len(offsets), latest_offsets_batch=offsets[-1] if offsets
                         else None, last_batch_id=commits[-1] if commits else None)
     if not offsets and not commits:
-        report.add("NEW", Health.OK, "no batch has run yet; the first run starts from the beginning of the source")
+        report.add(FaultCode.NEW, Health.OK,
+                   "no batch has run yet; the first run starts from the beginning of the source")
         if query_id is None:
             _check_sink_knows_query(report, stream, roots, query_id)
         else:
@@ -117,15 +113,17 @@ def check_stream(stream: StreamSpec, roots: Roots, *, now: float | None = None) 
         report.facts["seconds_since_last_commit"] = round(age)
         stale_after = stream.alerts.stale_after_seconds
         if stale_after is not None and age > stale_after:
-            report.add("STALE", Health.WARN, f"no batch committed for {age:.0f}s (threshold {stale_after}s); check "
-                       "that the DAG is scheduled and unpaused, and that the source still receives data",
+            report.add(FaultCode.STALE, Health.WARN,
+                       f"no batch committed for {age:.0f}s (threshold {stale_after}s); check that the DAG is "
+                       "scheduled and unpaused, and that the source still receives data",
                        last_batch_id=commits[-1], seconds_since_last_commit=round(age))
     report.facts["state_bytes"] = reader.state_bytes()
     spec = TRANSFORMS.get(stream.transform)
     stateful = stream.patterns.stateful or (spec is not None and spec.stateful)
     if stateful and commits and not reader.has_state():
-        report.add("STATE_MISSING", Health.FAIL, "the stream is stateful but its checkpoint has no state/ folder; "
-                   "restore the checkpoint from a backup, or reset the stream and rebuild its state",
+        report.add(FaultCode.STATE_MISSING, Health.FAIL,
+                   "the stream is stateful but its checkpoint has no state/ folder; restore the checkpoint from a "
+                   "backup, or reset the stream and rebuild its state",
                    last_batch_id=commits[-1])
     return report
 
@@ -136,7 +134,7 @@ def _check_landing_zone(report: HealthReport, stream: StreamSpec, roots: Roots) 
     is gone."""
     links = source_links(stream, roots)
     if links:
-        report.add("LANDING_SYMLINK", Health.FAIL,
+        report.add(FaultCode.LANDING_SYMLINK, Health.FAIL,
                    f"the landing zone holds {len(links)} symbolic link(s), e.g. {links[0]}; Spark would read what they "
                    "point at. Remove them (upload the files themselves) and run again",
                    links=links[:20])
@@ -147,11 +145,12 @@ def _check_metadata(report: HealthReport, reader: CheckpointReader, stream: Stre
     try:
         query_id = read_query_id(reader.root)
     except CheckpointError as exc:
-        report.add("METADATA_CORRUPT", Health.FAIL, f"{exc}. Re-pin it: {_repair(stream.name, 'repin-query-id')}",
+        report.add(FaultCode.METADATA_CORRUPT, Health.FAIL,
+                   f"{exc}. Re-pin it: {_repair(stream.name, 'repin-query-id')}",
                    file=str(reader.root / "metadata"))
         return None
     if query_id is None and has_batches:
-        report.add("METADATA_MISSING", Health.FAIL,
+        report.add(FaultCode.METADATA_MISSING, Health.FAIL,
                    "the checkpoint has batches but no metadata file: Spark would start a new query id, and the Delta "
                    "sink would no longer recognise replayed batches (duplicates). Re-pin the id recorded in the "
                    f"sink: {_repair(stream.name, 'repin-query-id')}", file=str(reader.root / "metadata"))
@@ -165,13 +164,13 @@ def _check_logs(report: HealthReport, reader: CheckpointReader, stream: StreamSp
         try:
             entry = reader.read_offsets(latest)
         except CheckpointError as exc:
-            report.add("OFFSETS_CORRUPT", Health.FAIL,
+            report.add(FaultCode.OFFSETS_CORRUPT, Health.FAIL,
                        f"{exc}. The file is torn (a crash while Spark wrote it, or a damaged copy). Quarantine it so "
                        f"that Spark plans batch {latest} again: {_repair(stream.name, 'quarantine-offsets')}",
                        batch_id=latest, file=str(reader.root / "offsets" / str(latest)))
         else:
             if len(entry.sources) != stream.checkpoint_sources:
-                report.add("SOURCE_COUNT_MISMATCH", Health.FAIL,
+                report.add(FaultCode.SOURCE_COUNT_MISMATCH, Health.FAIL,
                            f"the checkpoint records {len(entry.sources)} source(s), the catalog stream reads "
                            f"{stream.checkpoint_sources}: the checkpoint belongs to another query, or the stream "
                            "gained or lost a stateful step or a join since it was written. Point the stream at its "
@@ -181,19 +180,19 @@ def _check_logs(report: HealthReport, reader: CheckpointReader, stream: StreamSp
     planned = set(offsets)
     missing_offsets = [batch for batch in commits if batch not in planned and (not offsets or batch >= offsets[0])]
     if missing_offsets or (commits and offsets and commits[-1] > offsets[-1]) or (commits and not offsets):
-        report.add("COMMIT_WITHOUT_OFFSETS", Health.FAIL,
+        report.add(FaultCode.COMMIT_WITHOUT_OFFSETS, Health.FAIL,
                    "commits exist for batches that have no offsets file; the checkpoint was edited or restored "
                    "partially. Restore it from a backup", batches=missing_offsets or commits[-1:])
     for log_name, ids in (("offsets", offsets), ("commits", commits)):
         gaps = sorted(set(range(ids[0], ids[-1] + 1)) - set(ids)) if ids else []
         if gaps:
-            report.add("GAP", Health.FAIL, f"{log_name}/ is missing batch(es) {gaps[:20]} between {ids[0]} and "
+            report.add(FaultCode.GAP, Health.FAIL, f"{log_name}/ is missing batch(es) {gaps[:20]} between {ids[0]} and "
                        f"{ids[-1]}; Spark cannot replay across a gap. Restore the checkpoint from a backup",
                        log=log_name, missing=gaps[:100])
     if offsets and (not commits or offsets[-1] > commits[-1]):
         uncommitted = [b for b in offsets if not commits or b > commits[-1]]
         severity = Health.WARN if len(uncommitted) == 1 else Health.FAIL
-        report.add("UNCOMMITTED_BATCH", severity,
+        report.add(FaultCode.UNCOMMITTED_BATCH, severity,
                    f"batch {uncommitted[0]} was planned but never committed (the last run stopped during it); Spark "
                    "will replay it, and the Delta sink skips what it already holds"
                    + ("" if severity is Health.WARN else f"; {len(uncommitted)} uncommitted batches is not a state "
@@ -211,7 +210,7 @@ def _check_source_logs(report: HealthReport, reader: CheckpointReader, stream: S
             continue
         missing = reader.missing_file_source_batches(index, offset["logOffset"])
         if missing:
-            report.add("SOURCE_LOG_MISSING", Health.FAIL,
+            report.add(FaultCode.SOURCE_LOG_MISSING, Health.FAIL,
                        f"the file source log sources/{index}/ lacks batch(es) {missing[:20]} of the "
                        f"{offset['logOffset'] + 1} that batch {entry.batch_id}'s offsets refer to: Spark cannot "
                        "resume the stream (\"batch N doesn't exist\") and no retry can fix that. Restore the "
@@ -244,7 +243,7 @@ def _check_sink(report: HealthReport, stream: StreamSpec, roots: Roots, query_id
             last = commits[-1] if commits else -1
             sink_path = stream.sink_path(roots)
             reachable = max((at for at, txn in txn_timeline(sink_path, query_id) if txn <= last), default=0)
-            report.add("SINK_AHEAD_OF_CHECKPOINT", Health.FAIL,
+            report.add(FaultCode.SINK_AHEAD_OF_CHECKPOINT, Health.FAIL,
                        f"the {role} table holds batch {committed} of query {query_id}, but the checkpoint has only "
                        f"planned up to batch {planned}: it was restored from an old backup or rolled back, and a run "
                        "would read again files whose rows the table already has. Either restore the newest checkpoint "
@@ -264,7 +263,7 @@ def _check_sink_knows_query(report: HealthReport, stream: StreamSpec, roots: Roo
     for role, path in _sink_tables(stream, roots):
         others = [qid for qid in stream_query_ids(path, stream.name) if qid != query_id]
         if others:
-            report.add("QUERY_ID_UNKNOWN_TO_SINK", Health.WARN if stream.allow_new_query_id else Health.FAIL,
+            report.add(FaultCode.QUERY_ID_UNKNOWN_TO_SINK, Health.WARN if stream.allow_new_query_id else Health.FAIL,
                        f"the checkpoint's query id {query_id} is unknown to the {role} table, which holds commits of "
                        f"this stream from query {others[0]}: the checkpoint was lost and recreated, or copied from "
                        "another stream, and a run would ingest files again and duplicate rows. Restore the stream's "

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sluice.durations import parse_duration
 from sluice.errors import CatalogError, SluiceError
 
 DEFAULT_CONNECTION = "sluice_kafka"
@@ -41,7 +42,6 @@ SOURCE_OPTIONS = frozenset(
 )
 _POSITIVE_OPTIONS = ("maxOffsetsPerTrigger", "minOffsetsPerTrigger")
 _BOOLEAN_OPTIONS = ("failOnDataLoss",)
-_DURATION = re.compile(r"^\d+\s*(ms|s|m|min|h|d)?$")
 _SASL_MECHANISMS = {
     "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
     "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
@@ -141,9 +141,10 @@ def check_source_options(raw: Mapping[Any, Any], *, stream: str, field: str) -> 
     if "maxTriggerDelay" in options:
         if "minOffsetsPerTrigger" not in options:
             raise error("maxTriggerDelay", "only applies with minOffsetsPerTrigger")
-        if not _DURATION.match(options["maxTriggerDelay"]):
-            raise error("maxTriggerDelay",
-                        f"expected a duration such as 15m or 30s, got {options['maxTriggerDelay']!r}")
+        try:
+            parse_duration(options["maxTriggerDelay"])
+        except SluiceError as exc:
+            raise error("maxTriggerDelay", str(exc)) from None
     if ("maxOffsetsPerTrigger" in options and "minOffsetsPerTrigger" in options
             and int(options["minOffsetsPerTrigger"]) > int(options["maxOffsetsPerTrigger"])):
         raise error("minOffsetsPerTrigger", "exceeds maxOffsetsPerTrigger")

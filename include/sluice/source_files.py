@@ -23,25 +23,12 @@ from urllib.parse import quote, unquote, urlsplit
 
 from sluice.catalog import StreamSpec
 from sluice.checkpoint import CheckpointReader, FileEntry
+from sluice.durations import parse_duration
 from sluice.errors import SluiceError
 from sluice.paths import Roots, require_local
 
 # Spark's default for the file source's maxFileAge.
 DEFAULT_MAX_FILE_AGE = timedelta(days=7)
-# Spark reads maxFileAge with Utils.timeStringAsMs: a number of ms, or with one of these suffixes.
-_DURATION = re.compile(r"^\s*(\d+)\s*(us|ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
-_DURATION_UNITS = {"us": 0.000001, "ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, None: 0.001}
-
-
-def parse_duration(text: str) -> timedelta:
-    """A Spark duration option such as ``7d``, ``36h`` or ``600000`` (milliseconds)."""
-    match = _DURATION.match(text)
-    if not match:
-        raise SluiceError(f"cannot read {text!r} as a duration (e.g. 7d, 36h, 30m, 600000ms)")
-    unit = match.group(2).lower() if match.group(2) else None
-    return timedelta(seconds=int(match.group(1)) * _DURATION_UNITS[unit])
-
-
 def spark_file_uri(path: str) -> str:
     """The ``_metadata.file_path`` Spark records for a local file: ``file:`` and the percent-encoded path."""
     return "file:" + quote(path, safe="/-_.~!$&'()*+,;=:@")

@@ -14,9 +14,10 @@ import pytest
 
 from sluice.catalog import parse_stream
 from sluice.checkpoint import CheckpointReader
+from sluice.durations import parse_duration
 from sluice.errors import SluiceError
 from sluice.paths import Roots
-from sluice.source_files import SourceState, glob_regex, max_file_age, parse_duration, unread_files
+from sluice.source_files import SourceState, glob_regex, max_file_age, unread_files
 from tests.helpers import events_stream
 
 

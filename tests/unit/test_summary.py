@@ -60,3 +60,4 @@ def test_bad_summary_is_refused(text: str, message: str) -> None:
         RunSummary.from_json(text)
     with pytest.raises(StreamRunError, match=message):
         find_summary_line(["SLUICE_RUN_SUMMARY " + text])
+
