@@ -8,22 +8,19 @@ from airflow.sdk import DAG, Param
 
 from sluice.backfill import MAX_FILES_PER_TRIGGER, MAX_REASON_LENGTH, MODES, SELECT_BY
 from sluice.catalog import Catalog, load_catalog
-from sluice_airflow.dag_factory import START_DATE
+from sluice_airflow.dag_factory import sluice_dag
 from sluice_airflow.operators import BackfillOperator, BackfillPlanOperator
 
 
 def backfill_dag(catalog: Catalog | None = None, *, doc: str = "") -> DAG:
     streams = [stream.name for stream in (catalog or load_catalog())]
-    with DAG(
-        dag_id="backfill",
+    with sluice_dag(
+        "backfill",
         description="Replay a time range of a stream's source into its Delta table: append or replace, or dry run",
         schedule=None,
-        start_date=START_DATE,
-        catchup=False,
-        max_active_runs=1,
-        default_args={"owner": "data-eng", "retries": 1, "retry_delay": timedelta(minutes=1)},
-        tags=["sluice", "backfill"],
-        doc_md=doc,
+        tags=["backfill"],
+        doc=doc,
+        retry_delay=timedelta(minutes=1),
         params={
             "stream": Param(streams[0] if streams else "", type="string", enum=streams, title="Stream",
                             description="The catalog stream to backfill; it writes into the stream's own tables"),

@@ -15,6 +15,17 @@ from sluice_airflow.operators import CheckpointHealthCheckOperator, StreamRunOpe
 START_DATE = pendulum.datetime(2026, 1, 1, tz="UTC")
 
 
+def sluice_dag(dag_id: str, *, description: str, schedule: Any, tags: list[str], doc: str = "",
+               owner: str = "data-eng", retries: int = 1, retry_delay: timedelta = timedelta(minutes=1),
+               **kwargs: Any) -> DAG:
+    """A DAG with the header every Sluice DAG shares: one start date, no catch-up (a stream reads what arrived,
+    whatever the interval), one run at a time (each owns a checkpoint or its lock), retries, and the ``sluice``
+    tag."""
+    return DAG(dag_id=dag_id, description=description[:200], schedule=schedule, start_date=START_DATE, catchup=False,
+               max_active_runs=1, default_args={"owner": owner, "retries": retries, "retry_delay": retry_delay},
+               tags=["sluice", *tags], doc_md=doc, **kwargs)
+
+
 def table_asset(stream: StreamSpec) -> Asset:
     """The Asset a stream's DAG produces: its Delta table (or, for a Kafka sink, its topic under the connection's
     name), so downstream DAGs can be scheduled on it.
@@ -57,16 +68,14 @@ def stream_schedule(stream: StreamSpec, catalog: Catalog) -> Any:
 def ingest_dag(stream: StreamSpec, *, catalog: Catalog | None = None, doc: str = "") -> DAG:
     """The scheduled DAG of one stream: a checkpoint health gate, then an availableNow run, on its cron or on the
     table it reads."""
-    with DAG(
-        dag_id=ingest_dag_id(stream.name),
-        description=(stream.description.strip() or f"Ingest {stream.name}")[:200],
+    with sluice_dag(
+        ingest_dag_id(stream.name),
+        description=stream.description.strip() or f"Ingest {stream.name}",
         schedule=stream_schedule(stream, catalog) if catalog is not None else stream.schedule,
-        start_date=START_DATE,
-        catchup=False,
-        max_active_runs=1,
-        default_args={"owner": stream.owner, "retries": 2, "retry_delay": timedelta(minutes=1)},
-        tags=["sluice", "ingest", *stream.tags],
-        doc_md=f"{doc}\n\n### Stream `{stream.name}`\n\n{stream.description}".strip(),
+        tags=["ingest", *stream.tags],
+        doc=f"{doc}\n\n### Stream `{stream.name}`\n\n{stream.description}".strip(),
+        owner=stream.owner,
+        retries=2,
     ) as dag:
         health = CheckpointHealthCheckOperator(task_id="checkpoint_health", stream=stream.name)
         run = StreamRunOperator(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import json
 import logging
 import os
 import signal
@@ -172,8 +173,19 @@ def _kind(mode: int) -> str:
     return next((name for test, name in _FILE_KINDS if test(mode)), "special file")
 
 
+def default_application(script: str = "stream_runner.py") -> str:
+    """A Spark entry point beside the ``sluice_spark`` package; ``SLUICE_SPARK_APP`` overrides the stream runner."""
+    override = os.environ.get("SLUICE_SPARK_APP")
+    if override and script == "stream_runner.py":
+        return override
+    spec = find_spec("sluice_spark")
+    if spec is None or spec.origin is None:
+        raise AirflowException("cannot locate the sluice_spark package; install the project or set SLUICE_SPARK_APP")
+    return str(Path(spec.origin).parent.parent / script)
+
+
 class SluiceSparkSubmitHook(SparkSubmitHook):
-    """Submits the Sluice runner and keeps what it reports."""
+    """Submits a Sluice runner and keeps what it reports."""
 
     def __init__(self, *args: Any, secret_env: dict[str, str] | None = None, **kwargs: Any) -> None:
         self.summary_lines: list[str] = []
@@ -192,6 +204,39 @@ class SluiceSparkSubmitHook(SparkSubmitHook):
         self._py_files = project_archive()
         self.log.info("Shipping the project's code to the executors: %s", self._py_files)
         return self._py_files
+
+    def run_app(self, script: str, *, application: str | None = None) -> AirflowException | None:
+        """spark-submit a Sluice runner (``script`` beside the ``sluice_spark`` package, unless ``application`` is
+        given) in client mode, with the project's code shipped to a cluster's executors. The provider's failure, if
+        any, is returned for the caller to weigh against the run's summary."""
+        if self._connection.get("deploy_mode") == "cluster":
+            raise AirflowFailException(
+                f"connection {self._conn_id!r} asks for deploy-mode cluster, which Sluice does not support yet: the "
+                "run summary is read from the driver's output, which a cluster-mode driver does not send back. "
+                "Use client mode (the default)"
+            )
+        self.ship_project_code()
+        try:
+            self.submit(application or default_application(script))
+        except AirflowException as exc:
+            return exc
+        return None
+
+    def stream_summary(self, summary_file: str | os.PathLike[str]) -> RunSummary | None:
+        """The stream runner's summary: from the file the driver wrote beside this task (client mode), else from
+        its marked line in the driver's output, which Spark's own log output on the same pipe can tear."""
+        path = Path(summary_file)
+        if path.exists():
+            return RunSummary.from_json(path.read_text(encoding="utf-8"))
+        return self.run_summary
+
+    def backfill_result(self, summary_file: str | os.PathLike[str]) -> dict[str, Any] | None:
+        """The backfill runner's summary, from its file first and its marked line second."""
+        path = Path(summary_file)
+        if path.exists():
+            found = json.loads(path.read_text(encoding="utf-8"))
+            return found if isinstance(found, dict) else None
+        return self.backfill_summary
 
     def _build_spark_submit_command(self, application: str) -> list[str]:
         command = super()._build_spark_submit_command(application)
@@ -258,3 +303,31 @@ class SluiceSparkSubmitHook(SparkSubmitHook):
             time.sleep(0.1)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
+
+
+class KafkaConnectionHook:
+    """Turns the Airflow connections of a run's Kafka sources and sinks into the driver's secret environment: one
+    ``SLUICE_KAFKA_CONN_<ID>`` variable of Spark ``kafka.*`` options per connection. Call it in the worker at run
+    time, never while a DAG file is parsed; every secret is registered with Airflow's masker before anything is
+    logged."""
+
+    def __init__(self, conn_ids: list[str]) -> None:
+        self.conn_ids = sorted(set(conn_ids))
+
+    def spark_environment(self) -> dict[str, str]:
+        from airflow.sdk.log import mask_secret
+
+        from sluice.errors import SluiceError
+        from sluice.kafka import connection_fields, env_name, redact, secret_values, spark_options
+
+        env: dict[str, str] = {}
+        for conn_id in self.conn_ids:
+            try:
+                options = spark_options(connection_fields(conn_id))
+            except SluiceError as exc:
+                raise AirflowException(str(exc)) from None
+            env[env_name(conn_id)] = json.dumps(options)
+            for secret in [env[env_name(conn_id)], *secret_values(options)]:
+                mask_secret(secret)
+            log.info("Kafka connection %s: %s", conn_id, redact(options))
+        return env

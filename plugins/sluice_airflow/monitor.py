@@ -11,7 +11,7 @@ from airflow.sdk import DAG, BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
 from sluice.catalog import load_catalog
-from sluice_airflow.dag_factory import START_DATE, ingest_dag_id
+from sluice_airflow.dag_factory import ingest_dag_id, sluice_dag
 from sluice_airflow.notifiers import DEFAULT_WEBHOOK_CONN_ID, WebhookNotifier
 from sluice_airflow.operators import resolve_roots
 
@@ -177,16 +177,13 @@ def lag_monitor_dag(*, doc: str = "", schedule: str = "*/5 * * * *") -> DAG:
     read when the task runs, so a new stream is monitored without a DAG change."""
     from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 
-    with DAG(
-        dag_id="lag_monitor",
+    with sluice_dag(
+        "lag_monitor",
         description="Lag of every stream (no JVM), its history, and alerts without repeats",
         schedule=schedule,
-        start_date=START_DATE,
-        catchup=False,
-        max_active_runs=1,
-        default_args={"owner": "data-eng", "retries": 1, "retry_delay": timedelta(seconds=30)},
-        tags=["sluice", "monitoring"],
-        doc_md=doc,
+        tags=["monitoring"],
+        doc=doc,
+        retry_delay=timedelta(seconds=30),
     ) as dag:
         observe = LagMonitorOperator(task_id="observe", execution_timeout=timedelta(minutes=4))
         alert = LagAlertOperator(task_id="alert", observe_task_id=observe.task_id,

@@ -7,7 +7,6 @@ import os
 import sys
 import tempfile
 from collections.abc import Sequence
-from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,26 +16,15 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from sluice.arguments import option_args
 from sluice.catalog import DEFAULT_CATALOG
 from sluice.paths import Roots
-from sluice.summary import RunSummary
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from sluice.backfill import BackfillRequest
+    from sluice.catalog import Catalog
     from sluice_airflow.hooks import SluiceSparkSubmitHook
 
 DEFAULT_SPARK_CONN_ID = "sluice_spark"
-
-
-def default_application(script: str = "stream_runner.py") -> str:
-    """A Spark entry point beside the ``sluice_spark`` package; ``SLUICE_SPARK_APP`` overrides the stream runner."""
-    override = os.environ.get("SLUICE_SPARK_APP")
-    if override and script == "stream_runner.py":
-        return override
-    spec = find_spec("sluice_spark")
-    if spec is None or spec.origin is None:
-        raise AirflowException("cannot locate the sluice_spark package; install the project or set SLUICE_SPARK_APP")
-    return str(Path(spec.origin).parent.parent / script)
 
 
 def resolve_roots(landing: str | None, lake: str | None, checkpoints: str | None) -> Roots:
@@ -46,34 +34,57 @@ def resolve_roots(landing: str | None, lake: str | None, checkpoints: str | None
                  checkpoints=checkpoints or defaults.checkpoints)
 
 
-class SparkAppOperator(BaseOperator):
-    """Base of the operators that spark-submit a Sluice application: the connection (``local[*]`` when it is not
-    defined), the roots, the project's interpreter for the driver and the workers, and killing the whole process
-    tree on kill. On a cluster master the project's packages go to the executors as a ``--py-files`` archive.
-    Cluster deploy mode is refused: the summary is read from the driver's output.
+class SluiceOperator(BaseOperator):
+    """Base of every Sluice operator: the catalog and the three roots, templated, the same for all of them, so that a
+    backfill's plan, its run, a health check and a repair of one DAG run all see the same deployment.
 
     :param catalog: path of the stream catalog; default ``SLUICE_CATALOG`` or the bundled catalog (templated)
-    :param conn_id: Airflow Spark connection; when it is not defined the run uses ``local[*]``
-    :param landing_root: root of relative source paths; default from ``SLUICE_*`` environment (templated)
+    :param landing_root: root of relative source paths; default from the ``SLUICE_*`` environment (templated)
     :param lake_root: root of relative Delta table paths (templated)
     :param checkpoint_root: root of relative checkpoint paths (templated)
+    """
+
+    template_fields: Sequence[str] = ("catalog", "landing_root", "lake_root", "checkpoint_root")
+
+    def __init__(self, *, catalog: str | None = None, landing_root: str | None = None, lake_root: str | None = None,
+                 checkpoint_root: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.catalog = catalog
+        self.landing_root = landing_root
+        self.lake_root = lake_root
+        self.checkpoint_root = checkpoint_root
+
+    def resolved_roots(self) -> Roots:
+        return resolve_roots(self.landing_root, self.lake_root, self.checkpoint_root)
+
+    def catalog_path(self) -> str:
+        return self.catalog or os.environ.get("SLUICE_CATALOG") or str(DEFAULT_CATALOG)
+
+    def stream_catalog(self) -> Catalog:
+        from sluice.catalog import load_catalog
+
+        return load_catalog(self.catalog_path())
+
+
+class SparkAppOperator(SluiceOperator):
+    """Base of the operators that spark-submit a Sluice application through :class:`SluiceSparkSubmitHook`: the
+    connection (``local[*]`` when it is not defined), the project's interpreter for the driver and the workers, and
+    killing the whole process tree on kill. Takes the :class:`SluiceOperator` arguments.
+
+    :param conn_id: Airflow Spark connection; when it is not defined the run uses ``local[*]``
     :param engine: override every stream's Delta engine: ``auto``, ``jvm`` or ``rs``
     :param conf: extra Spark configuration (templated)
     :param env_vars: extra environment for spark-submit (templated)
     :param spark_submit_kwargs: further ``SparkSubmitHook`` arguments (jars, packages, executor sizes, ...)
     """
 
-    template_fields: Sequence[str] = ("catalog", "landing_root", "lake_root", "checkpoint_root", "conf", "env_vars")
+    template_fields: Sequence[str] = (*SluiceOperator.template_fields, "conf", "env_vars")
     template_fields_renderers = {"conf": "json", "env_vars": "json"}
 
     def __init__(
         self,
         *,
-        catalog: str | None = None,
         conn_id: str = DEFAULT_SPARK_CONN_ID,
-        landing_root: str | None = None,
-        lake_root: str | None = None,
-        checkpoint_root: str | None = None,
         engine: str | None = None,
         conf: dict[str, Any] | None = None,
         env_vars: dict[str, str] | None = None,
@@ -82,11 +93,7 @@ class SparkAppOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.catalog = catalog
         self.conn_id = conn_id
-        self.landing_root = landing_root
-        self.lake_root = lake_root
-        self.checkpoint_root = checkpoint_root
         self.engine = engine
         self.conf = conf
         self.env_vars = env_vars
@@ -94,14 +101,8 @@ class SparkAppOperator(BaseOperator):
         self.spark_submit_kwargs = spark_submit_kwargs
         self._hook: SluiceSparkSubmitHook | None = None
 
-    def resolved_roots(self) -> Roots:
-        return resolve_roots(self.landing_root, self.lake_root, self.checkpoint_root)
-
     def engine_args(self) -> list[str]:
         return option_args({"engine": self.engine or None})
-
-    def catalog_path(self) -> str:
-        return self.catalog or os.environ.get("SLUICE_CATALOG") or str(DEFAULT_CATALOG)
 
     def spark_env(self) -> dict[str, str]:
         """The project's interpreter for the driver and the Python workers, and its bin folder for spark-submit."""
@@ -119,27 +120,14 @@ class SparkAppOperator(BaseOperator):
         return {}
 
     def submit(self, script: str, args: list[str], *, name: str) -> AirflowException | None:
-        """spark-submit ``script`` (beside the ``sluice_spark`` package unless ``application`` is set). The
-        provider's failure, if any, is returned for the caller to weigh against the summary."""
+        """spark-submit a Sluice runner; the provider's failure, if any, is returned for the caller to weigh against
+        the summary."""
         from sluice_airflow.hooks import SluiceSparkSubmitHook
 
-        options = dict(self.spark_submit_kwargs or {})
-        env, secret_env = self.spark_env(), self.secret_env()
-
-        self._hook = SluiceSparkSubmitHook(conn_id=self.conn_id, application_args=args, env_vars=env,
-                                           secret_env=secret_env, conf=self.conf, name=name, **options)
-        if self._hook._connection.get("deploy_mode") == "cluster":
-            raise AirflowFailException(
-                f"connection {self.conn_id!r} asks for deploy-mode cluster, which Sluice does not support yet: the "
-                "run summary is read from the driver's output, which a cluster-mode driver does not send back. "
-                "Use client mode (the default)"
-            )
-        self._hook.ship_project_code()  # on a cluster master: the project's code for the executors
-        try:
-            self._hook.submit(self.application or default_application(script))
-        except AirflowException as exc:
-            return exc
-        return None
+        self._hook = SluiceSparkSubmitHook(conn_id=self.conn_id, application_args=args, env_vars=self.spark_env(),
+                                           secret_env=self.secret_env(), conf=self.conf, name=name,
+                                           **dict(self.spark_submit_kwargs or {}))
+        return self._hook.run_app(script, application=self.application)
 
     def on_kill(self) -> None:
         if self._hook is not None:
@@ -167,28 +155,14 @@ class StreamRunOperator(SparkAppOperator):
         """The Spark options of every Kafka connection the streams use, one ``SLUICE_KAFKA_CONN_<ID>`` JSON variable
         each. Read here, in the worker at run time (never while the DAG file is parsed), and masked in the task log.
         """
-        from airflow.sdk.log import mask_secret
-
-        from sluice.catalog import load_catalog
         from sluice.constants import SinkFormat, SourceType
-        from sluice.errors import SluiceError
-        from sluice.kafka import connection_fields, env_name, redact, secret_values, spark_options
+        from sluice_airflow.hooks import KafkaConnectionHook
 
-        streams = load_catalog(self.catalog_path()).select(list(self.streams))
-        conn_ids = sorted({conn for stream in streams for conn in (
+        streams = self.stream_catalog().select(list(self.streams))
+        conn_ids = [conn for stream in streams for conn in (
             stream.source.connection if stream.source.type is SourceType.KAFKA else None,
-            stream.sink.connection if stream.sink.format is SinkFormat.KAFKA else None) if conn})
-        env: dict[str, str] = {}
-        for conn_id in conn_ids:
-            try:
-                options = spark_options(connection_fields(conn_id))
-            except SluiceError as exc:
-                raise AirflowException(str(exc)) from None
-            env[env_name(conn_id)] = json.dumps(options)
-            for secret in [env[env_name(conn_id)], *secret_values(options)]:
-                mask_secret(secret)
-            self.log.info("Kafka connection %s: %s", conn_id, redact(options))
-        return env
+            stream.sink.connection if stream.sink.format is SinkFormat.KAFKA else None) if conn]
+        return KafkaConnectionHook(conn_ids).spark_environment()
 
     def application_args(self, *, run_id: str, summary_file: str) -> list[str]:
         if not self.streams or not all(isinstance(name, str) and name for name in self.streams):
@@ -203,13 +177,7 @@ class StreamRunOperator(SparkAppOperator):
             summary_file = str(Path(folder) / "summary.json")
             failure = self.submit("stream_runner.py", self.application_args(run_id=run_id, summary_file=summary_file),
                                   name=f"sluice-{'-'.join(self.streams)}")
-            # The file first: in client mode the driver writes it beside this task. The log line is the fallback,
-            # and can be torn by Spark's log output on the same pipe.
-            summary: RunSummary | None = None
-            if Path(summary_file).exists():
-                summary = RunSummary.from_json(Path(summary_file).read_text(encoding="utf-8"))
-            elif self._hook is not None:
-                summary = self._hook.run_summary
+            summary = self._hook.stream_summary(summary_file) if self._hook is not None else None
         if summary is None:
             raise AirflowException(f"Spark run of {self.streams} produced no run summary: {failure}")
         for stream in summary.streams:
@@ -230,42 +198,31 @@ class StreamRunOperator(SparkAppOperator):
         return result
 
 
-class CheckpointHealthCheckOperator(BaseOperator):
+class CheckpointHealthCheckOperator(SluiceOperator):
     """Check a stream's checkpoint before its run: FAIL stops the DAG run before Spark starts, WARN logs.
 
     The checks read plain files and Delta metadata; no JVM starts. The report is the task's XCom return value.
+    Takes the :class:`SluiceOperator` arguments.
 
     :param stream: catalog stream name (templated)
-    :param catalog: path of the stream catalog; default ``SLUICE_CATALOG`` or the bundled catalog (templated)
     :param fail_on_warn: treat WARN as FAIL
-    :param landing_root: as for :class:`StreamRunOperator` (templated)
-    :param lake_root: as for :class:`StreamRunOperator` (templated)
-    :param checkpoint_root: as for :class:`StreamRunOperator` (templated)
     """
 
-    template_fields: Sequence[str] = ("stream", "catalog", "landing_root", "lake_root", "checkpoint_root")
+    template_fields: Sequence[str] = ("stream", *SluiceOperator.template_fields)
     ui_color = "#fdf2d0"
 
-    def __init__(self, *, stream: str, catalog: str | None = None, fail_on_warn: bool = False,
-                 landing_root: str | None = None, lake_root: str | None = None, checkpoint_root: str | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(self, *, stream: str, fail_on_warn: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.stream = stream
-        self.catalog = catalog
         self.fail_on_warn = fail_on_warn
-        self.landing_root = landing_root
-        self.lake_root = lake_root
-        self.checkpoint_root = checkpoint_root
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from sluice.catalog import load_catalog
         from sluice.health import Health, check_stream
 
-        roots = resolve_roots(self.landing_root, self.lake_root, self.checkpoint_root)
-        report = check_stream(load_catalog(self.catalog).get(self.stream), roots)
+        report = check_stream(self.stream_catalog().get(self.stream), self.resolved_roots())
         for finding in report.findings:
             log = self.log.warning if finding.severity is not Health.OK else self.log.info
-            log("[%s] %s: %s %s", finding.severity.value, finding.code, finding.message, finding.evidence or "")
+            log("[%s] %s: %s %s", finding.severity.value, finding.code.value, finding.message, finding.evidence or "")
         self.log.info("Checkpoint facts: %s", json.dumps(report.facts, default=str))
         result = report.to_dict()
         if report.status is Health.FAIL or (self.fail_on_warn and report.status is Health.WARN):
@@ -274,10 +231,11 @@ class CheckpointHealthCheckOperator(BaseOperator):
         return result
 
 
-class CheckpointRepairOperator(BaseOperator):
+class CheckpointRepairOperator(SluiceOperator):
     """Run one explicit repair action on a stream's checkpoint (see ``sluice.repair``): history, backup,
     quarantine-offsets, repin-query-id or reset. Each changing action backs up what it changes beside the checkpoint
-    and refuses while a run holds the stream's lock. The action's record is the task's XCom return value.
+    and refuses while a run holds the stream's lock. The action's record is the task's XCom return value. Takes the
+    :class:`SluiceOperator` arguments.
 
     :param stream: catalog stream name (templated)
     :param action: repair action name (templated)
@@ -285,17 +243,16 @@ class CheckpointRepairOperator(BaseOperator):
     :param version: for ``reset``, the sink table's Delta version to resume after (templated)
     """
 
-    template_fields: Sequence[str] = ("stream", "action", "confirm", "version")
+    template_fields: Sequence[str] = ("stream", "action", "confirm", "version", *SluiceOperator.template_fields)
     ui_color = "#f9d5d3"
 
     def __init__(self, *, stream: str, action: str, confirm: bool | str = False, version: int | str | None = None,
-                 catalog: str | None = None, **kwargs: Any) -> None:
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.stream = stream
         self.action = action
         self.confirm = confirm
         self.version = version
-        self.catalog = catalog
 
     def _version(self) -> int | None:
         text = str(self.version).strip() if self.version is not None else ""
@@ -307,14 +264,13 @@ class CheckpointRepairOperator(BaseOperator):
             raise AirflowFailException(f"version: expected a Delta version number, got {self.version!r}") from None
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from sluice.catalog import load_catalog
         from sluice.errors import SluiceError
         from sluice.repair import READ_ONLY_ACTIONS, run_action
 
         if self.action not in READ_ONLY_ACTIONS and str(self.confirm).strip().lower() not in {"true", "1", "yes"}:
             raise AirflowFailException("confirm: set it to true to run a repair; nothing was changed")
         try:
-            result = run_action(self.action, load_catalog(self.catalog).get(self.stream), Roots.from_env(),
+            result = run_action(self.action, self.stream_catalog().get(self.stream), self.resolved_roots(),
                                 version=self._version())
         except SluiceError as exc:
             raise AirflowFailException(f"repair refused, nothing was changed: {exc}") from exc
@@ -322,36 +278,30 @@ class CheckpointRepairOperator(BaseOperator):
         return result
 
 
-def _backfill_request(context: Context, catalog: str | None) -> BackfillRequest:
+def _backfill_request(context: Context, catalog: Catalog) -> BackfillRequest:
     """The DAG run's params as a validated backfill request; a refusal fails the task without retries."""
     from sluice.backfill import BackfillError, parse_request
-    from sluice.catalog import load_catalog
 
     try:
-        return parse_request(dict(context["params"]), load_catalog(catalog), run_id=str(context["run_id"]))
+        return parse_request(dict(context["params"]), catalog, run_id=str(context["run_id"]))
     except BackfillError as exc:
         raise AirflowFailException(f"backfill refused, nothing was read or written: {exc}") from None
 
 
-class BackfillPlanOperator(BaseOperator):
+class BackfillPlanOperator(SluiceOperator):
     """Validate the DAG run's backfill params and plan the backfill without Spark: the files it would read, the
     files left to the live stream, and the rows ``replace`` would swap out. The plan is the XCom return value.
-
-    :param catalog: path of the stream catalog; default ``SLUICE_CATALOG`` or the bundled catalog
+    Takes the :class:`SluiceOperator` arguments, which must be those of the backfill that follows.
     """
 
     ui_color = "#e8dff5"
 
-    def __init__(self, *, catalog: str | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.catalog = catalog
-
     def execute(self, context: Context) -> dict[str, Any]:
         from sluice.backfill import plan_backfill
-        from sluice.catalog import load_catalog
 
-        request = _backfill_request(context, self.catalog)
-        plan = plan_backfill(request, load_catalog(self.catalog).get(request.stream), Roots.from_env())
+        catalog = self.stream_catalog()
+        request = _backfill_request(context, catalog)
+        plan = plan_backfill(request, catalog.get(request.stream), self.resolved_roots())
         result = plan.to_dict(sample=100)
         self.log.info("Backfill of %s from %s to %s (%s, by %s): %d file(s), %d bytes; %d left to the live stream; "
                       "%d already held; %d row(s) to replace", request.stream, request.start, request.end,
@@ -371,17 +321,14 @@ class BackfillOperator(SparkAppOperator):
     ui_color = "#d9c8f0"
 
     def execute(self, context: Context) -> dict[str, Any]:
-        request = _backfill_request(context, self.catalog)
+        request = _backfill_request(context, self.stream_catalog())
         with tempfile.TemporaryDirectory(prefix="sluice-backfill-") as folder:
             summary_file = Path(folder) / "summary.json"
             args = [*option_args({"catalog": self.catalog_path()}), *request.to_args(),
                     *self.resolved_roots().as_args(), *option_args({"summary-file": summary_file}),
                     *self.engine_args()]
             failure = self.submit("backfill_runner.py", args, name=f"sluice-backfill-{request.stream}")
-            if summary_file.exists():  # as for a stream run: the file first, the log line as the fallback
-                summary = json.loads(summary_file.read_text(encoding="utf-8"))
-            else:
-                summary = self._hook.backfill_summary if self._hook else None
+            summary = self._hook.backfill_result(summary_file) if self._hook is not None else None
         if summary is None:
             raise AirflowException(f"backfill of {request.stream} produced no summary: {failure}")
         self.log.info("Backfill summary: %s", json.dumps(summary, sort_keys=True))

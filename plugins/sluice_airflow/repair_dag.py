@@ -8,22 +8,19 @@ from airflow.sdk import DAG, Param
 
 from sluice.catalog import Catalog, load_catalog
 from sluice.repair import ACTIONS, MAX_DELTA_VERSION
-from sluice_airflow.dag_factory import START_DATE
+from sluice_airflow.dag_factory import sluice_dag
 from sluice_airflow.operators import CheckpointHealthCheckOperator, CheckpointRepairOperator
 
 
 def repair_dag(catalog: Catalog | None = None, *, doc: str = "") -> DAG:
     streams = [stream.name for stream in (catalog or load_catalog())]
-    with DAG(
-        dag_id="checkpoint_repair",
+    with sluice_dag(
+        "checkpoint_repair",
         description="Explicit checkpoint repair: history, backup, quarantine offsets, re-pin the query id, reset",
         schedule=None,
-        start_date=START_DATE,
-        catchup=False,
-        max_active_runs=1,
-        default_args={"owner": "data-eng", "retries": 1, "retry_delay": timedelta(seconds=30)},
-        tags=["sluice", "maintenance"],
-        doc_md=doc,
+        tags=["maintenance"],
+        doc=doc,
+        retry_delay=timedelta(seconds=30),
         params={
             "stream": Param(streams[0] if streams else "", type="string", enum=streams,
                             description="The catalog stream whose checkpoint to repair"),

@@ -98,6 +98,9 @@ def _fake_checkpoint(root: Path) -> Path:
     (checkpoint / "metadata").write_text('{"id":"0b4c3b61-7f9b-4f6e-9d0a-1f1f6ad7e8a1"}')
     (checkpoint / "offsets" / "0").write_text('v1\n{"batchWatermarkMs":0,"conf":{}}\n{"logOffset":0}')
     (checkpoint / "commits" / "0").write_text('v1\n{"nextBatchWatermarkMs":0}')
+    (checkpoint / "sources" / "0").mkdir(parents=True)  # the file source's log of batch 0, as Spark writes it
+    (checkpoint / "sources" / "0" / "0").write_text('v1\n{"path":"file:///landing/events/a.json","timestamp":0,'
+                                                    '"batchId":0}')
     return checkpoint
 
 
