@@ -68,15 +68,16 @@ def main(argv: list[str] | None = None) -> int:
     params = {"stream": args.stream, "start": args.start, "end": args.end, "timezone": args.timezone,
               "mode": args.mode, "select_by": args.select_by, "dry_run": args.dry_run,
               "max_files_per_trigger": args.max_files_per_trigger, "reason": args.reason}
+    roots = Roots(landing=args.landing_root, lake=args.lake_root, checkpoints=args.checkpoint_root)
     try:
         catalog = load_catalog(args.catalog)
         request = parse_request(params, catalog, run_id=args.run_id)
+        catalog.check_roots(roots)
     except SluiceError as exc:
         emit(json.dumps({"stream": args.stream, "status": "refused", "error": str(exc), "retryable": False}),
              args.summary_file)
         print(f"sluice: {exc}", file=sys.stderr)
         return 2
-    roots = Roots(landing=args.landing_root, lake=args.lake_root, checkpoints=args.checkpoint_root)
     spark = configure_sluice(SparkSession.builder.appName(f"sluice-backfill:{request.stream}")).getOrCreate()
     try:
         register_data_sources(spark)

@@ -62,15 +62,16 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    roots = Roots(landing=args.landing_root, lake=args.lake_root, checkpoints=args.checkpoint_root)
     try:
         catalog = load_catalog(args.catalog)
-        catalog.select(args.streams)  # refuse unknown streams before a JVM starts
+        catalog.select(args.streams)  # refuse unknown streams, and overlapping folders, before a JVM starts
+        catalog.check_roots(roots)
     except SluiceError as exc:
         emit(RunSummary(None, [StreamRunSummary(stream=name, status="failed", error=str(exc), retryable=False)
                                for name in args.streams]), args.summary_file)
         print(f"sluice: {exc}", file=sys.stderr)
         return 2
-    roots = Roots(landing=args.landing_root, lake=args.lake_root, checkpoints=args.checkpoint_root)
     spark = configure_sluice(SparkSession.builder.appName(f"sluice:{','.join(args.streams)}")).getOrCreate()
     try:
         register_data_sources(spark)

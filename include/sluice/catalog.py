@@ -16,13 +16,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from croniter import croniter
 
 from sluice import kafka
-from sluice.constants import DeltaEngine, FileFormat, SinkFormat, SinkMode, SourceType
+from sluice.constants import DeltaEngine, FileFormat, SinkFormat, SinkMode, SourceType, TableRole
 from sluice.errors import CatalogError
-from sluice.paths import Roots, check_relative_path, join
+from sluice.limits import (
+    ALERT_MAX,
+    BACKFILL_MAX_CLOCK_SKEW_SECONDS,
+    BACKFILL_MAX_RANGE_DAYS,
+    CATALOG_MAX_BYTES,
+    MAX_DURATION_SECONDS,
+    MAX_OBSERVATIONS,
+    REPAIR_COPY_MARKERS,
+    RESERVED_ROOT_FOLDERS,
+    TRIGGER_MAX_BYTES,
+    TRIGGER_MAX_FILES,
+)
+from sluice.paths import Roots, check_relative_path, is_absolute, join, path_key, resolved_key
 from sluice.patterns import (
     Patterns,
     check_patterns,
@@ -35,6 +46,7 @@ from sluice.patterns import (
 )
 from sluice.schema import Schema, parse_schema
 from sluice.transforms import TRANSFORMS
+from sluice.yaml_loader import load_yaml
 
 DEFAULT_CATALOG = Path(__file__).with_name("streams.yaml")
 _STREAM_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
@@ -91,10 +103,23 @@ class _Section:
         raw = self.get(key, Mapping, {}, required=required)
         return _Section(raw, stream=self.stream, path=self.field(key))
 
-    def positive_int(self, key: str) -> int | None:
+    def positive_int(self, key: str, *, maximum: int) -> int | None:
         value = self.get(key, int)
         if value is not None and value <= 0:
             raise self.error(key, f"must be a positive integer, got {value}")
+        return self._at_most(key, value, maximum)
+
+    def bounded_int(self, key: str, default: int, *, minimum: int, maximum: int) -> int:
+        value: int = self.get(key, int, default)
+        if value < minimum:
+            raise self.error(key, f"must be at least {minimum}, got {value}")
+        return self._at_most(key, value, maximum)
+
+    def _at_most(self, key: str, value: Any, maximum: int) -> Any:
+        # Every catalog number ends in a timedelta, a Spark interval or a SQLite integer: bound it here, where the
+        # message can still name the field.
+        if value is not None and value > maximum:
+            raise self.error(key, f"must be at most {maximum:,} (Sluice's bound for this field), got {value:,}")
         return value
 
     def enum(self, key: str, kind: type[Any], default: Any = None, *, required: bool = False) -> Any:
@@ -228,6 +253,16 @@ class StreamSpec:
     # The columns the stream's table receives, before Sluice's metadata columns.
     output_columns: tuple[str, ...] = ()
 
+    def tables(self, roots: Roots) -> list[StreamTable]:
+        """Every Delta table the stream's batches commit to, resolved under the lake root: its sink (a Delta sink
+        only), its dead-letter table, then its fan-out tables. The one answer the runner, the health checks, repair
+        and backfill use."""
+        tables = [StreamTable(TableRole.SINK, self.sink_path(roots))] if self.sink.format is SinkFormat.DELTA else []
+        tables.append(StreamTable(TableRole.DEAD_LETTER, self.dead_letter_table_path(roots)))
+        tables += [StreamTable(TableRole.FAN_OUT, join(roots.lake, spec.path), index)
+                   for index, spec in enumerate(self.patterns.fan_out)]
+        return tables
+
     @property
     def table_paths(self) -> list[str]:
         """The tables the stream's batches write, under the lake root: its sink and its fan-out tables."""
@@ -253,6 +288,46 @@ class StreamSpec:
 
     def checkpoint_path(self, roots: Roots) -> str:
         return join(roots.checkpoints, self.checkpoint)
+
+    @property
+    def written_paths(self) -> list[WrittenPath]:
+        """The folders the stream writes: its checkpoint, its sink, dead-letter and fan-out tables."""
+        paths = [WrittenPath(self.name, "checkpoint", "checkpoint", self.checkpoint, "checkpoints")]
+        if self.sink.format is SinkFormat.DELTA:
+            paths.append(WrittenPath(self.name, "sink table", "sink.path", self.sink.path, "lake"))
+        paths.append(WrittenPath(self.name, "dead-letter table", "dead_letter.path", self.dead_letter_path, "lake"))
+        paths += [WrittenPath(self.name, "fan-out table", f"fan_out[{position}].path", fan_out.path, "lake")
+                  for position, fan_out in enumerate(self.patterns.fan_out)]
+        return paths
+
+
+@dataclass(frozen=True)
+class StreamTable:
+    """A Delta table a stream writes: its role, its resolved path, and its position among the fan-out tables."""
+
+    role: TableRole
+    path: str
+    index: int = 0
+
+    @property
+    def name(self) -> str:
+        """``sink``, ``dead_letter`` or ``fan_out[<index>]``: how reports name it."""
+        return f"{self.role.value}[{self.index}]" if self.role is TableRole.FAN_OUT else self.role.value
+
+
+@dataclass(frozen=True)
+class WrittenPath:
+    """A folder a stream writes, as the catalog names it; ``root`` is the field of :class:`Roots` that a relative
+    ``path`` lives under."""
+
+    stream: str
+    what: str
+    field: str
+    path: str
+    root: str
+
+    def error(self, message: str) -> CatalogError:
+        return CatalogError(message, stream=self.stream, field=self.field)
 
 
 @dataclass(frozen=True)
@@ -295,6 +370,44 @@ class Catalog:
         if not names:
             raise CatalogError("no stream named; pass at least one stream")
         return [self.get(name) for name in names]
+
+    def check_roots(self, roots: Roots) -> None:
+        """Refuse what only the deployment's roots reveal, before anything is written under them.
+
+        Loading compares relative paths under one root, and absolute paths with each other. Here every checkpoint
+        and table is resolved (links included, for local paths) and must not: be or contain a root; lie in Sluice's
+        own folders under the checkpoint root (``_backfill``, ``_sluice``); be, contain or lie inside another
+        stream's checkpoint or table (an absolute ``/data/lake/bronze/events`` and a relative ``bronze/events`` under
+        the lake root ``/data/lake`` are one table), or a file source's landing folder (the stream would read Delta's
+        files as its input).
+        """
+        root_keys = {name: resolved_key(getattr(roots, name), ".") for name in ("landing", "lake", "checkpoints")}
+        checkpoint_root = root_keys["checkpoints"]
+        reserved = [(folder, (checkpoint_root[0], (*checkpoint_root[1], folder.casefold())))
+                    for folder in RESERVED_ROOT_FOLDERS]
+        claims = _Claims()
+        for stream in self:
+            for written in stream.written_paths:
+                key = resolved_key(getattr(roots, written.root), written.path)
+                shown = f"{written.path!r} (resolved: {_show(key)})"
+                for name, root_key in root_keys.items():
+                    if _inside(key, root_key):
+                        raise written.error(f"{written.what} {shown} is or contains the {name} root "
+                                            f"{getattr(roots, name)!r}, which holds every stream's data")
+                for folder, folder_key in reserved:
+                    if _inside(folder_key, key):
+                        raise written.error(f"{written.what} {shown} lies in {folder}/ under the checkpoint root, a "
+                                            "folder Sluice keeps for itself")
+                claims.claim(key, written, shown=shown)
+        for stream in self:
+            if stream.source.type is not SourceType.FILES:
+                continue
+            key = resolved_key(roots.landing, stream.source.path)
+            other = claims.overlapping(key)
+            if other is not None:
+                raise CatalogError(f"the landing folder {_show(key)} overlaps {other.what} {other.path!r} of stream "
+                                   f"'{other.stream}': the stream would read Delta's own files as its input",
+                                   stream=stream.name, field="source.path")
 
 
 def _parse_source(stream: str, section: _Section) -> SourceSpec:
@@ -395,8 +508,8 @@ def _parse_sink(stream: str, section: _Section) -> SinkSpec:
 
 def _parse_trigger(section: _Section) -> TriggerSpec:
     trigger = TriggerSpec(
-        max_files_per_trigger=section.positive_int("max_files_per_trigger"),
-        max_bytes_per_trigger=section.positive_int("max_bytes_per_trigger"),
+        max_files_per_trigger=section.positive_int("max_files_per_trigger", maximum=TRIGGER_MAX_FILES),
+        max_bytes_per_trigger=section.positive_int("max_bytes_per_trigger", maximum=TRIGGER_MAX_BYTES),
     )
     section.done()
     if trigger.max_files_per_trigger and trigger.max_bytes_per_trigger:
@@ -408,15 +521,16 @@ _MEASURES = ("records", "files", "bytes", "seconds")
 
 
 def _parse_alerts(section: _Section) -> AlertSpec:
-    thresholds = {f"{level}_{measure}": section.positive_int(f"{level}_{measure}")
+    thresholds = {f"{level}_{measure}": section.positive_int(f"{level}_{measure}", maximum=ALERT_MAX[measure])
                   for measure in _MEASURES for level in ("warn", "critical")}
     email_to = section.get("email_to", list, [])
     if not all(isinstance(address, str) and "@" in address for address in email_to):
         raise section.error("email_to", f"expected a list of email addresses, got {email_to!r}")
     alerts = AlertSpec(
-        stale_after_seconds=section.positive_int("stale_after_seconds"),
-        stall_observations=section.positive_int("stall_observations") or AlertSpec.stall_observations,
-        resolve_after_observations=section.positive_int("resolve_after_observations")
+        stale_after_seconds=section.positive_int("stale_after_seconds", maximum=MAX_DURATION_SECONDS),
+        stall_observations=section.positive_int("stall_observations", maximum=MAX_OBSERVATIONS)
+        or AlertSpec.stall_observations,
+        resolve_after_observations=section.positive_int("resolve_after_observations", maximum=MAX_OBSERVATIONS)
         or AlertSpec.resolve_after_observations,
         catch_up=section.get("catch_up", bool, False),
         email_to=tuple(email_to),
@@ -436,8 +550,10 @@ def _parse_backfill(section: _Section, source: SourceSpec) -> BackfillSpec:
     column = section.get("event_time_column", str)
     spec = BackfillSpec(
         event_time_column=column,
-        max_range_days=section.positive_int("max_range_days") or BackfillSpec.max_range_days,
-        clock_skew_seconds=section.get("clock_skew_seconds", int, BackfillSpec.clock_skew_seconds),
+        max_range_days=section.positive_int("max_range_days", maximum=BACKFILL_MAX_RANGE_DAYS)
+        or BackfillSpec.max_range_days,
+        clock_skew_seconds=section.bounded_int("clock_skew_seconds", BackfillSpec.clock_skew_seconds, minimum=0,
+                                               maximum=BACKFILL_MAX_CLOCK_SKEW_SECONDS),
     )
     section.done()
     if column is not None:
@@ -445,8 +561,6 @@ def _parse_backfill(section: _Section, source: SourceSpec) -> BackfillSpec:
         if types.get(column) != "timestamp":
             raise section.error("event_time_column", f"must name a timestamp column of the source schema, got "
                                 f"{column!r} ({types.get(column, 'not declared')})")
-    if spec.clock_skew_seconds < 0:
-        raise section.error("clock_skew_seconds", f"must not be negative, got {spec.clock_skew_seconds}")
     return spec
 
 
@@ -520,7 +634,7 @@ def parse_stream(raw: object, *, index: int) -> StreamSpec:
     if not all(isinstance(tag, str) and tag for tag in tags):
         raise top.error("tags", f"expected a list of strings, got {tags!r}")
     top.done()
-    return StreamSpec(
+    stream = StreamSpec(
         name=name,
         description=description,
         source=source,
@@ -538,14 +652,84 @@ def parse_stream(raw: object, *, index: int) -> StreamSpec:
         patterns=patterns,
         output_columns=tuple(output_columns),
     )
+    for written in stream.written_paths:
+        _check_own_name(written)
+    return stream
 
 
-def _claim(owners: dict[str, str], key: str, stream: str, what: str, field_name: str) -> None:
-    normalized = os.path.normpath(key)
-    if normalized in owners:
-        raise CatalogError(f"{what} {key!r} is already used by stream '{owners[normalized]}'; each stream needs "
-                           f"its own", stream=stream, field=field_name)
-    owners[normalized] = stream
+def _check_own_name(written: WrittenPath) -> None:
+    """Refuse a written path that takes a name Sluice gives its own folders."""
+    parts = path_key(written.path)[1]
+    if not is_absolute(written.path) and parts[0] in RESERVED_ROOT_FOLDERS:
+        raise written.error(f"path {written.path!r} starts with {parts[0]}/, a folder Sluice keeps for itself under "
+                            f"the checkpoint root; reserved: {', '.join(RESERVED_ROOT_FOLDERS)}")
+    if written.root == "checkpoints" and any(marker in parts[-1] for marker in REPAIR_COPY_MARKERS):
+        raise written.error(f"path {written.path!r} looks like a copy the repair tools make beside a checkpoint "
+                            f"(<checkpoint>{'<time>, <checkpoint>'.join(REPAIR_COPY_MARKERS)}<time>), which an "
+                            "operator may delete; rename it")
+
+
+_Key = tuple[str, tuple[str, ...]]
+
+
+def _inside(outer: _Key, inner: _Key) -> bool:
+    """True when ``inner`` is ``outer`` or lies under it."""
+    return outer[0] == inner[0] and inner[1][:len(outer[1])] == outer[1]
+
+
+def _show(key: _Key) -> str:
+    storage, parts = key
+    return storage + "/".join(parts) if storage.endswith("/") else "/".join((storage, *parts))
+
+
+class _Claims:
+    """The folders the streams write. Two of them must not be one folder: checkpoints would mix two queries'
+    logs, tables two streams' commits (and a batch's second write would be skipped as a replay). One must not lie
+    inside another either: a table's VACUUM deletes the files it does not know, and a checkpoint's repair moves
+    everything under it."""
+
+    def __init__(self) -> None:
+        self.claims: dict[_Key, tuple[WrittenPath, str]] = {}
+        # Every folder above a claimed one, with a claim below it.
+        self.above: dict[_Key, tuple[WrittenPath, str]] = {}
+
+    def overlapping(self, key: _Key) -> WrittenPath | None:
+        """A claim that is ``key``, lies inside it, or holds it."""
+        storage, parts = key
+        for length in range(len(parts), 0, -1):
+            found = self.claims.get((storage, parts[:length]))
+            if found is not None:
+                return found[0]
+        found = self.above.get(key)
+        return found[0] if found is not None else None
+
+    def claim(self, key: _Key, written: WrittenPath, *, shown: str) -> None:
+        storage, parts = key
+        if key in self.claims:
+            other, other_shown = self.claims[key]
+            raise written.error(f"{written.what} {shown} is already used by stream '{other.stream}' as its "
+                                f"{other.what} {other_shown}; each stream needs its own")
+        for length in range(len(parts) - 1, 0, -1):
+            if (storage, parts[:length]) in self.claims:
+                other, other_shown = self.claims[(storage, parts[:length])]
+                raise written.error(f"{written.what} {shown} lies inside the {other.what} {other_shown} of stream "
+                                    f"'{other.stream}'; {self.why(written, other)}")
+        if key in self.above:
+            other, other_shown = self.above[key]
+            raise written.error(f"{written.what} {shown} holds the {other.what} {other_shown} of stream "
+                                f"'{other.stream}'; {self.why(written, other)}")
+        self.claims[key] = (written, shown)
+        for length in range(len(parts) - 1, 0, -1):
+            self.above.setdefault((storage, parts[:length]), (written, shown))
+
+    @staticmethod
+    def why(written: WrittenPath, other: WrittenPath) -> str:
+        kinds = {written.root, other.root}
+        if kinds == {"checkpoints"}:
+            return "a checkpoint's repair and reset move everything under it; give each its own folder"
+        if kinds == {"lake"}:
+            return "a table's VACUUM deletes the files it does not know; give each its own folder"
+        return "a table's VACUUM would delete the checkpoint's files; give each its own folder"
 
 
 def parse_catalog(raw: object, *, source_file: str | None = None) -> Catalog:
@@ -557,19 +741,17 @@ def parse_catalog(raw: object, *, source_file: str | None = None) -> Catalog:
     entries = top.get("streams", list, required=True)
     top.done()
     streams: dict[str, StreamSpec] = {}
-    checkpoints: dict[str, str] = {}
-    tables: dict[str, str] = {}
+    claims = _Claims()
     for index, entry in enumerate(entries):
         stream = parse_stream(entry, index=index)
         if stream.name in streams:
             raise CatalogError("is defined twice", stream=stream.name, field="name")
-        _claim(checkpoints, stream.checkpoint, stream.name, "checkpoint", "checkpoint")
-        if stream.sink.format is SinkFormat.DELTA:
-            _claim(tables, stream.sink.path, stream.name, "sink table", "sink.path")
-        _claim(tables, stream.dead_letter_path, stream.name, "dead-letter table", "dead_letter.path")
-        for position, fan_out in enumerate(stream.patterns.fan_out):
-            # Two targets of one batch share its transaction id: the second would be skipped as a replay.
-            _claim(tables, fan_out.path, stream.name, "fan-out table", f"fan_out[{position}].path")
+        for written in stream.written_paths:
+            # Relative paths are compared under their own root; absolute ones with each other, whatever they are
+            # (Catalog.check_roots compares across roots once they are known).
+            storage, parts = path_key(written.path)
+            key = (storage or f"<{written.root} root>/", parts)
+            claims.claim(key, written, shown=repr(written.path))
         streams[stream.name] = stream
     catalog = Catalog(streams=streams, source_file=source_file)
     for stream in catalog:
@@ -585,12 +767,20 @@ def parse_catalog(raw: object, *, source_file: str | None = None) -> Catalog:
 def load_catalog(path: str | os.PathLike[str] | None = None) -> Catalog:
     """Load and validate a catalog file (default: ``SLUICE_CATALOG`` or the bundled ``streams.yaml``)."""
     catalog_path = Path(path or os.environ.get("SLUICE_CATALOG") or DEFAULT_CATALOG)
+    chunks: list[bytes] = []
+    size = 0
     try:
-        text = catalog_path.read_text(encoding="utf-8")
+        with catalog_path.open("rb") as handle:
+            # In pieces: a catalog path may name a pipe or a device that never ends.
+            while chunk := handle.read(64 * 1024):
+                size += len(chunk)
+                if size > CATALOG_MAX_BYTES:
+                    raise CatalogError(f"catalog {catalog_path} is larger than {CATALOG_MAX_BYTES:,} bytes")
+                chunks.append(chunk)
     except OSError as exc:
         raise CatalogError(f"cannot read catalog {catalog_path}: {exc.strerror or exc}") from exc
     try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise CatalogError(f"catalog {catalog_path} is not valid YAML: {exc}") from exc
-    return parse_catalog(raw, source_file=str(catalog_path))
+        text = b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CatalogError(f"catalog {catalog_path} is not UTF-8: {exc}") from exc
+    return parse_catalog(load_yaml(text, source=str(catalog_path)), source_file=str(catalog_path))

@@ -39,6 +39,14 @@ class SinkMode(str, Enum):
     COMPLETE = "complete"
 
 
+class TableRole(str, Enum):
+    """What a Delta table is to the stream that writes it."""
+
+    SINK = "sink"
+    DEAD_LETTER = "dead_letter"
+    FAN_OUT = "fan_out"
+
+
 class DeltaEngine(str, Enum):
     """How the Delta sink is written: delta-spark's JVM connector, Sluice's delta-rs data source, or whichever loads."""
 

@@ -16,7 +16,7 @@ from sluice.catalog import StreamSpec
 from sluice.checkpoint import CheckpointError, CheckpointReader, OffsetEntry, read_query_id
 from sluice.constants import FaultCode, Severity, SourceType
 from sluice.lock import LockFileError, read_lock
-from sluice.paths import Roots, join
+from sluice.paths import Roots
 from sluice.source_files import source_links
 from sluice.transforms import TRANSFORMS
 
@@ -220,13 +220,6 @@ def _check_source_logs(report: HealthReport, reader: CheckpointReader, stream: S
                        folder=str(reader.root / "sources" / str(index)))
 
 
-def _sink_tables(stream: StreamSpec, roots: Roots) -> list[tuple[str, str]]:
-    """Every Delta table the stream's batches commit to, by role."""
-    tables = [("dead_letter", stream.dead_letter_table_path(roots))]
-    tables += [(f"fan_out[{index}]", join(roots.lake, spec.path)) for index, spec in enumerate(stream.patterns.fan_out)]
-    return tables if not stream.sink.path else [("sink", stream.sink_path(roots)), *tables]
-
-
 def _check_sink(report: HealthReport, stream: StreamSpec, roots: Roots, query_id: str | None,
                 offsets: list[int], commits: list[int]) -> None:
     """The sink must not hold a batch the checkpoint never planned: that means the checkpoint went back in time."""
@@ -236,7 +229,8 @@ def _check_sink(report: HealthReport, stream: StreamSpec, roots: Roots, query_id
 
     planned = offsets[-1] if offsets else -1
     known_to_sink = False
-    for role, path in _sink_tables(stream, roots):
+    for table in stream.tables(roots):
+        role, path = table.name, table.path
         committed = recorded_batch(path, query_id)
         known_to_sink = known_to_sink or committed is not None
         if committed is not None and committed > planned:
@@ -260,7 +254,8 @@ def _check_sink_knows_query(report: HealthReport, stream: StreamSpec, roots: Roo
     fed: the checkpoint was lost and recreated, or copied from another stream."""
     from sluice.delta import stream_query_ids
 
-    for role, path in _sink_tables(stream, roots):
+    for table in stream.tables(roots):
+        role, path = table.name, table.path
         others = [qid for qid in stream_query_ids(path, stream.name) if qid != query_id]
         if others:
             report.add(FaultCode.QUERY_ID_UNKNOWN_TO_SINK, Health.WARN if stream.allow_new_query_id else Health.FAIL,

@@ -28,6 +28,7 @@ from typing import Any
 
 from sluice.durations import parse_duration
 from sluice.errors import CatalogError, SluiceError
+from sluice.limits import KAFKA_MAX_OFFSETS_PER_TRIGGER
 
 DEFAULT_CONNECTION = "sluice_kafka"
 # The environment variable (one per connection) that carries a connection's Spark options to the driver.
@@ -133,8 +134,9 @@ def check_source_options(raw: Mapping[Any, Any], *, stream: str, field: str) -> 
             raise error("startingOffsets", 'expected earliest, latest or JSON such as {"topic": {"0": 42, "1": -2}} '
                         "(-2 earliest, -1 latest)")
     for key in _POSITIVE_OPTIONS:
-        if key in options and (not options[key].isdigit() or int(options[key]) <= 0):
-            raise error(key, f"must be a positive integer, got {options[key]!r}")
+        if key in options and (not re.fullmatch(r"[0-9]{1,16}", options[key])
+                               or not 0 < int(options[key]) <= KAFKA_MAX_OFFSETS_PER_TRIGGER):
+            raise error(key, f"must be an integer from 1 to {KAFKA_MAX_OFFSETS_PER_TRIGGER}, got {options[key]!r}")
     for key in _BOOLEAN_OPTIONS:
         if key in options and options[key] not in ("true", "false"):
             raise error(key, f"expected true or false, got {options[key]!r}")

@@ -18,13 +18,15 @@ from typing import TYPE_CHECKING
 
 from sluice.constants import SinkMode, SourceType
 from sluice.errors import CatalogError
+from sluice.limits import DAY_SECONDS, MAX_DURATION_SECONDS
 from sluice.paths import check_relative_path
 from sluice.schema import Schema
 
 if TYPE_CHECKING:
     from sluice.catalog import SinkSpec, SourceSpec, _Section
 
-_INTERVAL = re.compile(r"^\s*(\d+)\s*(seconds?|s|minutes?|min|m|hours?|h|days?|d)\s*$", re.IGNORECASE)
+# At most 12 digits: Python refuses to convert a number of thousands of digits, and no bound needs more.
+_INTERVAL = re.compile(r"^\s*(\d{1,12})\s*(seconds?|s|minutes?|min|m|hours?|h|days?|d)\s*$", re.IGNORECASE)
 # Keyed by the unit's first letter, which tells seconds, minutes, hours and days apart.
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _MEASURE = re.compile(r"^\s*(count|sum|min|max|avg|approx_count_distinct)\s*\(\s*(\*|[A-Za-z_][A-Za-z0-9_]*)\s*\)\s*$")
@@ -34,12 +36,16 @@ WINDOW_END = "window_end"
 
 
 def parse_interval(text: object, *, stream: str, field_name: str) -> int:
-    """``"10 minutes"``, ``"1 hour"``, ``"30s"``... as whole seconds (at least one)."""
+    """``"10 minutes"``, ``"1 hour"``, ``"30s"``... as whole seconds (at least one, at most 3650 days)."""
     match = _INTERVAL.match(text) if isinstance(text, str) else None
     if match is None or int(match.group(1)) <= 0:
         raise CatalogError(f"expected a positive duration such as '10 minutes', '1 hour' or '30s', got {text!r}",
                            stream=stream, field=field_name)
-    return int(match.group(1)) * _UNIT_SECONDS[match.group(2)[0].lower()]
+    seconds = int(match.group(1)) * _UNIT_SECONDS[match.group(2)[0].lower()]
+    if seconds > MAX_DURATION_SECONDS:
+        raise CatalogError(f"must be at most {MAX_DURATION_SECONDS // DAY_SECONDS} days ({MAX_DURATION_SECONDS:,} "
+                           f"seconds, Sluice's bound for a duration), got {text!r}", stream=stream, field=field_name)
+    return seconds
 
 
 def spark_interval(seconds: int) -> str:

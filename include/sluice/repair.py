@@ -32,6 +32,7 @@ from sluice.constants import (
     COMMIT_INFO_RESET_BATCH,
     COMMIT_INFO_RESET_QUERY,
     COMMIT_INFO_RESET_VERSION,
+    TableRole,
 )
 from sluice.errors import SluiceError
 from sluice.lock import LOCK_FILE, LockHeld, StreamLock
@@ -63,14 +64,14 @@ def _exclusive(checkpoint: Path, stream: str) -> Iterator[None]:
 
 
 def _sink_batch(stream: StreamSpec, roots: Roots, query_id: str | None) -> int | None:
-    """The newest batch of ``query_id`` that either of the stream's tables holds."""
+    """The newest batch of ``query_id`` that any of the stream's tables holds."""
     from sluice.delta import recorded_batch
 
     if query_id is None:
         return None
     versions = []
-    for path in (stream.sink_path(roots), stream.dead_letter_table_path(roots)):
-        version = recorded_batch(path, query_id)
+    for table in stream.tables(roots):
+        version = recorded_batch(table.path, query_id)
         if version is not None:
             versions.append(version)
     return max(versions, default=None)
@@ -143,9 +144,8 @@ def repin_query_id(stream: StreamSpec, roots: Roots) -> dict[str, Any]:
 def _repin_query_id(stream: StreamSpec, roots: Roots, checkpoint: Path) -> dict[str, Any]:
     from sluice.delta import stream_query_ids
 
-    recorded = stream_query_ids(stream.sink_path(roots), stream.name) or stream_query_ids(
-        stream.dead_letter_table_path(roots), stream.name
-    )
+    recorded = next((found for table in stream.tables(roots) if (found := stream_query_ids(table.path, stream.name))),
+                    [])
     if not recorded:
         raise RepairError(f"the Delta tables of stream '{stream.name}' record no query id to re-pin")
     try:
@@ -239,11 +239,13 @@ def _reset(stream: StreamSpec, roots: Roots, checkpoint: Path, version: int) -> 
     saved = _copy(checkpoint)
     aside = checkpoint.with_name(f"{checkpoint.name}.reset-{_stamp()}")
     moved = _cut_checkpoint(checkpoint, batch, log_offsets, aside)
-    restored = {"sink": _restore(sink, version, query_id, batch, stream.name, version)}
-    # The dead-letter table goes back to its newest version that holds no batch after B.
-    dead_letter = stream.dead_letter_table_path(roots)
-    target = max((at for at, txn in txn_timeline(dead_letter, query_id) if txn <= batch), default=None)
-    restored["dead_letter"] = _restore(dead_letter, target, query_id, batch, stream.name, version)
+    restored: dict[str, Any] = {}
+    for table in stream.tables(roots):
+        # The sink goes back to the version asked for; every other table (dead letters, fan-out) to its newest
+        # version that holds no batch after B.
+        target = version if table.role is TableRole.SINK else max(
+            (at for at, txn in txn_timeline(table.path, query_id) if txn <= batch), default=None)
+        restored[table.name] = _restore(table.path, target, query_id, batch, stream.name, version)
     return {"action": "reset", "stream": stream.name, "version": version, "query_id": query_id,
             "resumes_after_batch": batch, "moved": moved, "moved_to": str(aside), "backup": str(saved),
             "tables": restored}

@@ -26,7 +26,7 @@ _SIMPLE_TYPES = {
     "timestamp": "TIMESTAMP",
     "binary": "BINARY",
 }
-_DECIMAL = re.compile(r"^decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)$")
+_DECIMAL = re.compile(r"^decimal\(\s*(\d{1,3})\s*,\s*(\d{1,3})\s*\)$")
 _NOT_NULL = re.compile(r"\s+not\s+null$")
 _COLUMN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

@@ -61,9 +61,17 @@ class SluiceOperator(BaseOperator):
         return self.catalog or os.environ.get("SLUICE_CATALOG") or str(DEFAULT_CATALOG)
 
     def stream_catalog(self) -> Catalog:
+        """The catalog, checked against this task's roots (:meth:`Catalog.check_roots`): a refusal fails the task
+        without retries, before anything is read or written."""
         from sluice.catalog import load_catalog
+        from sluice.errors import CatalogError
 
-        return load_catalog(self.catalog_path())
+        try:
+            catalog = load_catalog(self.catalog_path())
+            catalog.check_roots(self.resolved_roots())
+        except CatalogError as exc:
+            raise AirflowFailException(f"catalog refused: {exc}") from None
+        return catalog
 
 
 class SparkAppOperator(SluiceOperator):

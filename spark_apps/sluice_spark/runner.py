@@ -22,11 +22,11 @@ from pyspark.sql.streaming import StreamingQuery
 
 from sluice.catalog import Catalog, StreamSpec, TriggerSpec
 from sluice.checkpoint import ensure_query_id
-from sluice.constants import INGEST_TIME_COLUMN, SOURCE_FILE_COLUMN, DeltaEngine, SinkFormat, SinkMode
+from sluice.constants import INGEST_TIME_COLUMN, SOURCE_FILE_COLUMN, DeltaEngine, SinkFormat, SinkMode, TableRole
 from sluice.delta import batch_commits, ensure_table, table_version
 from sluice.errors import SluiceError
 from sluice.lock import StreamLock
-from sluice.paths import Roots, join, require_local
+from sluice.paths import Roots, require_local
 from sluice.patterns import LookupSpec
 from sluice.summary import RunSummary, StreamRunSummary
 from sluice_spark import patterns as steps
@@ -65,6 +65,8 @@ class PreparedStream:
     targets: list[TableTarget]
     checkpoint: str
     summary: StreamRunSummary
+    # The good rows' columns, as the sink receives them (a Delta sink's table, or a Kafka record's value).
+    data_columns: list[str] = field(default_factory=list)
     # A Kafka sink's records sent per batch id (its topic has no commit log to count them from).
     sent_to_kafka: dict[int, int] = field(default_factory=dict)
 
@@ -157,23 +159,24 @@ def _fan_out_flags(stream: StreamSpec) -> list[Column]:
 
 
 def sink_targets(stream: StreamSpec, roots: Roots, data_columns: list[str]) -> list[TableTarget]:
-    """The stream's table (good rows), its dead-letter table, then its fan-out tables, as routes of the routed
-    frame. The first two are always first: the run summary counts their commits."""
+    """The stream's tables (:meth:`StreamSpec.tables`: its own, its dead-letter table, its fan-out tables) as
+    routes of the routed frame."""
     sink, aggregate = stream.sink, stream.patterns.aggregate
     keys = aggregate.key_columns if aggregate is not None and sink.mode is SinkMode.MERGE else sink.keys
     output = [name for name in data_columns if name != INGEST_TIME_COLUMN]
-    fan_out = [
-        TableTarget(GOOD_ROUTE, join(roots.lake, spec.path),
-                    tuple((c, c) for c in [*(spec.columns or output), INGEST_TIME_COLUMN]),
-                    spec.partition_by, flag=_fan_out_column(index))
-        for index, spec in enumerate(stream.patterns.fan_out)
-    ]
-    return [
-        TableTarget(GOOD_ROUTE, stream.sink_path(roots), tuple((c, c) for c in data_columns), sink.partition_by,
-                    mode=sink.mode, keys=keys, sequence_by=sink.sequence_by),
-        TableTarget(DEAD_LETTER_ROUTE, stream.dead_letter_table_path(roots), _DEAD_LETTER_FIELDS),
-        *fan_out,
-    ]
+    targets = []
+    for table in stream.tables(roots):
+        if table.role is TableRole.SINK:
+            targets.append(TableTarget(GOOD_ROUTE, table.path, tuple((c, c) for c in data_columns), sink.partition_by,
+                                       mode=sink.mode, keys=keys, sequence_by=sink.sequence_by))
+        elif table.role is TableRole.DEAD_LETTER:
+            targets.append(TableTarget(DEAD_LETTER_ROUTE, table.path, _DEAD_LETTER_FIELDS))
+        else:
+            spec = stream.patterns.fan_out[table.index]
+            targets.append(TableTarget(GOOD_ROUTE, table.path,
+                                       tuple((c, c) for c in [*(spec.columns or output), INGEST_TIME_COLUMN]),
+                                       spec.partition_by, flag=_fan_out_column(table.index)))
+    return targets
 
 
 def create_tables(stream: StreamSpec, routed: DataFrame, targets: list[TableTarget]) -> None:
@@ -203,16 +206,23 @@ def prepare_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, run
 
         require_kafka_connector(spark, stream.name)
     if resolved is DeltaEngine.RS:
-        create_tables(stream, routed, targets[1:] if to_kafka else targets)
+        create_tables(stream, routed, targets)
+    sink, dead = sink_and_dead_letter(targets)
     summary = StreamRunSummary(
         stream=stream.name,
         query_id=query_id,
         run_id=run_id,
         engine=resolved.value,
-        delta_version_before=None if to_kafka else table_version(targets[0].path),
-        dead_letter_version_before=table_version(targets[1].path),
+        delta_version_before=None if sink is None else table_version(sink.path),
+        dead_letter_version_before=table_version(dead.path),
     )
-    return PreparedStream(stream, query_id, resolved, routed, targets, checkpoint, summary)
+    return PreparedStream(stream, query_id, resolved, routed, targets, checkpoint, summary, data_columns=data_columns)
+
+
+def sink_and_dead_letter(targets: list[TableTarget]) -> tuple[TableTarget | None, TableTarget]:
+    """The stream's own table (None for a Kafka sink) and its dead-letter table, among its targets."""
+    by_role = {(target.route, target.flag is None): target for target in targets}
+    return by_role.get((GOOD_ROUTE, True)), by_role[(DEAD_LETTER_ROUTE, True)]
 
 
 def start_stream(prepared: PreparedStream) -> StreamingQuery:
@@ -220,8 +230,8 @@ def start_stream(prepared: PreparedStream) -> StreamingQuery:
         from sluice_spark.kafka import kafka_sink_writer
 
         writer = kafka_sink_writer(
-            prepared.frame, stream=prepared.spec, data_columns=[name for name, _ in prepared.targets[0].columns],
-            route_column=ROUTE_COLUMN, good_route=GOOD_ROUTE, dead_letter=prepared.targets[1],
+            prepared.frame, stream=prepared.spec, data_columns=prepared.data_columns,
+            route_column=ROUTE_COLUMN, good_route=GOOD_ROUTE, dead_letter=sink_and_dead_letter(prepared.targets)[1],
             engine=prepared.engine, query_id=prepared.query_id, commit_info={"sluice.runId": prepared.summary.run_id},
             sent=prepared.sent_to_kafka,
         )
@@ -285,16 +295,15 @@ def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: floa
     summary.batches = len(input_rows)
     summary.input_rows = sum(input_rows.values())
     summary.late_rows, summary.duplicate_rows, summary.state_rows = _state_counts(query)
-    data, dead = prepared.targets[:2]
-    to_kafka = prepared.spec.sink.format is SinkFormat.KAFKA
-    summary.delta_version_after = None if to_kafka else table_version(data.path)
+    data, dead = sink_and_dead_letter(prepared.targets)
+    summary.delta_version_after = None if data is None else table_version(data.path)
     summary.dead_letter_version_after = table_version(dead.path)
 
     def committed(target: TableTarget, since: int | None) -> int:
         commits = batch_commits(target.path, query_id=prepared.query_id, batch_ids=input_rows, since_version=since)
         return sum(commit.rows for commit in commits)
 
-    summary.output_rows = (sum(prepared.sent_to_kafka.get(batch, 0) for batch in input_rows) if to_kafka
+    summary.output_rows = (sum(prepared.sent_to_kafka.get(batch, 0) for batch in input_rows) if data is None
                            else committed(data, summary.delta_version_before))
     summary.dead_letter_rows = committed(dead, summary.dead_letter_version_before)
     error = query.exception()

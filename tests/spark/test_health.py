@@ -405,3 +405,33 @@ def test_reset_refusals_change_nothing(world: tuple[Catalog, Roots, Path]) -> No
     (checkpoint / "metadata").unlink()
     with pytest.raises(RepairError, match="no query id"):
         reset_to_version(stream, roots, 1)
+
+
+def test_reset_of_a_fan_out_stream_restores_every_table_it_writes(spark: Any, tmp_path: Path) -> None:
+    """The fan-out table is one of the stream's tables: a reset restores it with the sink and the dead-letter table,
+    so the rerun's batches are written to it again instead of skipped, and the health check stays OK."""
+    write_catalog(tmp_path, events_stream(
+        trigger={"max_files_per_trigger": 1},
+        fan_out=[{"path": "bronze/purchases", "where": "event_type = 'purchase'"}]))
+    catalog, roots = load_catalog(tmp_path / "catalog.yaml"), roots_in(tmp_path)
+    stream = catalog.get("events")
+    producer = DemoProducer(tmp_path / "landing", seed=52, malformed_rate=0.05)
+    for index in range(3):
+        producer.events_file(lines=40, now=NOW + dt.timedelta(minutes=index))
+    assert run_streams(spark, catalog, ["events"], roots).streams[0].batches == 3
+    purchases = str(Path(roots.lake) / "bronze" / "purchases")
+    columns = ["event_id", "event_type", "user_id", "amount"]
+    good, bad = expected_events(tmp_path / "landing" / "events")
+    wanted_purchases = sorted((row[:4] for row in good if row[1] == "purchase"), key=repr)
+    assert wanted_purchases and table_rows(purchases, columns) == wanted_purchases
+
+    result = reset_to_version(stream, roots, version_of_batch(stream.sink_path(roots), 0))
+
+    assert result["resumes_after_batch"] == 0 and result["tables"]["fan_out[0]"]["restored"]
+    assert check_stream(stream, roots).codes == []
+    rerun = run_streams(spark, catalog, ["events"], roots).streams[0]
+    assert rerun.status == "succeeded" and rerun.batches == 2, rerun.error
+    assert table_rows(stream.sink_path(roots), columns) == sorted((row[:4] for row in good), key=repr)
+    assert table_rows(purchases, columns) == wanted_purchases, "the fan-out table equals its batch oracle"
+    assert len(table_rows(stream.dead_letter_table_path(roots), ["raw_record"])) == bad
+    assert check_stream(stream, roots).codes == []

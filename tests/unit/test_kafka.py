@@ -82,7 +82,9 @@ def test_brokers_and_security_in_the_catalog_are_refused_pointing_at_the_connect
 @pytest.mark.parametrize(("options", "fragments"), [
     ({"subscribe": "a", "startingOffsets": "oldest"}, ("source.options.startingOffsets:", "not valid JSON")),
     ({"subscribe": "a", "startingOffsets": {"a": {"0": "x"}}}, ("source.options.startingOffsets:", "-2 earliest")),
-    ({"subscribe": "a", "maxOffsetsPerTrigger": 0}, ("source.options.maxOffsetsPerTrigger:", "positive integer")),
+    ({"subscribe": "a", "maxOffsetsPerTrigger": 0}, ("source.options.maxOffsetsPerTrigger:", "integer from 1 to")),
+    ({"subscribe": "a", "maxOffsetsPerTrigger": "²"}, ("source.options.maxOffsetsPerTrigger:", "integer from 1 to")),
+    ({"subscribe": "a", "maxOffsetsPerTrigger": 10**30}, ("source.options.maxOffsetsPerTrigger:", "integer from 1")),
     ({"subscribe": "a", "maxTriggerDelay": "5m"}, ("source.options.maxTriggerDelay:", "minOffsetsPerTrigger")),
     ({"subscribe": "a", "maxOffsetsPerTrigger": 5, "minOffsetsPerTrigger": 9},
      ("source.options.minOffsetsPerTrigger:", "exceeds")),
