@@ -23,8 +23,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from sluice.constants import DeltaEngine, SinkMode
-from sluice_spark.delta_rs_sink import TableTarget
 from sluice_spark.session import configure_sluice, register_data_sources
+from sluice_spark.targets import TableTarget
 from sluice_spark.writers import table_writer
 
 COLUMNS = (("id", "id"), ("plan", "plan"), ("updated_at", "updated_at"))

@@ -1,4 +1,5 @@
-"""The ``rs`` Delta engine's sink: a Spark Python Data Source that writes Delta tables through delta-rs.
+"""The ``rs`` Delta engine's streaming sink: the writer of the ``sluice_delta`` data source
+(:mod:`sluice_spark.delta_rs_datasource`), which writes Delta tables through delta-rs.
 
 Executors turn Arrow record batches into Parquet files inside the table folders and send the file list back to the
 driver. The driver commits every file of a micro-batch in one Delta transaction per table, tagged with the
@@ -13,84 +14,29 @@ route value in a column, and each table declares the route it takes and the colu
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceStreamArrowWriter,
-    DataSourceStreamReader,
-    WriterCommitMessage,
-)
+from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 
-from sluice.constants import COMMIT_INFO_RECORDS, SinkMode
+from sluice.constants import COMMIT_INFO_RECORDS
 from sluice.delta import commit_metadata, holds_batch
 from sluice_spark import faults
+from sluice_spark.delta_rs_stats import file_stats, partition_string
+from sluice_spark.targets import TableTarget
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
 
-DATA_SOURCE_NAME = "sluice_delta"
 HIVE_NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
-# Delta truncates string statistics; a longer string's min/max is left out rather than stored wrong.
-_MAX_STRING_STAT = 32
-
-
-@dataclass(frozen=True)
-class TableTarget:
-    """One Delta table the sink writes: the rows whose route column equals ``route`` (and, for a fan-out table, whose
-    boolean ``flag`` column is true).
-
-    ``columns`` pairs each column of the routed frame with its name in the table. ``mode`` is how a batch reaches
-    the table: appended, merged by ``keys`` (the highest ``sequence_by`` wins), or rewritten whole.
-    """
-
-    route: int
-    path: str
-    columns: tuple[tuple[str, str], ...]
-    partition_by: tuple[str, ...] = ()
-    flag: str | None = None
-    mode: SinkMode = SinkMode.APPEND
-    keys: tuple[str, ...] = ()
-    sequence_by: str | None = None
-
-    def selects(self, route: Any, flag: Any = None) -> Any:
-        """The row mask of this table over the Arrow arrays of the route and flag columns."""
-        import pyarrow.compute as pc
-
-        mask = pc.equal(route, self.route)
-        return mask if self.flag is None else pc.and_(mask, flag)
-
-    @property
-    def table_columns(self) -> list[str]:
-        return [name for _, name in self.columns]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"route": self.route, "path": self.path, "columns": [list(pair) for pair in self.columns],
-                "partition_by": list(self.partition_by), "flag": self.flag, "mode": self.mode.value,
-                "keys": list(self.keys), "sequence_by": self.sequence_by}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> TableTarget:
-        return cls(route=data["route"], path=data["path"],
-                   columns=tuple((source, name) for source, name in data["columns"]),
-                   partition_by=tuple(data.get("partition_by", ())), flag=data.get("flag"),
-                   mode=SinkMode(data.get("mode", SinkMode.APPEND.value)), keys=tuple(data.get("keys", ())),
-                   sequence_by=data.get("sequence_by"))
-
-
-def encode_targets(targets: Sequence[TableTarget]) -> str:
-    return json.dumps([target.to_dict() for target in targets])
 
 
 @dataclass
@@ -109,51 +55,6 @@ class AddedFile:
 @dataclass
 class DeltaCommitMessage(WriterCommitMessage):
     files: list[AddedFile] = field(default_factory=list)
-
-
-class DeltaRsDataSource(DataSource):
-    """``df.writeStream.format("sluice_delta")``. Options: ``targets`` (JSON), ``routeColumn``, ``queryId``,
-    ``stream``; ``commitInfo`` (JSON object) is added to every commit's metadata.
-
-    ``spark.readStream.format("sluice_delta").load(path)`` reads a table's new versions
-    (:mod:`sluice_spark.delta_rs_source`)."""
-
-    @classmethod
-    def name(cls) -> str:
-        return DATA_SOURCE_NAME
-
-    def schema(self) -> StructType:
-        from sluice_spark.delta_rs_source import table_schema
-
-        path = {key.lower(): value for key, value in self.options.items()}.get("path")
-        if not path:
-            raise ValueError(f"{DATA_SOURCE_NAME} source needs a path: spark.readStream.format(...).load(path)")
-        return table_schema(path)
-
-    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        from sluice_spark.delta_rs_source import DeltaRsStreamReader
-
-        return DeltaRsStreamReader(schema, dict(self.options))
-
-    def streamWriter(self, schema: StructType, overwrite: bool) -> DeltaRsStreamWriter:
-        options = dict(self.options)
-        missing = [key for key in ("targets", "routecolumn", "queryid") if key not in {k.lower() for k in options}]
-        if missing:
-            raise ValueError(f"{DATA_SOURCE_NAME} sink needs the option(s) {', '.join(missing)}")
-        lowered = {key.lower(): value for key, value in options.items()}
-        targets = [TableTarget.from_dict(item) for item in json.loads(lowered["targets"])]
-        routes = [(target.route, target.flag) for target in targets]
-        if len(set(routes)) != len(routes):
-            raise ValueError(f"{DATA_SOURCE_NAME} sink: each table needs its own route and flag, got {routes}")
-        if any(target.mode is not SinkMode.APPEND for target in targets):
-            raise ValueError(f"{DATA_SOURCE_NAME} sink appends; merge and overwrite go through foreachBatch")
-        return DeltaRsStreamWriter(
-            targets=targets,
-            route_column=lowered["routecolumn"],
-            app_id=lowered["queryid"],
-            stream=lowered.get("stream", ""),
-            commit_info=json.loads(lowered.get("commitinfo", "{}")),
-        )
 
 
 class DeltaRsStreamWriter(DataSourceStreamArrowWriter):
@@ -214,7 +115,7 @@ class DeltaRsStreamWriter(DataSourceStreamArrowWriter):
         row_lists = groups.column("_row_list").combine_chunks()
         data = table.select(data_columns)
         for position, key in enumerate(groups.select(partition_by).to_pylist()):
-            values = tuple(_partition_string(key[column]) for column in partition_by)
+            values = tuple(partition_string(key[column]) for column in partition_by)
             rows_of_key = row_lists[position].values
             part = data if len(rows_of_key) == table.num_rows else data.take(rows_of_key)
             writer_key = (index, values)
@@ -306,7 +207,7 @@ class _PartitionFile:
             size=int(size or 0),
             partition_values=self.partition_values,
             modification_time=int(time.time() * 1000),
-            stats=_file_stats(self.writer.writer.metadata, self.rows),
+            stats=file_stats(self.writer.writer.metadata, self.rows),
             rows=self.rows,
         )
 
@@ -339,88 +240,3 @@ def _remove_files(table_path: str, files: list[AddedFile]) -> None:
         _delete_quietly(filesystem, f"{base}/{unquote(added.path)}")
 
 
-def _partition_string(value: object) -> str | None:
-    """A partition value as the Delta protocol serialises it."""
-    import datetime as dt
-
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, dt.datetime):
-        if value.tzinfo is not None:
-            value = value.astimezone(dt.timezone.utc).replace(tzinfo=None)
-        return value.isoformat(sep=" ", timespec="microseconds")
-    return str(value)
-
-
-def _file_stats(metadata: Any, rows: int) -> str:
-    """Delta file statistics (numRecords, nullCount, minValues, maxValues) from the Parquet footer.
-
-    A bound that cannot be stored exactly is left out, never stored approximately: a wrong bound would make
-    readers skip files that hold matching rows.
-    """
-    null_count: dict[str, int] = {}
-    bounds: dict[str, list[Any]] = {}
-    unusable: set[str] = set()
-    for group_index in range(metadata.num_row_groups):
-        group = metadata.row_group(group_index)
-        for column_index in range(group.num_columns):
-            chunk = group.column(column_index)
-            name = chunk.path_in_schema
-            statistics = chunk.statistics
-            if "." in name or statistics is None or not statistics.has_null_count:
-                unusable.add(name)
-                continue
-            null_count[name] = null_count.get(name, 0) + statistics.null_count
-            if not statistics.has_min_max:
-                if statistics.null_count < chunk.num_values:
-                    unusable.add(name)  # values without bounds: no bound for the file either
-                continue
-            low, high = statistics.min, statistics.max
-            if name in bounds:
-                bounds[name][0] = min(bounds[name][0], low)
-                bounds[name][1] = max(bounds[name][1], high)
-            else:
-                bounds[name] = [low, high]
-
-    stats: dict[str, Any] = {"numRecords": rows, "nullCount": {}, "minValues": {}, "maxValues": {}}
-    for name, count in null_count.items():
-        if name in unusable:
-            continue
-        stats["nullCount"][name] = count
-        if name not in bounds:
-            continue
-        low, high = _stat_value(bounds[name][0], round_up=False), _stat_value(bounds[name][1], round_up=True)
-        if low is not None and high is not None:
-            stats["minValues"][name], stats["maxValues"][name] = low, high
-    return json.dumps(stats)
-
-
-def _stat_value(value: Any, *, round_up: bool) -> Any:
-    """A bound as Delta stores it in JSON, or None when it cannot be stored exactly."""
-    import datetime as dt
-    import decimal
-    import math
-
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        return None if math.isnan(value) or math.isinf(value) else value
-    if isinstance(value, decimal.Decimal):
-        # Up to 15 significant digits survive the trip through a JSON number exactly.
-        return float(value) if len(value.as_tuple().digits) <= 15 else None
-    if isinstance(value, dt.datetime):
-        if value.tzinfo is not None:
-            value = value.astimezone(dt.timezone.utc).replace(tzinfo=None)
-        # Delta keeps milliseconds; the upper bound is rounded up so that it still bounds the data.
-        if round_up and value.microsecond % 1000:
-            value = value + dt.timedelta(microseconds=1000 - value.microsecond % 1000)
-        return value.isoformat(timespec="milliseconds") + "Z"
-    if isinstance(value, dt.date):
-        return value.isoformat()
-    if isinstance(value, str):
-        return value if len(value) <= _MAX_STRING_STAT else None
-    return None

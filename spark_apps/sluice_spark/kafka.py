@@ -34,8 +34,8 @@ from sluice.constants import (
 )
 from sluice.errors import SluiceError
 from sluice.kafka import DEFAULT_CONNECTION, options_from_env
-from sluice_spark.delta_rs_sink import TableTarget
 from sluice_spark.sources import CORRUPT_COLUMN
+from sluice_spark.targets import TableTarget
 from sluice_spark.writers import BatchRouter, stream_commit_info
 
 # A class of each jar the connector needs, and the jar's name.

@@ -30,12 +30,12 @@ from sluice.paths import Roots, require_local
 from sluice.patterns import LookupSpec
 from sluice.summary import RunSummary, StreamRunSummary
 from sluice_spark import patterns as steps
-from sluice_spark.delta_rs_sink import TableTarget
 from sluice_spark.patterns import with_watermark
 from sluice_spark.quality import RAW_COLUMN, REASON_COLUMN, flag_dead_letters
 from sluice_spark.session import activate, resolve_engine
 from sluice_spark.sinks import delta_writer
 from sluice_spark.sources import CORRUPT_COLUMN, read_stream
+from sluice_spark.targets import TableTarget
 from sluice_spark.transforms import get_transform
 
 log = logging.getLogger(__name__)

@@ -43,7 +43,7 @@ def configure_sluice(builder: SparkSession.Builder) -> SparkSession.Builder:
 
 def register_data_sources(spark: SparkSession) -> None:
     """Register Sluice's Python data sources on a session."""
-    from sluice_spark.delta_rs_sink import DeltaRsDataSource
+    from sluice_spark.delta_rs_datasource import DeltaRsDataSource
 
     spark.dataSource.register(DeltaRsDataSource)
 

@@ -17,7 +17,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql.streaming import DataStreamWriter
 
 from sluice.constants import DeltaEngine, SinkMode
-from sluice_spark.delta_rs_sink import DATA_SOURCE_NAME, TableTarget, encode_targets
+from sluice_spark.delta_rs_datasource import DATA_SOURCE_NAME
+from sluice_spark.targets import TableTarget, encode_targets
 from sluice_spark.writers import BatchRouter, stream_commit_info
 
 # Spark's output mode for each way a table is written.

@@ -71,7 +71,7 @@ def read_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: 
 
 
 def _read_delta(spark: SparkSession, stream: StreamSpec, roots: Roots, trigger: TriggerSpec) -> DataFrame:
-    from sluice_spark.delta_rs_sink import DATA_SOURCE_NAME
+    from sluice_spark.delta_rs_datasource import DATA_SOURCE_NAME
     from sluice_spark.session import resolve_engine
 
     path = stream.source_path(roots)

@@ -30,7 +30,7 @@ from sluice.constants import COMMIT_INFO_RECORDS, DeltaEngine, SinkMode
 from sluice.delta import commit_metadata, holds_batch
 from sluice.predicates import DATAFUSION, SPARK_SQL, RowFilter, render
 from sluice_spark import faults
-from sluice_spark.delta_rs_sink import TableTarget
+from sluice_spark.targets import TableTarget
 
 log = logging.getLogger(__name__)
 
