@@ -7,7 +7,6 @@ from enum import Enum
 
 class SourceType(str, Enum):
     FILES = "files"
-    RATE = "rate"
     # Another Delta table, read by version: a silver or gold stream reading bronze or silver.
     DELTA = "delta"
     # Topics of a Kafka cluster; the brokers and their security settings come from an Airflow connection.
