@@ -20,7 +20,7 @@ from pyspark.sql import SparkSession
 
 from sluice.backfill import parse_request
 from sluice.catalog import load_catalog
-from sluice.constants import BACKFILL_MARKER, DeltaEngine
+from sluice.constants import BACKFILL_MARKER, DeltaEngine, RunStatus
 from sluice.errors import SluiceError
 from sluice.lock import LockHeld
 from sluice.paths import Roots
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         request = parse_request(params, catalog, run_id=args.run_id)
         catalog.check_roots(roots)
     except SluiceError as exc:
-        emit(json.dumps({"stream": args.stream, "status": "refused", "error": str(exc), "retryable": False}),
+        emit(json.dumps({"stream": args.stream, "status": RunStatus.REFUSED, "error": str(exc), "retryable": False}),
              args.summary_file)
         print(f"sluice: {exc}", file=sys.stderr)
         return 2
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             summary = run_backfill(spark, catalog, request, roots, engine=engine,
                                    lock_wait_seconds=args.lock_wait_seconds)
         except SluiceError as exc:
-            emit(json.dumps({"stream": request.stream, "status": "failed", "error": str(exc),
+            emit(json.dumps({"stream": request.stream, "status": RunStatus.FAILED, "error": str(exc),
                              "retryable": isinstance(exc, LockHeld)}), args.summary_file)
             return 1
         emit(summary.to_json(), args.summary_file)

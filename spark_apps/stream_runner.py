@@ -19,7 +19,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from sluice.catalog import load_catalog
-from sluice.constants import DeltaEngine
+from sluice.constants import DeltaEngine, RunStatus
 from sluice.errors import SluiceError
 from sluice.kafka import env_secrets, scrub
 from sluice.lock import LockHeld
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         catalog.select(args.streams)  # refuse unknown streams, and overlapping folders, before a JVM starts
         catalog.check_roots(roots)
     except SluiceError as exc:
-        emit(RunSummary(None, [StreamRunSummary(stream=name, status="failed", error=str(exc), retryable=False)
+        emit(RunSummary(None, [StreamRunSummary(stream=name, status=RunStatus.FAILED, error=str(exc), retryable=False)
                                for name in args.streams]), args.summary_file)
         print(f"sluice: {exc}", file=sys.stderr)
         return 2
@@ -81,9 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         except SluiceError as exc:
             # A held lock clears when the other run ends, so a retry can succeed; other refusals need a fix.
             retryable = isinstance(exc, LockHeld)
-            summary = RunSummary(spark.sparkContext.applicationId,
-                                 [StreamRunSummary(stream=name, status="failed", error=str(exc), retryable=retryable)
-                                  for name in args.streams])
+            summary = RunSummary(spark.sparkContext.applicationId, [
+                StreamRunSummary(stream=name, status=RunStatus.FAILED, error=str(exc), retryable=retryable)
+                for name in args.streams])
         emit(summary, args.summary_file)
         for stream in summary.streams:
             logging.info("stream %s: %s", stream.stream, json.dumps(stream.__dict__, default=str))

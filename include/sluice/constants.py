@@ -38,6 +38,16 @@ class SinkMode(str, Enum):
     COMPLETE = "complete"
 
 
+class RunStatus(str, Enum):
+    """How a stream run or a backfill ended, as its summary and XCom say."""
+
+    PENDING = "pending"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    # A backfill whose params or catalog were refused before anything was read.
+    REFUSED = "refused"
+
+
 class TableRole(str, Enum):
     """What a Delta table is to the stream that writes it."""
 

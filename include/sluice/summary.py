@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sluice.constants import SUMMARY_MARKER
+from sluice.constants import SUMMARY_MARKER, RunStatus
 from sluice.errors import StreamRunError
 
 
@@ -23,7 +23,7 @@ class StreamRunSummary:
     stream: str
     query_id: str | None = None
     run_id: str | None = None
-    status: str = "pending"
+    status: str = RunStatus.PENDING
     batches: int = 0
     input_rows: int = 0
     output_rows: int = 0
@@ -53,7 +53,7 @@ class RunSummary:
 
     @property
     def ok(self) -> bool:
-        return all(stream.status == "succeeded" for stream in self.streams)
+        return all(stream.status == RunStatus.SUCCEEDED for stream in self.streams)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, default=str)

@@ -15,6 +15,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from sluice.arguments import option_args
 from sluice.catalog import DEFAULT_CATALOG
+from sluice.constants import RunStatus
 from sluice.paths import Roots
 
 if TYPE_CHECKING:
@@ -198,7 +199,7 @@ class StreamRunOperator(SparkAppOperator):
         result = json.loads(summary.to_json())
         if failure is not None or not summary.ok:
             context["ti"].xcom_push(key="failed_summary", value=result)
-            failed = [s for s in summary.streams if s.status != "succeeded"]
+            failed = [s for s in summary.streams if s.status != RunStatus.SUCCEEDED]
             errors = "; ".join(f"{s.stream}: {s.error}" for s in failed)
             if failed and not any(s.retryable for s in failed):
                 raise AirflowFailException(f"Stream run failed, and a retry cannot fix it: {errors}")
@@ -340,7 +341,7 @@ class BackfillOperator(SparkAppOperator):
         if summary is None:
             raise AirflowException(f"backfill of {request.stream} produced no summary: {failure}")
         self.log.info("Backfill summary: %s", json.dumps(summary, sort_keys=True))
-        if failure is not None or summary.get("status") != "succeeded":
+        if failure is not None or summary.get("status") != RunStatus.SUCCEEDED:
             context["ti"].xcom_push(key="failed_summary", value=summary)
             message = f"backfill of {request.stream} failed: {summary.get('error') or failure}"
             if not summary.get("retryable", True):

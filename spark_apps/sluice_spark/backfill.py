@@ -29,7 +29,7 @@ from pyspark.sql import functions as F
 from sluice.backfill import BackfillError, BackfillPlan, BackfillRequest, plan_backfill
 from sluice.catalog import Catalog, StreamSpec, TriggerSpec
 from sluice.checkpoint import ensure_query_id
-from sluice.constants import BACKFILL_MARKER, DeltaEngine
+from sluice.constants import BACKFILL_MARKER, DeltaEngine, RunStatus
 from sluice.delta import table_version
 from sluice.lock import LockHeld, StreamLock
 from sluice.paths import Roots, join, require_local
@@ -66,7 +66,7 @@ class BackfillSummary:
     end: str
     dry_run: bool
     reason: str | None = None
-    status: str = "pending"
+    status: str = RunStatus.PENDING
     files: int = 0
     file_bytes: int = 0
     pending_files: int = 0
@@ -93,7 +93,7 @@ class BackfillSummary:
 
     @property
     def ok(self) -> bool:
-        return self.status == "succeeded"
+        return self.status == RunStatus.SUCCEEDED
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, default=str)
@@ -182,7 +182,7 @@ def run_backfill(spark: SparkSession, catalog: Catalog, request: BackfillRequest
         if plan.files:
             _run_query(spark, stream, roots, request, plan, summary, own, lock, engine)
         else:
-            summary.status = "succeeded"
+            summary.status = RunStatus.SUCCEEDED
             summary.notes.append("no file to read: nothing to do")
     summary.delta_version_after = table_version(stream.sink_path(roots))
     summary.dead_letter_version_after = table_version(stream.dead_letter_table_path(roots))
@@ -246,8 +246,8 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
     summary.replayed_batches = list(router.replayed)
     error = query.exception()
     if lock.lost:
-        summary.status, summary.error = "failed", "lost the stream's lock to another run during the backfill"
+        summary.status, summary.error = RunStatus.FAILED, "lost the stream's lock to another run during the backfill"
     elif error is not None:
-        summary.status, summary.error = "failed", error_message(error)
+        summary.status, summary.error = RunStatus.FAILED, error_message(error)
     else:
-        summary.status = "succeeded"
+        summary.status = RunStatus.SUCCEEDED

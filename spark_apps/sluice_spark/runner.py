@@ -22,7 +22,15 @@ from pyspark.sql.streaming import StreamingQuery
 
 from sluice.catalog import Catalog, StreamSpec, TriggerSpec
 from sluice.checkpoint import ensure_query_id
-from sluice.constants import INGEST_TIME_COLUMN, SOURCE_FILE_COLUMN, DeltaEngine, SinkFormat, SinkMode, TableRole
+from sluice.constants import (
+    INGEST_TIME_COLUMN,
+    SOURCE_FILE_COLUMN,
+    DeltaEngine,
+    RunStatus,
+    SinkFormat,
+    SinkMode,
+    TableRole,
+)
 from sluice.delta import batch_commits, ensure_table, table_version
 from sluice.errors import SluiceError
 from sluice.lock import StreamLock
@@ -308,20 +316,20 @@ def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: floa
     summary.dead_letter_rows = committed(dead, summary.dead_letter_version_before)
     error = query.exception()
     if error is not None:
-        summary.status = "failed"
+        summary.status = RunStatus.FAILED
         summary.error = error_message(error)
         summary.retryable = not is_permanent_failure(summary.error)
     elif not prepared.spec.patterns.stateful and summary.input_rows != summary.output_rows + summary.dead_letter_rows:
         # A stateful stream drops late rows and duplicates, and an aggregate turns rows into groups: there the
         # counts are reported, not reconciled.
-        summary.status = "failed"
+        summary.status = RunStatus.FAILED
         summary.retryable = False
         summary.error = (
             f"row reconciliation failed: read {summary.input_rows} rows but committed {summary.output_rows} good "
             f"and {summary.dead_letter_rows} dead-letter rows in batches {summary.batch_ids}"
         )
     else:
-        summary.status = "succeeded"
+        summary.status = RunStatus.SUCCEEDED
     return summary
 
 
@@ -385,7 +393,7 @@ def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: 
         summaries = [finish_stream(item, query, started) for item, query in running]
         for summary in summaries:
             if held[summary.stream].lost:  # the cause, whatever else the stopped query reported
-                summary.status, summary.retryable = "failed", True
+                summary.status, summary.retryable = RunStatus.FAILED, True
                 summary.error = "lost the stream's lock to another run during this run; it was stopped"
     return RunSummary(app_id=spark.sparkContext.applicationId, streams=summaries)
 
