@@ -309,12 +309,18 @@ def test_make_stop_kills_the_recorded_sessions_and_never_a_pid_given_to_another_
             process.wait()
 
 
+# What `make clean` needs of the checkout: the Makefile, and sluice.devserver, which it runs on the system Python.
+SOURCES = ("Makefile", "include/sluice/__init__.py", "include/sluice/errors.py", "include/sluice/devserver.py")
+
+
 @pytest.fixture
 def checkout(tmp_path: Path) -> Path:
-    """A throwaway copy of the checkout as `make clean` sees it: the Makefile, a venv, data, an Airflow home, caches."""
+    """A throwaway copy of the checkout as `make clean` sees it: the Makefile and the module it runs (SOURCES), a venv,
+    data, an Airflow home, caches."""
     folder = tmp_path / "checkout"
-    folder.mkdir()
-    shutil.copy(PROJECT / "Makefile", folder / "Makefile")
+    for source in SOURCES:
+        (folder / source).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(PROJECT / source, folder / source)
     for name in (".venv", "data", ".airflow", ".pytest_cache", "spark-warehouse"):
         (folder / name).mkdir()
         (folder / name / "marker").write_text(name)
@@ -329,7 +335,7 @@ def test_make_clean_deletes_the_data_the_airflow_home_and_the_caches_inside_the_
     cleaned = make("clean", env=make_env(), cwd=checkout)
 
     assert cleaned.returncode == 0, cleaned.stdout + cleaned.stderr
-    assert files_under(checkout) == {checkout / "Makefile", checkout / ".venv" / "marker"}
+    assert files_under(checkout) == {*(checkout / source for source in SOURCES), checkout / ".venv" / "marker"}
 
 
 @pytest.mark.parametrize("case", ["data root outside", "data root links outside", "Airflow home is the checkout"])
