@@ -4,7 +4,10 @@
 # The LocalExecutor runs tasks in the scheduler's container, and spark-submit runs in client mode, so the Spark
 # driver lives here too. That is why the image has Java, the same Python minor version, pyspark and jars as the
 # Spark image (include/docker/spark.Dockerfile), and the project installed at the same path (/opt/sluice).
-FROM apache/airflow:3.3.2-python3.11
+#
+# Pinned by digest, like every image of the stack. The tag is the apache-airflow pin of requirements.txt on Python
+# 3.12: no digest of the python3.11 variant could be confirmed when the pins were set (README: "Images").
+FROM apache/airflow:3.3.2-python3.12@sha256:9df9c8be4096b9cc626bd7cb1f2b8c712eef66c59c615f8c7e6200871ca10bd1
 
 USER root
 # The JRE's post-install links its man pages into /usr/share/man/man1, which slim Debian images leave out.
@@ -17,6 +20,22 @@ RUN mkdir -p /usr/share/man/man1 \
     && rm -rf /var/lib/apt/lists/* \
     && mkdir -p /opt/sluice/data \
     && chown -R airflow:0 /opt/sluice
+
+# The containers run as AIRFLOW_UID with group 0. The base image makes /etc/passwd writable by group 0 so that its
+# entrypoint can add an entry for an unknown UID at run time, which also lets any process of the container rewrite
+# the entries (root's included). Sluice's stack knows its UID at build time (compose passes SLUICE_UID = AIRFLOW_UID):
+# the entry is made here, for the Spark driver that runs in the scheduler (Hadoop's login needs the user's name), and
+# /etc/passwd goes back to root-only writes. SLUICE_UID rather than AIRFLOW_UID: the base image's ENV AIRFLOW_UID
+# would override an ARG of that name.
+ARG SLUICE_UID=50000
+RUN if ! getent passwd "${SLUICE_UID}" >/dev/null; then \
+        useradd --uid "${SLUICE_UID}" --gid 0 --no-create-home --home-dir /home/airflow --shell /usr/sbin/nologin \
+            sluice; \
+    fi \
+    && chmod go-w /etc/passwd /etc/group
+# Root's and read-only: spark.ui.killEnabled=false for every application the scheduler submits (client mode).
+COPY include/docker/spark-defaults.conf /opt/spark/conf/spark-defaults.conf
+ENV SPARK_CONF_DIR=/opt/spark/conf
 USER airflow
 
 # The pinned set Sluice is tested with. It pins the same apache-airflow as the base image, so pip keeps Airflow.

@@ -4,8 +4,10 @@
 # interpreter the driver names (PYSPARK_PYTHON=python3, found on PATH). PySpark refuses a driver and workers on two
 # Python minor versions, and the workers unpickle classes of sluice_spark, so this image has the Airflow image's
 # Python minor version, the same requirements.txt, the project at the same path (/opt/sluice) and the same jars.
-# It is built on python:*-slim rather than apache/spark, whose Python is the distribution's, not 3.11.
-FROM python:3.11-slim-bookworm
+# It is built on python:*-slim rather than apache/spark, whose Python is the distribution's, not the Airflow image's.
+# Pinned by digest, like every image of the stack; the tag says which Python it is. Python 3.12 because the
+# Airflow image is apache/airflow:3.3.2-python3.12 (see airflow.Dockerfile).
+FROM python:3.12-slim-bookworm@sha256:782412e85d0f0984994c290652577d4018aff08145c85b262bb63dc0c7522254
 
 # procps gives Spark's launch scripts `ps`; see airflow.Dockerfile for man1.
 RUN mkdir -p /usr/share/man/man1 \
@@ -15,12 +17,18 @@ RUN mkdir -p /usr/share/man/man1 \
     && rm -rf /var/lib/apt/lists/*
 
 # The stack runs as AIRFLOW_UID with group 0, as the Airflow image does, so that the driver and the executors write
-# the shared data as one owner. The entrypoint adds a passwd entry when AIRFLOW_UID is another UID.
-RUN useradd --uid 50000 --gid 0 --create-home --home-dir /home/sluice sluice \
-    && chmod g+w /etc/passwd \
-    && mkdir -p /opt/sluice/data /opt/spark/work \
-    && chown -R sluice:0 /opt/sluice /opt/spark \
-    && chmod -R g+rwX /opt/sluice /opt/spark
+# the shared data as one owner. Spark's JVM needs a passwd entry for its UID (Hadoop's login asks for the user's
+# name), so the user is created here, at build time, with the UID compose passes (SLUICE_UID = AIRFLOW_UID);
+# /etc/passwd stays root's and read-only. Change AIRFLOW_UID, rebuild (`docker compose up --build`).
+ARG SLUICE_UID=50000
+RUN if ! getent passwd "${SLUICE_UID}" >/dev/null; then \
+        useradd --uid "${SLUICE_UID}" --gid 0 --create-home --home-dir /home/sluice --shell /usr/sbin/nologin sluice; \
+    fi \
+    && mkdir -p /opt/sluice/data /opt/spark/work /opt/spark/conf \
+    && chown -R "${SLUICE_UID}:0" /opt/sluice /opt/spark/work \
+    && chmod -R g+rwX /opt/sluice /opt/spark/work
+# Root's and read-only: spark.ui.killEnabled=false for the master, the workers and anything started here.
+COPY include/docker/spark-defaults.conf /opt/spark/conf/spark-defaults.conf
 
 COPY requirements.txt /opt/sluice/requirements.txt
 RUN pip install --no-cache-dir -r /opt/sluice/requirements.txt
@@ -36,12 +44,13 @@ RUN python /opt/sluice/include/docker/fetch_spark_jars.py --spark "${SPARK_VERSI
         --kafka-clients "${KAFKA_CLIENTS_VERSION}" --commons-pool2 "${COMMONS_POOL2_VERSION}" \
         --repository "${MAVEN_REPOSITORY}"
 
-COPY --chown=sluice:0 . /opt/sluice
+COPY --chown=${SLUICE_UID}:0 . /opt/sluice
 RUN pip install --no-cache-dir --no-deps -e /opt/sluice
 
 ENV SPARK_WORKER_DIR=/opt/spark/work \
+    SPARK_CONF_DIR=/opt/spark/conf \
     PYSPARK_PYTHON=python3
-USER sluice
+USER ${SLUICE_UID}:0
 WORKDIR /opt/sluice
 ENTRYPOINT ["bash", "/opt/sluice/include/docker/spark-entrypoint.sh"]
 CMD ["master"]

@@ -210,6 +210,10 @@ class DemoProducer:
         return total
 
 
+# What only a producer reads; the admin client that creates the topic takes every other setting of the sink.
+_DELIVERY_SETTINGS = frozenset({"enable.idempotence", "acks", "linger.ms"})
+
+
 class KafkaEventSink:
     """Sends event records to one Kafka topic with confluent-kafka and waits until the broker has every one.
 
@@ -244,7 +248,8 @@ class KafkaEventSink:
         from confluent_kafka import KafkaError, KafkaException
         from confluent_kafka.admin import AdminClient, NewTopic
 
-        admin = AdminClient({"bootstrap.servers": self.config["bootstrap.servers"]})
+        # The producer's connection settings (brokers, protocol, SASL, SSL), without its delivery settings.
+        admin = AdminClient({key: value for key, value in self.config.items() if key not in _DELIVERY_SETTINGS})
         if self.topic in admin.list_topics(timeout=timeout).topics:
             return False
         future = admin.create_topics([NewTopic(self.topic, self.partitions, 1)])[self.topic]
@@ -297,13 +302,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--topic", help="send the events to this Kafka topic instead of writing files")
     parser.add_argument("--kafka-bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"),
                         help="Kafka bootstrap servers for --topic (default: KAFKA_BOOTSTRAP_SERVERS)")
+    parser.add_argument("--kafka-connection",
+                        help="for --topic: the Airflow connection to log in with (brokers, SASL, SSL), as the stream "
+                             "DAGs do, e.g. sluice_kafka from AIRFLOW_CONN_SLUICE_KAFKA")
     parser.add_argument("--partitions", type=int, default=3, help="partitions of --topic when it is created")
     parser.add_argument("--heartbeat-file", help="file touched after every round that succeeded (healthchecks)")
     args = parser.parse_args(argv)
+    security: dict[str, Any] = {}
+    if args.topic and args.kafka_connection:
+        from sluice.kafka import client_config, connection_fields
+
+        security = client_config(connection_fields(args.kafka_connection))
+        args.kafka_bootstrap = security.pop("bootstrap.servers")
     if args.topic and not args.kafka_bootstrap:
-        parser.error("--topic needs --kafka-bootstrap or KAFKA_BOOTSTRAP_SERVERS")
+        parser.error("--topic needs --kafka-connection, --kafka-bootstrap or KAFKA_BOOTSTRAP_SERVERS")
     producer = DemoProducer(args.landing_root, seed=args.seed if args.seed is not None else int(time.time()))
-    sink = KafkaEventSink(args.kafka_bootstrap, args.topic, partitions=args.partitions) if args.topic else None
+    sink = (KafkaEventSink(args.kafka_bootstrap, args.topic, partitions=args.partitions, config=security)
+            if args.topic else None)
     if sink is not None:
         sink.ensure_topic()
     while True:

@@ -2,7 +2,9 @@
 
 No Docker engine runs in CI, so these tests read the files the way compose and docker build would: the YAML with its
 anchors and merge keys, the ``${VAR...}`` substitutions against .env.example, the paths against the repository, and
-the Dockerfiles' pins against requirements.txt.
+the Dockerfiles' pins against requirements.txt. The hardening checks read them the same way: published ports bind
+the loopback, Kafka takes SASL clients only (with the credentials the connection carries), no Spark UI can kill,
+every image is pinned by digest, and no image leaves /etc/passwd writable.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ ENV_EXAMPLE = PROJECT / ".env.example"
 DOCKER_DIR = PROJECT / "include" / "docker"
 AIRFLOW_DOCKERFILE = DOCKER_DIR / "airflow.Dockerfile"
 SPARK_DOCKERFILE = DOCKER_DIR / "spark.Dockerfile"
+DOCKERFILES = (AIRFLOW_DOCKERFILE, SPARK_DOCKERFILE)
+SPARK_DEFAULTS = DOCKER_DIR / "spark-defaults.conf"
 
 AIRFLOW_SERVICES = {"airflow-init", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor",
                     "airflow-triggerer"}
@@ -37,6 +41,12 @@ SECRET_NAME = re.compile(r"PASSWORD|SECRET|FERNET")
 # Settings that hold a secret themselves (a setting that names a file of secrets does not).
 SECRET_SETTING = re.compile(r"(PASSWORD|SECRET|SECRET_KEY|FERNET_KEY)$")
 CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
+LOOPBACK = "127.0.0.1"
+BIND_VARIABLE = "SLUICE_BIND_ADDRESS"
+# name:tag@sha256:<64 hex>: the tag says what it is, the digest makes it immutable.
+PINNED_IMAGE = re.compile(r"[a-z0-9][a-z0-9._/-]*:[\w][\w.-]*@sha256:[0-9a-f]{64}")
+KILL_DISABLED = "-Dspark.ui.killEnabled=false"
+SPARK_CONF_DIR = "/opt/spark/conf"
 
 # `$$` is compose's escape for a literal `$` (left to the container's shell); anything else starting with `$` is
 # substituted by compose: `${NAME}`, `${NAME:-default}`, `${NAME-default}`, `${NAME:?error}`, `${NAME?error}`,
@@ -91,10 +101,19 @@ def env_example() -> dict[str, str]:
 
 def with_defaults(value: str) -> str:
     """``value`` as compose resolves it when no variable is set: defaults in, everything else empty."""
+    return interpolate(value, {})
+
+
+def interpolate(value: str, variables: dict[str, str]) -> str:
+    """``value`` as compose resolves it with ``variables`` set (as in .env) and every other variable unset."""
     def replace(match: re.Match[str]) -> str:
         if match.group(0) == "$$":
             return "$"
-        return match.group("arg") if match.group("op") in (":-", "-") else ""
+        name = match.group("name") or match.group("bare")
+        op = match.group("op") or ""
+        if name in variables and (variables[name] or not op.startswith(":")):
+            return match.group("arg") if op.endswith("+") else variables[name]
+        return match.group("arg") if op in (":-", "-") else ""
 
     return SUBSTITUTION.sub(replace, value)
 
@@ -125,19 +144,64 @@ def dockerfile_from(path: Path) -> str:
     return images[0]
 
 
+def dockerfile_instructions(path: Path) -> list[str]:
+    """The Dockerfile's instructions, one string each: continuation lines joined, comments dropped."""
+    instructions: list[str] = []
+    pending = ""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.lstrip().startswith("#"):
+            continue
+        pending += line.rstrip().removesuffix("\\") + " "
+        if not line.rstrip().endswith("\\"):
+            if pending.strip():
+                instructions.append(" ".join(pending.split()))
+            pending = ""
+    return instructions
+
+
+def published_ports(service: dict[str, Any]) -> list[tuple[str, str]]:
+    """(host address as written, as resolved with the defaults) of each of a service's published ports."""
+    found = []
+    for entry in service.get("ports", []):
+        if isinstance(entry, dict):  # the long syntax; no host_ip means every interface
+            written = str(entry.get("host_ip", ""))
+        else:
+            # host_ip:host_port:container_port, split at the colons outside ${...}; fewer parts publish on every
+            # interface.
+            parts = re.findall(r"(?:\$\{[^}]*\}|[^:])+", str(entry))
+            written = ":".join(parts[:-2])
+        found.append((written, with_defaults(written)))
+    return found
+
+
+def listeners(setting: str) -> dict[str, str]:
+    """A Kafka listener list (``NAME://host:port,...``) by name."""
+    return dict(listener.split("://", 1) for listener in setting.split(","))
+
+
+def jaas_users(jaas_config: str) -> dict[str, str]:
+    """The users (``user_<name>="<password>"``) a PlainLoginModule JAAS configuration accepts."""
+    return dict(re.findall(r'\buser_(\w+)="([^"]*)"', jaas_config))
+
+
+def load_docker_script(name: str) -> ModuleType:
+    """A script of include/docker, loaded as the module ``name`` (scripts, not package modules)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, DOCKER_DIR / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up while the script is executed
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 def dockerfile_args(path: Path) -> dict[str, str]:
     return dict(re.findall(r"^ARG\s+(\w+)=(\S+)", path.read_text(encoding="utf-8"), flags=re.MULTILINE))
 
 
 def load_fetch_script() -> ModuleType:
     """include/docker/fetch_spark_jars.py, a build script rather than a package module."""
-    if "fetch_spark_jars" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("fetch_spark_jars", DOCKER_DIR / "fetch_spark_jars.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses look their module up while the script is executed
-        spec.loader.exec_module(module)
-    return sys.modules["fetch_spark_jars"]
+    return load_docker_script("fetch_spark_jars")
 
 
 def test_compose_parses_with_its_anchors_and_merge_keys() -> None:
@@ -222,7 +286,7 @@ def test_secrets_are_required_variables_never_defaults() -> None:
     used = substitutions()
     secrets = {name for name, _ in used if SECRET_NAME.search(name)}
     assert {"POSTGRES_PASSWORD", "AIRFLOW_ADMIN_PASSWORD", "AIRFLOW_FERNET_KEY", "AIRFLOW_JWT_SECRET",
-            "AIRFLOW_API_SECRET_KEY"} <= secrets
+            "AIRFLOW_API_SECRET_KEY", "SLUICE_KAFKA_PASSWORD", "KAFKA_BROKER_PASSWORD"} <= secrets
     defaulted = {(name, op) for name, op in used if name in secrets and op != ":?"}
     assert not defaulted, f"a secret needs ${{NAME:?...}}, not a default: {sorted(defaulted)}"
     for name, service in services().items():
@@ -299,9 +363,13 @@ def test_kafka_connection_and_producer_point_at_the_kraft_broker() -> None:
     defined = services()
     broker = defined["kafka"]["environment"]
     assert set(broker["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
-    assert broker["KAFKA_CONTROLLER_QUORUM_VOTERS"] == f"{broker['KAFKA_NODE_ID']}@kafka:9093"
-    advertised = dict(listener.split("://") for listener in broker["KAFKA_ADVERTISED_LISTENERS"].split(","))
-    internal = advertised["PLAINTEXT"]
+    # The controller listens on the container's loopback only, and the node votes for itself there.
+    controller = listeners(broker["KAFKA_LISTENERS"])[broker["KAFKA_CONTROLLER_LISTENER_NAMES"]]
+    assert controller.startswith("localhost:"), f"the KRaft controller listens on {controller}"
+    assert broker["KAFKA_CONTROLLER_QUORUM_VOTERS"] == f"{broker['KAFKA_NODE_ID']}@{controller}"
+    advertised = listeners(broker["KAFKA_ADVERTISED_LISTENERS"])
+    assert broker["KAFKA_CONTROLLER_LISTENER_NAMES"] not in advertised
+    internal = advertised[broker["KAFKA_INTER_BROKER_LISTENER_NAME"]]
     connection = json.loads(defined["airflow-scheduler"]["environment"]["AIRFLOW_CONN_SLUICE_KAFKA"])
     assert connection["conn_type"] == "kafka"
     assert connection["extra"]["bootstrap.servers"] == internal
@@ -314,8 +382,10 @@ def test_image_pins_match_requirements() -> None:
     pins = requirement_pins()
     airflow_image = dockerfile_from(AIRFLOW_DOCKERFILE)
     spark_image = dockerfile_from(SPARK_DOCKERFILE)
-    found = re.fullmatch(r"apache/airflow:(?P<airflow>[\d.]+)-python(?P<python>3\.\d+)", airflow_image)
-    assert found, f"airflow.Dockerfile must build FROM apache/airflow:<version>-python<x.y>, not {airflow_image}"
+    found = re.fullmatch(r"apache/airflow:(?P<airflow>[\d.]+)-python(?P<python>3\.\d+)@sha256:[0-9a-f]{64}",
+                         airflow_image)
+    assert found, ("airflow.Dockerfile must build FROM apache/airflow:<version>-python<x.y>@sha256:<digest>, "
+                   f"not {airflow_image}")
     assert found["airflow"] == pins["apache-airflow"] == pins["apache-airflow-core"]
     assert spark_image.startswith(f"python:{found['python']}-"), (
         f"the executors' Python ({spark_image}) must be the driver's ({found['python']})")
@@ -364,3 +434,168 @@ def test_fetch_script_verifies_checksums_and_installed_versions(tmp_path: Path) 
     script.check_installed(spark="4.2.0", delta="4.4.1", installed=installed)
     with pytest.raises(SystemExit, match=r"pyspark 4\.2\.0 is installed but the jars asked for are 4\.1\.0"):
         script.check_installed(spark="4.1.0", delta="4.4.1", installed=installed)
+
+
+# --- hardening ------------------------------------------------------------------------------------------------
+
+
+def test_every_published_port_binds_the_loopback_unless_env_says_otherwise() -> None:
+    published = {name: published_ports(service) for name, service in services().items() if service.get("ports")}
+    assert {"airflow-apiserver", "spark-master", "kafka"} <= set(published)
+    for name, ports in published.items():
+        for written, resolved in ports:
+            assert resolved == LOOPBACK, f"{name} publishes a port on {resolved or 'every interface'}"
+            assert written in (LOOPBACK, f"${{{BIND_VARIABLE}:-{LOOPBACK}}}"), (
+                f"{name}: bind to {LOOPBACK} or ${{{BIND_VARIABLE}:-{LOOPBACK}}}, not {written!r}")
+    assert env_example()[BIND_VARIABLE] == LOOPBACK, ".env.example must show the loopback default"
+
+
+def test_kafka_takes_sasl_clients_only_and_the_connection_carries_the_credentials() -> None:
+    from sluice.kafka import ConnectionFields, client_config, spark_options
+
+    defined = services()
+    broker = defined["kafka"]["environment"]
+    protocols = dict(entry.split(":") for entry in broker["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    bound = listeners(broker["KAFKA_LISTENERS"])
+    controller = broker["KAFKA_CONTROLLER_LISTENER_NAMES"]
+    # The host-facing listener is the one behind the published port.
+    published = {str(entry).rsplit(":", 1)[-1] for entry in defined["kafka"]["ports"]}
+    external = [name for name, address in bound.items() if address.rsplit(":", 1)[-1] in published]
+    assert external == ["EXTERNAL"], f"the published port reaches {external}"
+    for name in bound:
+        if name == controller:  # on the container's loopback only (checked above), never advertised
+            assert bound[name].startswith("localhost:")
+            continue
+        assert protocols[name] in ("SASL_PLAINTEXT", "SASL_SSL"), f"Kafka's {name} listener is {protocols[name]}"
+    assert broker["KAFKA_SASL_ENABLED_MECHANISMS"] == "PLAIN"
+
+    # The connection, as compose resolves it from .env, logs in as a user that both client listeners accept.
+    secrets = {"SLUICE_KAFKA_PASSWORD": "0123456789abcdef", "KAFKA_BROKER_PASSWORD": "fedcba9876543210"}
+    raw_connection = defined["airflow-scheduler"]["environment"]["AIRFLOW_CONN_SLUICE_KAFKA"]
+    spec = json.loads(interpolate(raw_connection, secrets))
+    connection = ConnectionFields("sluice_kafka", login=spec.get("login"), password=spec.get("password"),
+                                  extra=spec["extra"])
+    options = spark_options(connection)
+    assert options["kafka.security.protocol"] == protocols["INTERNAL"]
+    assert options["kafka.sasl.mechanism"] == "PLAIN"
+    assert f'password="{secrets["SLUICE_KAFKA_PASSWORD"]}"' in options["kafka.sasl.jaas.config"]
+    probe = client_config(connection)
+    for name in ("INTERNAL", "EXTERNAL"):
+        jaas = interpolate(broker[f"KAFKA_LISTENER_NAME_{name}_PLAIN_SASL_JAAS_CONFIG"], secrets)
+        assert jaas_users(jaas).get(probe["sasl.username"]) == probe["sasl.password"], (
+            f"the {name} listener does not accept the connection's user {probe['sasl.username']!r}")
+    internal_jaas = interpolate(broker["KAFKA_LISTENER_NAME_INTERNAL_PLAIN_SASL_JAAS_CONFIG"], secrets)
+    broker_login = dict(re.findall(r'\b(username|password)="([^"]*)"', internal_jaas))
+    assert jaas_users(internal_jaas).get(broker_login["username"]) == broker_login["password"], (
+        "the broker's own inter-broker login must be a user of INTERNAL")
+    # The demo producer logs in with the very same connection.
+    producer = defined["producer"]
+    assert producer["environment"]["AIRFLOW_CONN_SLUICE_KAFKA"] == raw_connection
+    assert producer["command"][:5] == ["python", "-m", "sluice.demo_producer", "--kafka-connection", "sluice_kafka"]
+    assert "--command-config" in " ".join(defined["kafka"]["healthcheck"]["test"]), "the healthcheck logs in too"
+
+
+def test_the_demo_producer_and_its_admin_client_log_in_with_the_connection(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stack's producer command, run with its environment: the topic is created and the events are sent with
+    the connection's SASL settings (the broker is faked: there is none here)."""
+    import confluent_kafka
+    import confluent_kafka.admin
+
+    from sluice import demo_producer
+
+    producer_service = services()["producer"]
+    raw = producer_service["environment"]["AIRFLOW_CONN_SLUICE_KAFKA"]
+    monkeypatch.setenv("AIRFLOW_CONN_SLUICE_KAFKA", interpolate(raw, {"SLUICE_KAFKA_PASSWORD": "0123456789abcdef"}))
+    security = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": "sluice",
+                "sasl.password": "0123456789abcdef"}
+    configs: dict[str, dict[str, Any]] = {}
+
+    class FakeAdmin:
+        def __init__(self, config: dict[str, Any]) -> None:
+            configs["admin"] = config
+
+        def list_topics(self, timeout: float) -> Any:
+            return type("Metadata", (), {"topics": {}})()
+
+        def create_topics(self, topics: list[Any]) -> dict[str, Any]:
+            return {topic.topic: type("Done", (), {"result": lambda self, timeout: None})() for topic in topics}
+
+    class FakeProducer:
+        def __init__(self, config: dict[str, Any]) -> None:
+            configs["producer"] = config
+
+        def produce(self, topic: str, value: Any = None, key: Any = None, on_delivery: Any = None, **_: Any) -> None:
+            if on_delivery is not None:
+                on_delivery(None, None)
+
+        def poll(self, timeout: float = 0) -> int:
+            return 0
+
+        def flush(self, timeout: float = 0) -> int:
+            return 0
+
+    monkeypatch.setattr(confluent_kafka.admin, "AdminClient", FakeAdmin)
+    monkeypatch.setattr(confluent_kafka, "Producer", FakeProducer)
+    command = [str(with_defaults(part)) for part in producer_service["command"][3:]]
+    command = [part for part in command if part != "--loop"]
+    if "--heartbeat-file" in command:
+        position = command.index("--heartbeat-file")
+        del command[position:position + 2]
+    demo_producer.main([*command, "--files", "1", "--lines", "3"])
+    assert configs["admin"] == {"bootstrap.servers": "kafka:9092", **security}
+    assert security.items() <= configs["producer"].items() and configs["producer"]["acks"] == "all"
+
+
+def test_no_spark_ui_can_kill_applications_or_drivers() -> None:
+    defined = services()
+    assert KILL_DISABLED in defined["spark-master"]["environment"]["SPARK_MASTER_OPTS"].split()
+    assert KILL_DISABLED in defined["spark-worker"]["environment"]["SPARK_WORKER_OPTS"].split()
+    # Applications (drivers in the scheduler, executors in the workers) read the images' spark-defaults.conf.
+    settings = dict(line.split(None, 1) for line in SPARK_DEFAULTS.read_text(encoding="utf-8").splitlines()
+                    if line.strip() and not line.lstrip().startswith("#"))
+    assert settings.get("spark.ui.killEnabled", "").strip() == "false"
+    for path in DOCKERFILES:
+        instructions = dockerfile_instructions(path)
+        assert f"COPY include/docker/{SPARK_DEFAULTS.name} {SPARK_CONF_DIR}/spark-defaults.conf" in instructions, (
+            f"{path.name} does not install {SPARK_DEFAULTS.name}")
+        assert any(re.match(rf"ENV .*\bSPARK_CONF_DIR={re.escape(SPARK_CONF_DIR)}(\s|$)", instruction)
+                   for instruction in instructions), f"{path.name} does not set SPARK_CONF_DIR={SPARK_CONF_DIR}"
+
+
+def test_every_image_is_pinned_by_tag_and_digest() -> None:
+    for name, service in services().items():
+        image = with_defaults(str(service["image"]))
+        if "build" in service:  # the local name of an image built from a pinned FROM, checked below
+            continue
+        assert PINNED_IMAGE.fullmatch(image), f"{name}: pin {image} as name:tag@sha256:<digest>"
+    for path in DOCKERFILES:
+        image = dockerfile_from(path)
+        assert PINNED_IMAGE.fullmatch(image), f"{path.name}: FROM {image} needs name:tag@sha256:<digest>"
+
+
+def test_no_image_leaves_etc_passwd_writable() -> None:
+    for path in DOCKERFILES:
+        for instruction in dockerfile_instructions(path):
+            for mode in re.findall(r"\bchmod\s+(?:-\w+\s+)*(\S+)[^;&|]*?/etc/passwd\b", instruction):
+                # Only taking write permission away is allowed (the Airflow base image grants it to group 0).
+                assert re.fullmatch(r"[ugoa]*-[rwx]*w[rwx]*", mode), f"{path.name}: chmod {mode} /etc/passwd"
+            assert not re.search(r">>?\s*/etc/passwd\b", instruction), f"{path.name} writes /etc/passwd"
+    base_image_chmod = dockerfile_instructions(AIRFLOW_DOCKERFILE)
+    assert any(re.search(r"\bchmod go-w /etc/passwd\b", instruction) for instruction in base_image_chmod), (
+        "airflow.Dockerfile must take back the base image's group write on /etc/passwd")
+    entrypoint = (DOCKER_DIR / "spark-entrypoint.sh").read_text(encoding="utf-8")
+    assert not re.search(r">>?\s*/etc/passwd", entrypoint), "the Spark entrypoint must not write /etc/passwd"
+    # The images create the user the containers run as, at build time: same UID in the build args and in `user:`.
+    for name, service in services().items():
+        if "build" not in service:
+            continue
+        build_uid = with_defaults(str(service["build"].get("args", {}).get("SLUICE_UID", "")))
+        run_uid = with_defaults(str(service.get("user", ""))).split(":")[0]
+        assert build_uid and (build_uid == run_uid or service.get("user") == "0:0"), (
+            f"{name}: built for UID {build_uid or '(none)'}, runs as {run_uid}")
+        assert service["build"]["args"]["SLUICE_UID"] == "${AIRFLOW_UID:-50000}", name
+    for path in DOCKERFILES:
+        text = path.read_text(encoding="utf-8")
+        assert re.search(r"^ARG SLUICE_UID=\d+$", text, flags=re.MULTILINE), f"{path.name} lacks ARG SLUICE_UID"
+        assert 'useradd --uid "${SLUICE_UID}"' in text, f"{path.name} does not create the user at build time"

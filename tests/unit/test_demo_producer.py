@@ -106,7 +106,7 @@ def test_topic_without_bootstrap_servers_is_refused(monkeypatch: pytest.MonkeyPa
     monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
     with pytest.raises(SystemExit):
         main(["--topic", "demo.events"])
-    assert "--topic needs --kafka-bootstrap" in capsys.readouterr().err
+    assert "--topic needs --kafka-connection, --kafka-bootstrap" in capsys.readouterr().err
 
 
 def test_heartbeat_file_is_written_after_a_round(tmp_path: Path) -> None:
