@@ -3,17 +3,16 @@ status changes (``alert``), and trigger catch-up runs (``catch_up``). Alerting d
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import DAG, BaseOperator
+from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowException
 
 from sluice.catalog import load_catalog
 from sluice_airflow.dag_factory import ingest_dag_id, sluice_dag
 from sluice_airflow.notifiers import DEFAULT_WEBHOOK_CONN_ID, WebhookNotifier
-from sluice_airflow.operators import resolve_roots
+from sluice_airflow.operators import SluiceOperator
 
 if TYPE_CHECKING:
     from airflow.sdk import BaseNotifier, Context
@@ -37,19 +36,7 @@ def _connection_exists(conn_id: str | None) -> bool:
     return True
 
 
-class _MonitorBase(BaseOperator):
-    template_fields: Sequence[str] = ("catalog", "landing_root", "lake_root", "checkpoint_root")
-
-    def __init__(self, *, catalog: str | None = None, landing_root: str | None = None, lake_root: str | None = None,
-                 checkpoint_root: str | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.catalog = catalog
-        self.landing_root = landing_root
-        self.lake_root = lake_root
-        self.checkpoint_root = checkpoint_root
-
-
-class LagMonitorOperator(_MonitorBase):
+class LagMonitorOperator(SluiceOperator):
     """Observe every stream's lag (``sluice.lag``), record it in the lag history, and log each status. A stream
     whose lag cannot be measured is an ERROR, and the others are still observed. The reports go to the XCom key
     ``reports`` (for :class:`LagAlertOperator`).
@@ -71,7 +58,7 @@ class LagMonitorOperator(_MonitorBase):
         from sluice.lag_store import LagStore
 
         catalog = load_catalog(self.catalog)
-        roots = resolve_roots(self.landing_root, self.lake_root, self.checkpoint_root)
+        roots = self.resolved_roots()
         reports = monitor_tick(catalog, roots, LagStore.for_roots(roots))
         catch_up: list[str] = []
         for report in reports:
@@ -88,7 +75,7 @@ class LagMonitorOperator(_MonitorBase):
         return catch_up
 
 
-class LagAlertOperator(_MonitorBase):
+class LagAlertOperator(SluiceOperator):
     """Send the alerts of the lag reports that ``observe_task_id`` pushed: to the task log always, to a JSON webhook
     when its connection exists, and by email to each stream's ``alerts.email_to`` through the SMTP provider.
     Each channel keeps its own alert state (``sluice.alerting.decide``): no repeats, escalation, resolve. A failed
@@ -136,7 +123,7 @@ class LagAlertOperator(_MonitorBase):
         from sluice.lag_store import LagStore
 
         catalog = load_catalog(self.catalog)
-        store = LagStore.for_roots(resolve_roots(self.landing_root, self.lake_root, self.checkpoint_root))
+        store = LagStore.for_roots(self.resolved_roots())
         webhook = _connection_exists(self.webhook_conn_id)
         if not webhook:
             self.log.info("No connection %r: alerts go to the log and to email only", self.webhook_conn_id)
