@@ -38,7 +38,7 @@ from sluice.delta import query
 from sluice.errors import SluiceError
 from sluice.paths import Roots
 from sluice.predicates import DATAFUSION, RowFilter, render
-from sluice.source_files import SourceFile, SourceState, list_source_files, local_file_path, source_links
+from sluice.source_files import SourceFile, SourceState, list_landing_zone, local_file_path
 
 MODES = ("append", "replace")
 SELECT_BY = ("event_time", "file_time")
@@ -266,11 +266,11 @@ def plan_backfill(request: BackfillRequest, stream: StreamSpec, roots: Roots) ->
     plan = BackfillPlan(request=request.to_dict(), files=[],
                         event_time_column=stream.backfill.event_time_column if request.select_by == "event_time"
                         else None)
-    links = source_links(stream, roots)
+    listed, links = list_landing_zone(stream, roots)
     if links:
         raise SluiceError(f"stream '{stream.name}': the landing zone holds {len(links)} symbolic link(s), e.g. "
                           f"{links[0]}; a backfill reads no file through a link. Remove them and plan again")
-    for planned in list_source_files(stream, roots):
+    for planned in listed:
         if not in_slice(planned):
             continue
         if live.will_read(planned):

@@ -122,7 +122,7 @@ class FaultCode(str, Enum):
     LANDING_SYMLINK = "LANDING_SYMLINK"
 
 
-# Each code's usual severity and its meaning, for the README and `python -m sluice.health --codes`.
+# Each code's usual severity and its meaning, for the README (fault_code_table).
 FAULT_CODES: dict[FaultCode, tuple[Severity, str]] = {
     FaultCode.NEW: (Severity.OK, "no batch has run yet"),
     FaultCode.METADATA_MISSING: (Severity.FAIL, "the query id is lost: replays would no longer be deduplicated"),

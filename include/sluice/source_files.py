@@ -158,8 +158,17 @@ def stat_file(path: str) -> SourceFile | None:
 
 
 def list_source_files(stream: StreamSpec, roots: Roots) -> list[SourceFile]:
-    """Every file Spark's file source would consider, with its size and time, by path."""
-    return [found for found in map(stat_file, sorted(iter_source_paths(stream, roots))) if found is not None]
+    """Every file Spark's file source would consider, with its size and time, by path (links left out)."""
+    return list_landing_zone(stream, roots)[0]
+
+
+def list_landing_zone(stream: StreamSpec, roots: Roots) -> tuple[list[SourceFile], list[str]]:
+    """One walk of the landing zone: the files of :func:`list_source_files` and the links of :func:`source_links`."""
+    paths: list[str] = []
+    links: list[str] = []
+    for path, is_link in _walk_source(stream, roots):
+        (links if is_link else paths).append(path)
+    return [found for found in map(stat_file, sorted(paths)) if found is not None], sorted(links)
 
 
 @dataclass(frozen=True)

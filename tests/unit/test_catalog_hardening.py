@@ -231,12 +231,8 @@ def test_the_bundled_catalog_passes_check_roots(tmp_path: Path) -> None:
                                                     checkpoints=str(tmp_path / "checkpoints")))
 
 
-# -- 4. paths that name their root -----------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("path", [".", "./", "//", "/", "/./", "s3a://bucket/", "s3a://bucket", "a\x00b",
-                                  "x://", "bronze/s3a://x"])
-@pytest.mark.parametrize("field", ["checkpoint", "sink.path", "dead_letter.path", "source.path", "fan_out[0].path"])
-def test_a_path_naming_a_root_is_refused_everywhere(path: str, field: str) -> None:
+def stream_with_path(field: str, path: str) -> dict[str, Any]:
+    """The events stream with ``path`` at the dotted ``field`` (a checkpoint, a table or the source path)."""
     stream = events_stream("events")
     if field == "checkpoint":
         stream["checkpoint"] = path
@@ -245,6 +241,16 @@ def test_a_path_naming_a_root_is_refused_everywhere(path: str, field: str) -> No
     else:
         section, key = field.split(".")
         stream[section] = {**stream.get(section, {}), key: path}
+    return stream
+
+
+# -- 4. paths that name their root -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", [".", "./", "//", "/", "/./", "s3a://bucket/", "s3a://bucket", "a\x00b",
+                                  "x://", "bronze/s3a://x"])
+@pytest.mark.parametrize("field", ["checkpoint", "sink.path", "dead_letter.path", "source.path", "fan_out[0].path"])
+def test_a_path_naming_a_root_is_refused_everywhere(path: str, field: str) -> None:
+    stream = stream_with_path(field, path)
     rejects(catalog_with(stream), "stream 'events'", f"{field}:")
 
 
@@ -269,14 +275,7 @@ def test_paths_are_normalized() -> None:
 @pytest.mark.parametrize("path", ["_backfill", "_backfill/events", "_sluice/lag", "_SLUICE/x"])
 @pytest.mark.parametrize("field", ["checkpoint", "sink.path", "dead_letter.path", "fan_out[0].path"])
 def test_reserved_folders_are_refused(path: str, field: str) -> None:
-    stream = events_stream("events")
-    if field == "checkpoint":
-        stream["checkpoint"] = path
-    elif field == "fan_out[0].path":
-        stream["fan_out"] = [{"path": path, "where": "1 = 1"}]
-    else:
-        section, key = field.split(".")
-        stream[section] = {**stream.get(section, {}), key: path}
+    stream = stream_with_path(field, path)
     rejects(catalog_with(stream), "stream 'events'", f"{field}:", "a folder Sluice keeps for itself")
 
 
