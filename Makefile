@@ -53,14 +53,14 @@ HOST = 127.0.0.1
 PORT = 8080
 # Seconds `make stop` gives each session of `make run` to exit after SIGTERM, before SIGKILL.
 STOP_TIMEOUT = 30
-# `make run`, `make stop` and `make clean` are include/sluice/devserver.py. It needs only the standard library, so
+# `make run`, `make stop` and `make clean` are include/sluice/cli/devserver.py. It needs only the standard library, so
 # `make stop` and `make clean` run on $(PYTHON) before the venv exists.
-DEVSERVER = PYTHONPATH="$(CURDIR)/include" $(PYTHON) -m sluice.devserver
+DEVSERVER = PYTHONPATH="$(CURDIR)/include" $(PYTHON) -m sluice.cli.devserver
 WHERE = --airflow-home "$(AIRFLOW_HOME)" --data-root "$(SLUICE_DATA_ROOT)"
 
 .PHONY: run
 run: $(AIRFLOW_HOME)/airflow.db  ## Airflow on 127.0.0.1:8080 (HOST=, PORT=), the DAGs on their schedules, a producer
-	@$(BIN)/python -m sluice.devserver run --host "$(HOST)" --port "$(PORT)" --stop-timeout "$(STOP_TIMEOUT)" $(WHERE)
+	@$(BIN)/python -m sluice.cli.devserver run --host "$(HOST)" --port "$(PORT)" --stop-timeout "$(STOP_TIMEOUT)" $(WHERE)
 
 .PHONY: stop
 stop:  ## stop exactly what `make run` started: Airflow, its task and Spark processes, the producer
@@ -68,11 +68,11 @@ stop:  ## stop exactly what `make run` started: Airflow, its task and Spark proc
 
 .PHONY: demo
 demo: $(AIRFLOW_HOME)/airflow.db  ## headless: produce events, `airflow dags test` an ingest DAG, print a summary
-	$(BIN)/python -m sluice.demo
+	$(BIN)/python -m sluice demo
 
 .PHONY: status
 status: $(STAMP)  ## every stream's lag status, backlog, last commit and checkpoint health (STATUS_ARGS=--reasons)
-	@$(BIN)/python -m sluice.status $(STATUS_ARGS)
+	@$(BIN)/python -m sluice status $(STATUS_ARGS)
 
 # The Airflow tests that use the metadata database; the Postgres tier runs them again on PostgreSQL.
 POSTGRES_TESTS := tests/airflow/test_metadata_db.py tests/airflow/test_dag_e2e.py tests/airflow/test_lag_airflow.py
@@ -98,9 +98,10 @@ test-unit: $(STAMP)  ## the unit tier only (no JVM, no Airflow database)
 	$(BIN)/python -m pytest -m "not spark and not airflow" $(PYTEST_ARGS)
 
 .PHONY: lint
-lint: $(STAMP)  ## ruff and mypy
+lint: $(STAMP)  ## ruff, mypy and the import layers (import-linter)
 	$(BIN)/ruff check include plugins spark_apps dags tests bench
 	$(BIN)/mypy include plugins spark_apps
+	$(BIN)/lint-imports
 
 .PHONY: bench
 bench: $(STAMP)  ## benchmarks: ingest (Delta sink vs Parquet sink, BENCH_ROWS=1000000), health check, lag check, MERGE vs append

@@ -1,8 +1,8 @@
 """Health-check benchmark: a checkpoint with 10,000 batches and a file-source log of 100,000 entries.
 
-It times ``sluice.health.check_stream`` (plain files and delta-rs, no JVM) and, in the same run, the start of a
-local SparkSession in a fresh process: the cost a JVM-based check would pay before reading anything. The goal is
-a health check under 1 second.
+It times ``sluice.operations.health.check_stream`` (plain files and delta-rs, no JVM) and, in the same run, the
+start of a local SparkSession in a fresh process: the cost a JVM-based check would pay before reading anything.
+The goal is a health check under 1 second.
 
     python bench/bench_health.py
 """
@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from sluice.catalog import parse_catalog
-from sluice.demo_producer import EVENT_SCHEMA
-from sluice.health import check_stream
+from sluice.cli.demo_producer import EVENT_SCHEMA
+from sluice.operations.health import check_stream
 from sluice.paths import Roots
 
 BATCH_METADATA = json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": 1_795_000_000_000, "conf": {

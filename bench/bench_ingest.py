@@ -31,9 +31,9 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from sluice.catalog import Catalog, parse_catalog
-from sluice.demo_producer import EVENT_SCHEMA
+from sluice.cli.demo_producer import EVENT_SCHEMA
+from sluice.model.schema import parse_schema
 from sluice.paths import Roots
-from sluice.schema import parse_schema
 from sluice_spark.runner import build_routed_frame, run_streams
 from sluice_spark.session import configure_sluice, register_data_sources
 

@@ -1,6 +1,6 @@
 """Lag-check benchmark: a stream whose file-source log holds 100,000 files, with 1,000 new files in the landing zone.
 
-It times the check a sensor poll or a monitor tick makes (``sluice.lag_store.check_against_history``: list the
+It times the check a sensor poll or a monitor tick makes (``sluice.lag.store.check_against_history``: list the
 landing zone, read the compacted source log, stat only the unread files, read the newest event time from the
 sink's file statistics, read the lag history; no JVM) and, in the same run, the start of a local SparkSession in
 a fresh process: what a check that asked Spark would pay before reading anything. The goal is a lag check
@@ -22,9 +22,9 @@ from pathlib import Path
 from bench_health import build_checkpoint, spark_session_start_seconds
 
 from sluice.catalog import parse_catalog
-from sluice.demo_producer import EVENT_SCHEMA
-from sluice.lag import check
-from sluice.lag_store import LagStore, check_against_history
+from sluice.cli.demo_producer import EVENT_SCHEMA
+from sluice.lag.observe import check
+from sluice.lag.store import LagStore, check_against_history
 from sluice.paths import Roots
 
 

@@ -65,7 +65,7 @@ def timed(spark: SparkSession, root: Path, mode: str, table_rows: int, batch_row
         seconds.append(time.perf_counter() - started)
         rows.unpersist()
     # What was timed did the work: every round's new ids inserted (and, for the merge, half its rows updated).
-    from sluice.delta import query
+    from sluice.storage.delta import query
 
     counts = query(str(path), "SELECT count(*) AS n, sum(CASE WHEN plan = 'paid' THEN 1 ELSE 0 END) AS paid FROM t")
     n, paid = counts.column("n")[0].as_py(), counts.column("paid")[0].as_py()

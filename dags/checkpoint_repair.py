@@ -12,7 +12,7 @@ Explicit, never automatic. Trigger with a stream, an action and `confirm` ticked
   first; the README has the procedure step by step.
 
 Every action backs up what it changes first and refuses while a run holds the stream's lock. The health check runs
-again afterwards. The same actions run from a shell: `python -m sluice.repair <action> --stream <name>`.
+again afterwards. The same actions run from a shell: `python -m sluice repair <action> --stream <name>`.
 """
 
 from __future__ import annotations

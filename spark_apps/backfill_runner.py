@@ -1,4 +1,4 @@
-"""spark-submit entry point: run one backfill of a catalog stream (see ``sluice.backfill``).
+"""spark-submit entry point: run one backfill of a catalog stream (see ``sluice.operations.backfill``).
 
     spark-submit spark_apps/backfill_runner.py --catalog include/sluice/streams.yaml --stream events_bronze \
         --start 2026-11-01T00:00:00Z --end 2026-11-02T00:00:00Z --mode replace [--select-by event_time] \
@@ -18,12 +18,12 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from sluice.backfill import parse_request
 from sluice.catalog import load_catalog
 from sluice.constants import BACKFILL_MARKER, DeltaEngine, RunStatus
 from sluice.errors import SluiceError
-from sluice.lock import LockHeld
+from sluice.operations.backfill import parse_request
 from sluice.paths import Roots
+from sluice.storage.lock import LockHeld
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

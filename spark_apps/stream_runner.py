@@ -19,11 +19,11 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from sluice.catalog import load_catalog
+from sluice.connections.kafka import env_secrets, scrub
 from sluice.constants import DeltaEngine, RunStatus
 from sluice.errors import SluiceError
-from sluice.kafka import env_secrets, scrub
-from sluice.lock import LockHeld
 from sluice.paths import Roots
+from sluice.storage.lock import LockHeld
 from sluice.summary import RunSummary, StreamRunSummary
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from sluice.demo_producer import EVENT_SCHEMA
+from sluice.cli.demo_producer import EVENT_SCHEMA
 from sluice.paths import Roots
 
 
@@ -77,7 +77,7 @@ def expected_events(landing: Path, *, between: tuple[datetime, datetime] | None 
 
 def table_rows(path: str, columns: list[str], *, version: int | None = None) -> list[tuple[Any, ...]]:
     """A Delta table's rows (current or as of ``version``), read with delta-rs (not with the writer under test)."""
-    from sluice.delta import read_table
+    from sluice.storage.delta import read_table
 
     data = read_table(path, columns, version=version).to_pylist()
     return sorted((tuple(row[c] for c in columns) for row in data), key=repr)

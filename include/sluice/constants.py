@@ -67,6 +67,8 @@ class DeltaEngine(str, Enum):
 # Columns the bronze layer adds to every good row.
 INGEST_TIME_COLUMN = "_ingested_at"
 SOURCE_FILE_COLUMN = "_source_file"
+# Every source's reader hands on this column: the record's text when it did not parse, else NULL.
+CORRUPT_COLUMN = "_corrupt_record"
 
 # Columns a Kafka source adds to every row: the record's key (as a string) and the broker's timestamp. Its
 # ``_source_file`` is ``kafka://<topic>/<partition>/<offset>``.
@@ -84,7 +86,7 @@ COMMIT_INFO_QUERY = "sluice.queryId"
 COMMIT_INFO_BATCH = "sluice.batchId"
 COMMIT_INFO_ROUTE = "sluice.route"
 COMMIT_INFO_RECORDS = "sluice.numRecords"
-# ... and on the commit of a reset (``sluice.repair reset``), which sets a query's transaction version back.
+# ... and on the commit of a reset (``python -m sluice repair reset``), which sets a query's transaction version back.
 COMMIT_INFO_ACTION = "sluice.action"
 COMMIT_INFO_RESET_QUERY = "sluice.reset.queryId"
 COMMIT_INFO_RESET_BATCH = "sluice.reset.afterBatch"

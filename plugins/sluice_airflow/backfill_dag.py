@@ -6,8 +6,8 @@ from datetime import timedelta
 
 from airflow.sdk import DAG, Param
 
-from sluice.backfill import MAX_FILES_PER_TRIGGER, MAX_REASON_LENGTH, MODES, SELECT_BY
 from sluice.catalog import Catalog, load_catalog
+from sluice.operations.backfill import MAX_FILES_PER_TRIGGER, MAX_REASON_LENGTH, MODES, SELECT_BY
 from sluice_airflow.dag_factory import sluice_dag
 from sluice_airflow.operators import BackfillOperator, BackfillPlanOperator
 

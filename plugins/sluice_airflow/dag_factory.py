@@ -9,7 +9,9 @@ from typing import Any
 import pendulum
 from airflow.sdk import DAG, Asset
 
-from sluice.catalog import Catalog, StreamSpec, load_catalog
+from sluice.catalog import Catalog, load_catalog
+from sluice.kinds.kafka import KafkaSink
+from sluice.model.stream import StreamSpec
 from sluice_airflow.operators import CheckpointHealthCheckOperator, StreamRunOperator
 
 START_DATE = pendulum.datetime(2026, 1, 1, tz="UTC")
@@ -33,10 +35,10 @@ def table_asset(stream: StreamSpec) -> Asset:
     A table under the lake root is ``sluice://lake/<path>``: its identity must not change with the deployment's
     roots, or Airflow would see a new asset under the same name and deactivate the old one.
     """
-    path = stream.sink.path
-    if stream.sink.topic is not None:  # a Kafka sink
+    if isinstance(stream.sink, KafkaSink):
         return Asset(name=f"sluice.{stream.name}", uri=f"sluice://kafka/{stream.sink.connection}/{stream.sink.topic}",
                      group="kafka")
+    path = stream.sink.table or ""
     if "://" in path:
         uri = path
     elif path.startswith("/"):

@@ -317,8 +317,8 @@ class KafkaConnectionHook:
     def spark_environment(self) -> dict[str, str]:
         from airflow.sdk.log import mask_secret
 
+        from sluice.connections.kafka import connection_fields, env_name, redact, secret_values, spark_options
         from sluice.errors import SluiceError
-        from sluice.kafka import connection_fields, env_name, redact, secret_values, spark_options
 
         env: dict[str, str] = {}
         for conn_id in self.conn_ids:

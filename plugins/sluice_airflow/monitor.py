@@ -17,8 +17,8 @@ from sluice_airflow.operators import SluiceOperator
 if TYPE_CHECKING:
     from airflow.sdk import BaseNotifier, Context
 
-    from sluice.alerting import Alert
-    from sluice.catalog import StreamSpec
+    from sluice.lag.alerting import Alert
+    from sluice.model.stream import StreamSpec
 
 ACTIVE_RUN_STATES = ["queued", "running"]
 
@@ -53,9 +53,9 @@ class LagMonitorOperator(SluiceOperator):
     ui_color = "#e8f0d9"
 
     def execute(self, context: Context) -> list[str]:
-        from sluice.alerting import monitor_tick
-        from sluice.lag import LagStatus
-        from sluice.lag_store import LagStore
+        from sluice.lag.alerting import monitor_tick
+        from sluice.lag.observe import LagStatus
+        from sluice.lag.store import LagStore
 
         catalog = load_catalog(self.catalog)
         roots = self.resolved_roots()
@@ -78,7 +78,7 @@ class LagMonitorOperator(SluiceOperator):
 class LagAlertOperator(SluiceOperator):
     """Send the alerts of the lag reports that ``observe_task_id`` pushed: to the task log always, to a JSON webhook
     when its connection exists, and by email to each stream's ``alerts.email_to`` through the SMTP provider.
-    Each channel keeps its own alert state (``sluice.alerting.decide``): no repeats, escalation, resolve. A failed
+    Each channel keeps its own alert state (``sluice.lag.alerting.decide``): no repeats, escalation, resolve. A failed
     delivery fails the task; that channel sends the alert again on the next run, and the others do not repeat it.
 
     :param observe_task_id: the :class:`LagMonitorOperator` task
@@ -118,9 +118,9 @@ class LagAlertOperator(SluiceOperator):
         return None
 
     def execute(self, context: Context) -> list[dict[str, str]]:
-        from sluice.alerting import decide
-        from sluice.lag import LagReport
-        from sluice.lag_store import LagStore
+        from sluice.lag.alerting import decide
+        from sluice.lag.observe import LagReport
+        from sluice.lag.store import LagStore
 
         catalog = load_catalog(self.catalog)
         store = LagStore.for_roots(self.resolved_roots())

@@ -21,8 +21,8 @@ from sluice.paths import Roots
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from sluice.backfill import BackfillRequest
     from sluice.catalog import Catalog
+    from sluice.operations.backfill import BackfillRequest
     from sluice_airflow.hooks import SluiceSparkSubmitHook
 
 DEFAULT_SPARK_CONN_ID = "sluice_spark"
@@ -164,14 +164,10 @@ class StreamRunOperator(SparkAppOperator):
         """The Spark options of every Kafka connection the streams use, one ``SLUICE_KAFKA_CONN_<ID>`` JSON variable
         each. Read here, in the worker at run time (never while the DAG file is parsed), and masked in the task log.
         """
-        from sluice.constants import SinkFormat, SourceType
         from sluice_airflow.hooks import KafkaConnectionHook
 
         streams = self.stream_catalog().select(list(self.streams))
-        conn_ids = [conn for stream in streams for conn in (
-            stream.source.connection if stream.source.type is SourceType.KAFKA else None,
-            stream.sink.connection if stream.sink.format is SinkFormat.KAFKA else None) if conn]
-        return KafkaConnectionHook(conn_ids).spark_environment()
+        return KafkaConnectionHook([conn for stream in streams for conn in stream.connections]).spark_environment()
 
     def application_args(self, *, run_id: str, summary_file: str) -> list[str]:
         if not self.streams or not all(isinstance(name, str) and name for name in self.streams):
@@ -226,7 +222,7 @@ class CheckpointHealthCheckOperator(SluiceOperator):
         self.fail_on_warn = fail_on_warn
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from sluice.health import Health, check_stream
+        from sluice.operations.health import Health, check_stream
 
         report = check_stream(self.stream_catalog().get(self.stream), self.resolved_roots())
         for finding in report.findings:
@@ -241,7 +237,7 @@ class CheckpointHealthCheckOperator(SluiceOperator):
 
 
 class CheckpointRepairOperator(SluiceOperator):
-    """Run one explicit repair action on a stream's checkpoint (see ``sluice.repair``): history, backup,
+    """Run one explicit repair action on a stream's checkpoint (see ``sluice.operations.repair``): history, backup,
     quarantine-offsets, repin-query-id or reset. Each changing action backs up what it changes beside the checkpoint
     and refuses while a run holds the stream's lock. The action's record is the task's XCom return value. Takes the
     :class:`SluiceOperator` arguments.
@@ -274,7 +270,7 @@ class CheckpointRepairOperator(SluiceOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         from sluice.errors import SluiceError
-        from sluice.repair import READ_ONLY_ACTIONS, run_action
+        from sluice.operations.repair import READ_ONLY_ACTIONS, run_action
 
         if self.action not in READ_ONLY_ACTIONS and str(self.confirm).strip().lower() not in {"true", "1", "yes"}:
             raise AirflowFailException("confirm: set it to true to run a repair; nothing was changed")
@@ -289,7 +285,7 @@ class CheckpointRepairOperator(SluiceOperator):
 
 def _backfill_request(context: Context, catalog: Catalog) -> BackfillRequest:
     """The DAG run's params as a validated backfill request; a refusal fails the task without retries."""
-    from sluice.backfill import BackfillError, parse_request
+    from sluice.operations.backfill import BackfillError, parse_request
 
     try:
         return parse_request(dict(context["params"]), catalog, run_id=str(context["run_id"]))
@@ -306,7 +302,7 @@ class BackfillPlanOperator(SluiceOperator):
     ui_color = "#e8dff5"
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from sluice.backfill import plan_backfill
+        from sluice.operations.backfill import plan_backfill
 
         catalog = self.stream_catalog()
         request = _backfill_request(context, catalog)

@@ -7,7 +7,7 @@ from datetime import timedelta
 from airflow.sdk import DAG, Param
 
 from sluice.catalog import Catalog, load_catalog
-from sluice.repair import ACTIONS, MAX_DELTA_VERSION
+from sluice.operations.repair import ACTIONS, MAX_DELTA_VERSION
 from sluice_airflow.dag_factory import sluice_dag
 from sluice_airflow.operators import CheckpointHealthCheckOperator, CheckpointRepairOperator
 

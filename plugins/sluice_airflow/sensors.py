@@ -16,7 +16,7 @@ from sluice_airflow.triggers import StreamLagTrigger
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from sluice.lag import LagReport
+    from sluice.lag.observe import LagReport
 
 LAG_STATUSES = ("OK", "WARN", "STALLED", "CRITICAL")
 
@@ -58,13 +58,13 @@ class StreamLagSensor(BaseSensorOperator):
 
     def _report(self) -> LagReport:
         from sluice.catalog import load_catalog
-        from sluice.lag_store import check_against_history
+        from sluice.lag.store import check_against_history
 
         roots = resolve_roots(self.landing_root, self.lake_root, self.checkpoint_root)
         return check_against_history(load_catalog(self.catalog).get(self.stream), roots)
 
     def _caught_up(self, report: LagReport) -> bool:
-        from sluice.lag import LagStatus
+        from sluice.lag.observe import LagStatus
 
         return report.status.rank <= LagStatus(self.max_status).rank
 
@@ -93,7 +93,7 @@ class StreamLagSensor(BaseSensorOperator):
         )
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
-        from sluice.lag import LagReport
+        from sluice.lag.observe import LagReport
 
         report = LagReport.from_dict(event["report"])
         if event["status"] != "success":

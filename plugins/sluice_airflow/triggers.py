@@ -42,8 +42,8 @@ class StreamLagTrigger(BaseTrigger):
 
     def _check(self) -> dict[str, Any]:
         from sluice.catalog import load_catalog
-        from sluice.lag import LagStatus
-        from sluice.lag_store import check_against_history
+        from sluice.lag.observe import LagStatus
+        from sluice.lag.store import check_against_history
         from sluice.paths import Roots
 
         report = check_against_history(load_catalog(self.catalog).get(self.stream), Roots(**self.roots))

@@ -26,17 +26,15 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from sluice.backfill import BackfillError, BackfillPlan, BackfillRequest, plan_backfill
-from sluice.catalog import Catalog, StreamSpec, TriggerSpec
-from sluice.checkpoint import ensure_query_id
+from sluice.catalog import Catalog
 from sluice.constants import BACKFILL_MARKER, DeltaEngine, RunStatus
-from sluice.delta import table_version
-from sluice.lock import LockHeld, StreamLock
+from sluice.model.stream import StreamSpec, TriggerSpec
+from sluice.operations.backfill import BackfillError, BackfillPlan, BackfillRequest, plan_backfill
 from sluice.paths import Roots, join, require_local
+from sluice.storage.checkpoint import ensure_query_id
+from sluice.storage.delta import table_version
+from sluice.storage.lock import LockHeld, StreamLock
 from sluice_spark.runner import (
-    DEAD_LETTER_ROUTE,
-    GOOD_ROUTE,
-    ROUTE_COLUMN,
     await_query,
     build_routed_frame,
     create_tables,
@@ -44,6 +42,7 @@ from sluice_spark.runner import (
     sink_targets,
 )
 from sluice_spark.session import activate, resolve_engine
+from sluice_spark.targets import DEAD_LETTER_ROUTE, GOOD_ROUTE, ROUTE_COLUMN
 from sluice_spark.writers import BatchRouter
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from urllib.parse import quote, unquote
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 
 from sluice.constants import COMMIT_INFO_RECORDS
-from sluice.delta import commit_metadata, holds_batch
+from sluice.storage.delta import commit_metadata, holds_batch
 from sluice_spark import faults
 from sluice_spark.delta_rs_stats import file_stats, partition_string
 from sluice_spark.targets import TableTarget

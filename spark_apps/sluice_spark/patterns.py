@@ -1,4 +1,4 @@
-"""The stateful patterns of :mod:`sluice.patterns` as DataFrame steps.
+"""The stateful patterns of :mod:`sluice.model.patterns` as DataFrame steps.
 
 Each step takes the stream's good rows and returns the rows that go on; the runner keeps the dead-letter rows out
 of every stateful operator and unions them back in front of the sink (:func:`sluice_spark.runner.build_routed_frame`).
@@ -11,11 +11,9 @@ from dataclasses import replace
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from sluice.catalog import StreamSpec
 from sluice.constants import DeltaEngine
 from sluice.errors import SluiceError
-from sluice.paths import Roots, join
-from sluice.patterns import (
+from sluice.model.patterns import (
     WINDOW_END,
     WINDOW_START,
     AggregateSpec,
@@ -25,8 +23,12 @@ from sluice.patterns import (
     LookupSpec,
     WatermarkSpec,
     WindowType,
-    spark_interval,
 )
+from sluice.model.stream import StreamSpec
+from sluice.paths import Roots, join
+from sluice.times import spark_interval
+from sluice_spark.kinds import read_stream
+from sluice_spark.quality import flag_dead_letters
 
 
 def with_watermark(frame: DataFrame, watermark: WatermarkSpec | None) -> DataFrame:
@@ -44,9 +46,6 @@ def dedupe(frame: DataFrame, spec: DedupeSpec) -> DataFrame:
 def read_joined(spark: SparkSession, stream: StreamSpec, spec: JoinSpec, roots: Roots) -> DataFrame:
     """The joined stream's source as the runner reads a source: the declared columns, flagged for dead letters.
     Its watermark goes on its good rows (see the runner)."""
-    from sluice_spark.quality import flag_dead_letters
-    from sluice_spark.sources import read_stream
-
     side = replace(stream, source=spec.source)
     return flag_dead_letters(read_stream(spark, side, roots), side)
 
@@ -68,7 +67,7 @@ def stream_join(left: DataFrame, right: DataFrame, spec: JoinSpec, left_columns:
 def read_dimension(spark: SparkSession, spec: LookupSpec, roots: Roots, engine: DeltaEngine) -> DataFrame:
     """The dimension table as it is when the run starts, with its key unique (a duplicate key would multiply the
     stream's rows)."""
-    from sluice.delta import query, table_version
+    from sluice.storage.delta import query, table_version
 
     path = join(roots.lake, spec.table)
     wanted = [*spec.on, *spec.columns]

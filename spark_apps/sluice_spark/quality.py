@@ -10,9 +10,8 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from sluice.catalog import StreamSpec
-from sluice.constants import FileFormat, SourceType
-from sluice_spark.sources import CORRUPT_COLUMN
+from sluice.constants import CORRUPT_COLUMN, FileFormat
+from sluice.model.stream import StreamSpec
 
 REASON_COLUMN = "_dead_letter_reason"
 RAW_COLUMN = "_dead_letter_raw"
@@ -26,9 +25,7 @@ def _string_schema(stream: StreamSpec) -> str:
 
 def _reparse(stream: StreamSpec) -> Column | None:
     """The corrupt record parsed again with every field as a string: what each field held before the cast."""
-    # A Kafka source's options are the consumer's, not the JSON reader's.
-    reader_options = stream.source.options if stream.source.type is SourceType.FILES else {}
-    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN, **reader_options}
+    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN, **stream.source.record_options}
     if stream.source.format is FileFormat.JSON:
         return F.from_json(F.col(CORRUPT_COLUMN), _string_schema(stream), options)
     if stream.source.format is FileFormat.CSV:

@@ -20,37 +20,37 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming import StreamingQuery
 
-from sluice.catalog import Catalog, StreamSpec, TriggerSpec
-from sluice.checkpoint import ensure_query_id
+from sluice.catalog import Catalog
 from sluice.constants import (
+    CORRUPT_COLUMN,
     INGEST_TIME_COLUMN,
     SOURCE_FILE_COLUMN,
     DeltaEngine,
     RunStatus,
-    SinkFormat,
     SinkMode,
     TableRole,
 )
-from sluice.delta import batch_commits, ensure_table, table_version
 from sluice.errors import SluiceError
-from sluice.lock import StreamLock
+from sluice.kinds.delta import DeltaSink
+from sluice.model.patterns import LookupSpec
+from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.paths import Roots, require_local
-from sluice.patterns import LookupSpec
+from sluice.storage.checkpoint import ensure_query_id
+from sluice.storage.delta import batch_commits, ensure_table, table_version
+from sluice.storage.lock import StreamLock
 from sluice.summary import RunSummary, StreamRunSummary
+from sluice_spark import kinds
 from sluice_spark import patterns as steps
+from sluice_spark.kinds import read_stream
 from sluice_spark.patterns import with_watermark
 from sluice_spark.quality import RAW_COLUMN, REASON_COLUMN, flag_dead_letters
 from sluice_spark.session import activate, resolve_engine
-from sluice_spark.sinks import delta_writer
-from sluice_spark.sources import CORRUPT_COLUMN, read_stream
-from sluice_spark.targets import TableTarget
+from sluice_spark.targets import DEAD_LETTER_ROUTE, GOOD_ROUTE, ROUTE_COLUMN, TableTarget
 from sluice_spark.transforms import get_transform
+from sluice_spark.writers import SinkRequest, sink_and_dead_letter
 
 log = logging.getLogger(__name__)
 
-ROUTE_COLUMN = "_sluice_route"
-GOOD_ROUTE = 0
-DEAD_LETTER_ROUTE = 1
 _STREAM_COLUMN = "_dead_letter_stream"
 _DEAD_LETTER_FIELDS = (
     (RAW_COLUMN, "raw_record"),
@@ -170,11 +170,12 @@ def sink_targets(stream: StreamSpec, roots: Roots, data_columns: list[str]) -> l
     """The stream's tables (:meth:`StreamSpec.tables`: its own, its dead-letter table, its fan-out tables) as
     routes of the routed frame."""
     sink, aggregate = stream.sink, stream.patterns.aggregate
-    keys = aggregate.key_columns if aggregate is not None and sink.mode is SinkMode.MERGE else sink.keys
     output = [name for name in data_columns if name != INGEST_TIME_COLUMN]
     targets = []
     for table in stream.tables(roots):
         if table.role is TableRole.SINK:
+            assert isinstance(sink, DeltaSink)
+            keys = aggregate.key_columns if aggregate is not None and sink.mode is SinkMode.MERGE else sink.keys
             targets.append(TableTarget(GOOD_ROUTE, table.path, tuple((c, c) for c in data_columns), sink.partition_by,
                                        mode=sink.mode, keys=keys, sequence_by=sink.sequence_by))
         elif table.role is TableRole.DEAD_LETTER:
@@ -208,11 +209,7 @@ def prepare_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, run
     resolved = resolve_engine(spark, engine or stream.sink.engine)
     routed, data_columns = build_routed_frame(spark, stream, roots, engine=resolved)
     targets = sink_targets(stream, roots, data_columns)
-    to_kafka = stream.sink.format is SinkFormat.KAFKA
-    if to_kafka:
-        from sluice_spark.kafka import require_kafka_connector
-
-        require_kafka_connector(spark, stream.name)
+    kinds.sink(stream).check(spark, stream)
     if resolved is DeltaEngine.RS:
         create_tables(stream, routed, targets)
     sink, dead = sink_and_dead_letter(targets)
@@ -227,33 +224,10 @@ def prepare_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, run
     return PreparedStream(stream, query_id, resolved, routed, targets, checkpoint, summary, data_columns=data_columns)
 
 
-def sink_and_dead_letter(targets: list[TableTarget]) -> tuple[TableTarget | None, TableTarget]:
-    """The stream's own table (None for a Kafka sink) and its dead-letter table, among its targets."""
-    by_role = {(target.route, target.flag is None): target for target in targets}
-    return by_role.get((GOOD_ROUTE, True)), by_role[(DEAD_LETTER_ROUTE, True)]
-
-
 def start_stream(prepared: PreparedStream) -> StreamingQuery:
-    if prepared.spec.sink.format is SinkFormat.KAFKA:
-        from sluice_spark.kafka import kafka_sink_writer
-
-        writer = kafka_sink_writer(
-            prepared.frame, stream=prepared.spec, data_columns=prepared.data_columns,
-            route_column=ROUTE_COLUMN, good_route=GOOD_ROUTE, dead_letter=sink_and_dead_letter(prepared.targets)[1],
-            engine=prepared.engine, query_id=prepared.query_id, commit_info={"sluice.runId": prepared.summary.run_id},
-            sent=prepared.sent_to_kafka,
-        )
-    else:
-        writer = delta_writer(
-            prepared.frame,
-            engine=prepared.engine,
-            targets=prepared.targets,
-            route_column=ROUTE_COLUMN,
-            query_id=prepared.query_id,
-            stream=prepared.spec.name,
-            commit_info={"sluice.runId": prepared.summary.run_id},
-            mode=prepared.spec.sink.mode,
-        )
+    writer = kinds.sink(prepared.spec).writer(SinkRequest(
+        prepared.frame, prepared.spec, prepared.targets, prepared.data_columns, prepared.engine, prepared.query_id,
+        commit_info={"sluice.runId": prepared.summary.run_id}, sent=prepared.sent_to_kafka))
     query = (
         writer.queryName(prepared.spec.name)
         .option("checkpointLocation", prepared.checkpoint)

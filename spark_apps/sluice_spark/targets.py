@@ -9,6 +9,11 @@ from typing import Any
 
 from sluice.constants import SinkMode
 
+# The routed frame's column that says where a row goes, and its values.
+ROUTE_COLUMN = "_sluice_route"
+GOOD_ROUTE = 0
+DEAD_LETTER_ROUTE = 1
+
 
 @dataclass(frozen=True)
 class TableTarget:

@@ -1,4 +1,4 @@
-"""Transform implementations, keyed by the names in :data:`sluice.transforms.TRANSFORMS`.
+"""Transform implementations, keyed by the names in :data:`sluice.model.transforms.TRANSFORMS`.
 
 A transform is a pure function ``DataFrame -> DataFrame``, testable without a source or a sink. Transforms of file
 streams are row-wise: they add or rewrite columns and keep every row and every column they were given, because the

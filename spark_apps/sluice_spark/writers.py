@@ -5,12 +5,12 @@ A routed batch carries a route value per row (good rows, dead letters) and, for 
 data source: it selects each :class:`TableTarget`'s rows and hands them to the engine's idempotent writer.
 
 The writers know append, merge (upsert by keys, newest ``sequence_by`` wins), complete (rewrite) and replace (swap
-the rows a :class:`~sluice.predicates.RowFilter` selects). Each commit carries the batch's transaction identifier
+the rows a :class:`~sluice.model.predicates.RowFilter` selects). Each commit carries the batch's transaction identifier
 (app id = query id, version = batch id), so a replayed batch is skipped table by table:
 
 - ``jvm``: delta-spark with ``txnAppId``/``txnVersion`` on writes and the same two SQL settings around a MERGE
   (delta-spark's documented idempotent writes); delta-spark itself skips a replay.
-- ``rs``: delta-rs with ``app_transactions``, after :func:`sluice.delta.holds_batch`, the one place that decides
+- ``rs``: delta-rs with ``app_transactions``, after :func:`sluice.storage.delta.holds_batch`, the one place that decides
   whether a table already holds a batch.
 """
 
@@ -20,6 +20,7 @@ import json
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,11 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from sluice.constants import COMMIT_INFO_RECORDS, DeltaEngine, SinkMode
-from sluice.delta import commit_metadata, holds_batch
-from sluice.predicates import DATAFUSION, SPARK_SQL, RowFilter, render
+from sluice.model.predicates import DATAFUSION, SPARK_SQL, RowFilter, render
+from sluice.model.stream import StreamSpec
+from sluice.storage.delta import commit_metadata, holds_batch
 from sluice_spark import faults
-from sluice_spark.targets import TableTarget
+from sluice_spark.targets import DEAD_LETTER_ROUTE, GOOD_ROUTE, TableTarget
 
 log = logging.getLogger(__name__)
 
@@ -187,9 +189,33 @@ def table_writer(engine: DeltaEngine) -> DeltaTableWriter:
 CommitInfo = Callable[[int, int], dict[str, Any]]
 
 
+@dataclass
+class SinkRequest:
+    """What a sink kind's writer (:mod:`sluice_spark.kinds`) is given to build a stream query's sink: the routed
+    frame, the stream, its Delta tables (:func:`sluice_spark.runner.sink_targets`), the good rows' columns, the
+    engine, the pinned query id, the commit info of its run, and where to count what it sends to a sink that has no
+    commit log to count from (Kafka)."""
+
+    frame: DataFrame
+    stream: StreamSpec
+    targets: list[TableTarget]
+    data_columns: list[str]
+    engine: DeltaEngine
+    query_id: str
+    commit_info: dict[str, Any]
+    sent: dict[int, int] = field(default_factory=dict)
+
+
+def sink_and_dead_letter(targets: Sequence[TableTarget]) -> tuple[TableTarget | None, TableTarget]:
+    """The stream's own table (None for a sink that is not a Delta table) and its dead-letter table, among its
+    targets."""
+    by_role = {(target.route, target.flag is None): target for target in targets}
+    return by_role.get((GOOD_ROUTE, True)), by_role[(DEAD_LETTER_ROUTE, True)]
+
+
 def stream_commit_info(base: Mapping[str, Any], *, stream: str, query_id: str) -> CommitInfo:
     """The commit info of a stream's batch (by batch id and route), with the keys that tie it to the stream's query
-    (:func:`sluice.delta.commit_metadata`): health, repair and the run summary read them."""
+    (:func:`sluice.storage.delta.commit_metadata`): health, repair and the run summary read them."""
     return lambda batch_id, route: commit_metadata(dict(base), stream=stream, query_id=query_id, batch_id=batch_id,
                                                    route=route)
 

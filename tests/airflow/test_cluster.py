@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from sluice.demo_producer import DemoProducer
+from sluice.cli.demo_producer import DemoProducer
 from tests.airflow.test_dag_e2e import xcom_value
 from tests.helpers import expected_events, table_rows
 

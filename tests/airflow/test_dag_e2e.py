@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sluice.demo_producer import DemoProducer
+from sluice.cli.demo_producer import DemoProducer
 from tests.helpers import expected_events
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark]

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from sluice.catalog import load_catalog
-from sluice.demo_producer import DemoProducer
+from sluice.cli.demo_producer import DemoProducer
 from sluice_airflow.sensors import StreamLagSensor
 from sluice_airflow.triggers import StreamLagTrigger
 from tests.airflow.test_dag_e2e import xcom_value
@@ -224,7 +224,7 @@ def test_monitor_alerts_once_escalates_and_resolves(airflow_db: Path, spark: Any
     from airflow.dag_processing.dagbag import DagBag
     from airflow.utils.state import DagRunState
 
-    from sluice.lag_store import LagStore
+    from sluice.lag.store import LagStore
     from sluice_spark.runner import run_streams
 
     write_catalog(world, events_stream(alerts={"warn_files": 2, "critical_files": 4,
@@ -287,7 +287,7 @@ def test_webhook_errors_never_carry_the_secret_path(airflow_db: Path, world: Pat
                                                     capfd: pytest.CaptureFixture[str]) -> None:
     from airflow.dag_processing.dagbag import DagBag
 
-    from sluice.lag_store import LagStore
+    from sluice.lag.store import LagStore
 
     monkeypatch.setenv("AIRFLOW_CONN_SLUICE_ALERT_WEBHOOK", json.dumps({
         "conn_type": "http", "host": "http://127.0.0.1:9/services", "password": "T000/B000/secret"}))

@@ -210,7 +210,7 @@ def after_make_demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def bystander(after_make_demo: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
     """A process that `make run` did not start, although its command line names airflow and the producer and its
     environment names the same Airflow home: `make stop` must leave it alone."""
-    command = [sys.executable, "-c", "import time; time.sleep(900)", "airflow", "sluice.demo_producer"]
+    command = [sys.executable, "-c", "import time; time.sleep(900)", "airflow", "sluice", "demo-producer"]
     process = subprocess.Popen(command, env=after_make_demo, start_new_session=True)
     yield process
     process.kill()
@@ -309,8 +309,9 @@ def test_make_stop_kills_the_recorded_sessions_and_never_a_pid_given_to_another_
             process.wait()
 
 
-# What `make clean` needs of the checkout: the Makefile, and sluice.devserver, which it runs on the system Python.
-SOURCES = ("Makefile", "include/sluice/__init__.py", "include/sluice/errors.py", "include/sluice/devserver.py")
+# What `make clean` needs of the checkout: the Makefile, and sluice.cli.devserver, which it runs on the system Python.
+SOURCES = ("Makefile", "include/sluice/__init__.py", "include/sluice/errors.py", "include/sluice/cli/__init__.py",
+           "include/sluice/cli/devserver.py")
 
 
 @pytest.fixture

@@ -74,8 +74,8 @@ def test_application_args_carry_everything_the_runner_needs(monkeypatch: pytest.
 
 def test_values_that_start_with_a_dash_reach_the_runners_as_values() -> None:
     """A run id or a backfill reason chosen by a user must never be read as one of the runner's options."""
-    from sluice.backfill import parse_request
     from sluice.catalog import parse_catalog
+    from sluice.operations.backfill import parse_request
     from sluice.paths import Roots
     from tests.helpers import events_stream
 

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from sluice.backfill import parse_request
 from sluice.catalog import Catalog, load_catalog
-from sluice.demo_producer import DemoProducer
+from sluice.cli.demo_producer import DemoProducer
+from sluice.operations.backfill import parse_request
 from sluice.paths import Roots
 from sluice_spark.backfill import run_backfill
 from sluice_spark.runner import run_streams
@@ -190,8 +190,8 @@ def test_a_range_across_daylight_saving_selects_the_intended_hours(spark: Any, t
 def test_replace_selects_a_file_whose_name_holds_quotes_and_timestamps(spark: Any, tmp_path: Path) -> None:
     """A file name is user data: its quotes must stay inside their literal on both engines' predicates. The rs run
     is real; the jvm predicate is checked by Spark's own SQL parser over the same table read as a batch."""
-    from sluice.backfill import plan_backfill
-    from sluice.predicates import SPARK_SQL, render
+    from sluice.model.predicates import SPARK_SQL, render
+    from sluice.operations.backfill import plan_backfill
 
     write_catalog(tmp_path, events_stream())
     catalog, roots = load_catalog(tmp_path / "catalog.yaml"), roots_in(tmp_path)

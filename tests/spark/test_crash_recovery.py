@@ -22,9 +22,9 @@ import pytest
 from deltalake import DeltaTable
 
 from sluice.catalog import load_catalog
-from sluice.delta import read_table
-from sluice.demo_producer import DemoProducer
+from sluice.cli.demo_producer import DemoProducer
 from sluice.paths import Roots
+from sluice.storage.delta import read_table
 from tests.helpers import events_stream, expected_events, roots_in, table_rows, write_catalog
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

@@ -15,8 +15,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from sluice.checkpoint import CheckpointReader
-from sluice.lag import delta_backlog, delta_next_version, processed_source_offset
+from sluice.kinds.delta import delta_backlog, delta_next_version
+from sluice.storage.checkpoint import CheckpointReader
 
 pytestmark = pytest.mark.spark
 
@@ -82,7 +82,7 @@ def test_each_run_reads_exactly_the_new_versions_once(spark: Any, tmp_path: Path
     assert run(spark, table, checkpoint) == [], "nothing new: no batch"
 
     # The checkpoint's offset is the last version read, and the lag reads it as such.
-    offset = processed_source_offset(CheckpointReader(checkpoint))
+    offset = CheckpointReader(checkpoint).committed_source_offset()
     assert offset == {"version": 3}
     append(table, 52, 3)
     backlog = delta_backlog(str(table), delta_next_version(offset))

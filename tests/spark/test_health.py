@@ -17,12 +17,12 @@ import pytest
 from deltalake import DeltaTable
 
 from sluice.catalog import Catalog, load_catalog
-from sluice.delta import table_history
-from sluice.demo_producer import DemoProducer
-from sluice.health import Health, check_stream
-from sluice.lock import LockHeld, StreamLock, process_space
+from sluice.cli.demo_producer import DemoProducer
+from sluice.operations.health import Health, check_stream
+from sluice.operations.repair import RepairError, backup, quarantine_offsets, repin_query_id, reset_to_version
 from sluice.paths import Roots
-from sluice.repair import RepairError, backup, quarantine_offsets, repin_query_id, reset_to_version
+from sluice.storage.delta import table_history
+from sluice.storage.lock import LockHeld, StreamLock, process_space
 from sluice_spark.runner import run_streams
 from tests.helpers import (
     events_stream,

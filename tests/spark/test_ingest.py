@@ -14,9 +14,9 @@ import pytest
 from deltalake import DeltaTable
 
 from sluice.catalog import load_catalog
-from sluice.delta import DeltaSchemaMismatch, read_table
-from sluice.demo_producer import DemoProducer
+from sluice.cli.demo_producer import DemoProducer
 from sluice.errors import SluiceError
+from sluice.storage.delta import DeltaSchemaMismatch, read_table
 from sluice_spark.runner import run_streams
 from tests.helpers import events_stream, expected_events, roots_in, table_rows, write_catalog
 

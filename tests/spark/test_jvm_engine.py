@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from sluice.catalog import load_catalog
-from sluice.delta import read_table
-from sluice.demo_producer import DemoProducer
+from sluice.cli.demo_producer import DemoProducer
+from sluice.storage.delta import read_table
 from tests.helpers import events_stream, expected_events, roots_in, table_rows, write_catalog
 
 pytestmark = [

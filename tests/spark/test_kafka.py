@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from sluice.catalog import parse_catalog
+from sluice.connections.kafka import env_name
 from sluice.constants import KAFKA_KEY_COLUMN, SOURCE_FILE_COLUMN
 from sluice.errors import SluiceError
-from sluice.kafka import env_name
-from sluice_spark.kafka import CONNECTOR_CLASSES, decode_records, kafka_records, missing_classes, require_avro
+from sluice_spark.kinds.kafka import CONNECTOR_CLASSES, decode_records, kafka_records, missing_classes, require_avro
 from sluice_spark.quality import RAW_COLUMN, REASON_COLUMN, flag_dead_letters
 from tests.helpers import events_stream, roots_in, table_rows
 
@@ -215,7 +215,7 @@ def test_the_kafka_sink_routes_good_rows_to_the_topic_and_dead_letters_to_delta(
         spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The runner's Kafka-sink wiring on real Spark and a real Delta dead-letter table. No broker runs here and the
     connector is missing, so the one call that hands records to Spark's Kafka writer is replaced by a collector."""
-    import sluice_spark.kafka as spark_kafka
+    import sluice_spark.kinds.kafka as spark_kafka
     from sluice_spark.runner import run_streams
 
     sent: list[tuple[str, dict[str, str], list[tuple[str, str]]]] = []

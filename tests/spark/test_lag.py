@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from sluice.catalog import Catalog, load_catalog
-from sluice.checkpoint import CheckpointReader
-from sluice.demo_producer import DemoProducer
-from sluice.lag import LagStatus, check, observe
-from sluice.lag_store import LagStore
+from sluice.cli.demo_producer import DemoProducer
+from sluice.lag.observe import LagStatus, check, observe
+from sluice.lag.store import LagStore
 from sluice.paths import Roots
+from sluice.storage.checkpoint import CheckpointReader
 from sluice_spark.runner import run_streams
 from tests.helpers import events_stream, fresh_world, keep_pristine, roots_in, write_catalog
 

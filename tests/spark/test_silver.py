@@ -14,8 +14,8 @@ import pytest
 from deltalake import DeltaTable
 
 from sluice.catalog import load_catalog
-from sluice.demo_producer import DemoProducer
-from sluice.lag import LagStatus, check
+from sluice.cli.demo_producer import DemoProducer
+from sluice.lag.observe import LagStatus, check
 from sluice_spark.runner import run_streams
 from tests.helpers import events_stream, roots_in, table_rows, write_catalog
 

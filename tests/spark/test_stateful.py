@@ -185,7 +185,7 @@ def test_silver_and_gold_patterns_equal_their_batch_oracles(spark: Any, tmp_path
     assert len(rows_of(tmp_path, "sessions", ["user_id"])) == 3  # u1 twice, u2 once: not a vacuous comparison
 
     # The checkpoint health gate sees the state, and refuses a stateful checkpoint that lost it.
-    from sluice.health import Health, check_stream
+    from sluice.operations.health import Health, check_stream
 
     tumbling = catalog.get("tumbling")
     report = check_stream(tumbling, roots_in(tmp_path))
@@ -300,7 +300,7 @@ def test_stream_stream_join_with_a_lookup_equals_the_batch_join(spark: Any, tmp_
     assert ("a2", "i4", "c4", None) in expected  # a2 has no category
     assert len(expected) == (5 if join_type == "left_outer" else 4)  # c2 came too late for i2, which stands alone
     assert rows_of(tmp_path, "attributed", ["ad_id", "impression_id", "click_id", "category"]) == expected
-    from sluice.health import Health, check_stream
+    from sluice.operations.health import Health, check_stream
 
     report = check_stream(catalog.get("attributed"), roots_in(tmp_path))
     assert report.status is Health.OK, report.findings  # both sides, each read for good rows and dead letters

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sluice.lock import LockHeld, StreamLock, read_lock
+from sluice.storage.lock import LockHeld, StreamLock, read_lock
 from sluice_spark.backfill import _stream_lock, hadoop_glob
 
 

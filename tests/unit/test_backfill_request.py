@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from sluice.backfill import BackfillError, parse_request
 from sluice.catalog import Catalog, load_catalog
+from sluice.operations.backfill import BackfillError, parse_request
 
 UTC = dt.timezone.utc
 

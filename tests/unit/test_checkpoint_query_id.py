@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from sluice.checkpoint import CheckpointError, ensure_query_id, read_query_id
+from sluice.storage.checkpoint import CheckpointError, ensure_query_id, read_query_id
 
 
 def test_new_checkpoint_gets_a_pinned_id(tmp_path: Path) -> None:

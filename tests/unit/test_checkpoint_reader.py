@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from sluice.checkpoint import CheckpointError, CheckpointReader
+from sluice.storage.checkpoint import CheckpointError, CheckpointReader
 
 
 def write(path: Path, text: str) -> None:

@@ -451,7 +451,7 @@ def test_every_published_port_binds_the_loopback_unless_env_says_otherwise() -> 
 
 
 def test_kafka_takes_sasl_clients_only_and_the_connection_carries_the_credentials() -> None:
-    from sluice.kafka import ConnectionFields, client_config, spark_options
+    from sluice.connections.kafka import ConnectionFields, client_config, spark_options
 
     defined = services()
     broker = defined["kafka"]["environment"]
@@ -491,7 +491,7 @@ def test_kafka_takes_sasl_clients_only_and_the_connection_carries_the_credential
     # The demo producer logs in with the very same connection.
     producer = defined["producer"]
     assert producer["environment"]["AIRFLOW_CONN_SLUICE_KAFKA"] == raw_connection
-    assert producer["command"][:5] == ["python", "-m", "sluice.demo_producer", "--kafka-connection", "sluice_kafka"]
+    assert producer["command"][:6] == ["python", "-m", "sluice", "demo-producer", "--kafka-connection", "sluice_kafka"]
     assert "--command-config" in " ".join(defined["kafka"]["healthcheck"]["test"]), "the healthcheck logs in too"
 
 
@@ -502,7 +502,7 @@ def test_the_demo_producer_and_its_admin_client_log_in_with_the_connection(
     import confluent_kafka
     import confluent_kafka.admin
 
-    from sluice import demo_producer
+    from sluice.cli import demo_producer
 
     producer_service = services()["producer"]
     raw = producer_service["environment"]["AIRFLOW_CONN_SLUICE_KAFKA"]
@@ -537,7 +537,7 @@ def test_the_demo_producer_and_its_admin_client_log_in_with_the_connection(
 
     monkeypatch.setattr(confluent_kafka.admin, "AdminClient", FakeAdmin)
     monkeypatch.setattr(confluent_kafka, "Producer", FakeProducer)
-    command = [str(with_defaults(part)) for part in producer_service["command"][3:]]
+    command = [str(with_defaults(part)) for part in producer_service["command"][4:]]
     command = [part for part in command if part != "--loop"]
     if "--heartbeat-file" in command:
         position = command.index("--heartbeat-file")

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sluice.demo_producer import DemoProducer, EventRecord, KafkaEventSink, encode_kafka_message, main
+from sluice.cli.demo_producer import DemoProducer, EventRecord, KafkaEventSink, encode_kafka_message, main
 from tests.helpers import expected_events
 
 

@@ -1,4 +1,4 @@
-"""The pure parts of `make run`, `make stop` and `make clean` (sluice.devserver): /proc parsing, the membership of
+"""The pure parts of `make run`, `make stop` and `make clean` (sluice.cli.devserver): /proc parsing, the membership of
 the recorded sessions in a fake process table, and the rules of what `make clean` may delete."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sluice.devserver import (
+from sluice.cli.devserver import (
     Address,
     ProcessStat,
     SessionRecord,

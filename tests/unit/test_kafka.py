@@ -10,9 +10,7 @@ from typing import Any
 import pytest
 
 from sluice.catalog import parse_catalog
-from sluice.constants import FileFormat, SinkFormat, SourceType
-from sluice.errors import SluiceError
-from sluice.kafka import (
+from sluice.connections.kafka import (
     ConnectionFields,
     client_config,
     connection_fields,
@@ -24,6 +22,8 @@ from sluice.kafka import (
     secret_values,
     spark_options,
 )
+from sluice.constants import FileFormat, SinkFormat, SourceType
+from sluice.errors import SluiceError
 from tests.helpers import events_stream, roots_in
 from tests.unit.test_catalog import catalog_with, rejects
 from tests.unit.test_lag import spark_checkpoint
@@ -51,8 +51,8 @@ def test_kafka_source_is_accepted_with_the_default_connection() -> None:
         "maxOffsetsPerTrigger": 10000, "minOffsetsPerTrigger": 100, "maxTriggerDelay": "15m",
         "failOnDataLoss": False}))).get("clicks")
     source = stream.source
-    assert (source.type, source.format, source.connection, source.path) == (SourceType.KAFKA, FileFormat.JSON,
-                                                                             "sluice_kafka", "")
+    assert (source.type, source.format, source.connection) == (SourceType.KAFKA, FileFormat.JSON, "sluice_kafka")
+    assert source.location(roots_in(Path("/x"))) is None and source.table is None, "a kafka source has no path"
     assert source.options == {"subscribePattern": "clicks\\..*", "startingOffsets": '{"clicks.eu": {"0": 5, "1": -2}}',
                               "maxOffsetsPerTrigger": "10000", "minOffsetsPerTrigger": "100",
                               "maxTriggerDelay": "15m", "failOnDataLoss": "false"}
@@ -138,8 +138,8 @@ def test_kafka_sink_is_accepted_and_its_dead_letters_stay_in_delta() -> None:
     catalog = parse_catalog(catalog_with(kafka_sink_stream(key_column="event_id"),
                                          kafka_sink_stream("second", connection="kafka_eu")))
     sink = catalog.get("to_kafka").sink
-    assert (sink.format, sink.topic, sink.connection, sink.key_column, sink.path) == (
-        SinkFormat.KAFKA, "events.bronze", "sluice_kafka", "event_id", "")
+    assert (sink.format, sink.topic, sink.connection, sink.key_column, sink.table) == (
+        SinkFormat.KAFKA, "events.bronze", "sluice_kafka", "event_id", None)
     assert catalog.get("to_kafka").dead_letter_path == "_dead_letter/to_kafka"
     assert catalog.get("second").sink.connection == "kafka_eu"
 
@@ -259,7 +259,8 @@ def test_lag_probe_reads_the_checkpoint_and_the_brokers_with_the_connection(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No broker runs on this machine, so the brokers' watermarks are stubbed; the checkpoint is real files in
     Spark's layout, the connection a real Airflow connection from the environment."""
-    import sluice.lag as lag
+    import sluice.kinds.kafka as kafka_kind
+    import sluice.lag.observe as lag
 
     monkeypatch.setenv("AIRFLOW_CONN_SLUICE_KAFKA", json.dumps({
         "conn_type": "kafka", "host": "broker", "port": 9093, "login": "svc", "password": "probe-secret",
@@ -275,7 +276,7 @@ def test_lag_probe_reads_the_checkpoint_and_the_brokers_with_the_connection(
         calls.append((config, list(topics), pattern))
         return {("clicks", 0): (0, 180), ("clicks", 1): (0, 40), ("clicks.eu", 0): (10, 25)}
 
-    monkeypatch.setattr(lag, "kafka_watermarks", watermarks)
+    monkeypatch.setattr(kafka_kind, "kafka_watermarks", watermarks)
     observation = lag.observe(stream, roots, now=1_795_000_100.0)
     assert calls == [({"bootstrap.servers": "broker:9093", "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
                        "sasl.username": "svc", "sasl.password": "probe-secret"}, [], "clicks.*")]
@@ -286,14 +287,15 @@ def test_lag_probe_reads_the_checkpoint_and_the_brokers_with_the_connection(
 
 def test_lag_probe_before_the_first_commit_follows_starting_offsets_and_assign(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import sluice.lag as lag
+    import sluice.kinds.kafka as kafka_kind
+    import sluice.lag.observe as lag
 
     monkeypatch.setenv("AIRFLOW_CONN_KAFKA_EU", json.dumps({"conn_type": "kafka", "host": "broker:9092"}))
     stream = parse_catalog(catalog_with(kafka_stream(connection="kafka_eu", options={
         "assign": {"clicks": [1]}, "startingOffsets": {"clicks": {"1": 30}}}))).get("clicks")
     roots = roots_in(tmp_path)
     spark_checkpoint(Path(stream.checkpoint_path(roots)), {}, committed=[])
-    monkeypatch.setattr(lag, "kafka_watermarks", lambda config, topics=(), pattern=None, timeout=10.0: {
+    monkeypatch.setattr(kafka_kind, "kafka_watermarks", lambda config, topics=(), pattern=None, timeout=10.0: {
         ("clicks", 0): (0, 500), ("clicks", 1): (0, 100)})
     backlog = lag.observe(stream, roots).backlog
     assert backlog.partitions == {"clicks:1": 70}, "only the assigned partition, from its starting offset"

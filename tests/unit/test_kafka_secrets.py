@@ -15,7 +15,7 @@ from typing import Any
 import pendulum
 import pytest
 
-from sluice.kafka import env_name
+from sluice.connections.kafka import env_name
 from sluice.summary import RunSummary, StreamRunSummary
 from tests.helpers import events_stream, write_catalog
 
@@ -191,7 +191,7 @@ def test_an_inline_pem_key_never_reaches_the_task_log(tmp_path: Path, monkeypatc
 
 def test_the_driver_scrubs_the_plain_password_as_well_as_its_jaas_escaped_form(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from sluice.kafka import ConnectionFields, env_secrets, scrub, spark_options
+    from sluice.connections.kafka import ConnectionFields, env_secrets, scrub, spark_options
 
     password = 'pa"ss\\word-1234'
     options = spark_options(ConnectionFields("k", extra={"bootstrap.servers": "b:1", "security.protocol": "SASL_SSL",

@@ -12,23 +12,15 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from sluice.alerting import AlertKind, decide
-from sluice.catalog import AlertSpec
-from sluice.checkpoint import CheckpointReader
 from sluice.errors import SluiceError
-from sluice.lag import (
-    Backlog,
-    LagObservation,
-    LagReport,
-    LagStatus,
-    delta_backlog,
-    delta_next_version,
-    evaluate,
-    kafka_backlog,
-    kafka_watermarks,
-    processed_source_offset,
-)
-from sluice.lag_store import LagStore
+from sluice.kinds.base import Backlog
+from sluice.kinds.delta import delta_backlog, delta_next_version
+from sluice.kinds.kafka import kafka_backlog, kafka_watermarks
+from sluice.lag.alerting import AlertKind, decide
+from sluice.lag.observe import LagObservation, LagReport, LagStatus, evaluate
+from sluice.lag.store import LagStore
+from sluice.model.stream import AlertSpec
+from sluice.storage.checkpoint import CheckpointReader
 
 T0 = 1_795_000_000.0
 
@@ -52,7 +44,7 @@ def test_kafka_offsets_behind_per_partition_from_the_last_committed_batch(tmp_pa
     # Batch 1 was planned but not committed: the next run starts from batch 0's end offsets.
     reader = spark_checkpoint(tmp_path / "ckpt", {0: '{"events":{"1":100,"0":120,"2":7}}',
                                                   1: '{"events":{"1":150,"0":170,"2":9}}'}, committed=[0])
-    processed = processed_source_offset(reader)
+    processed = reader.committed_source_offset()
     assert processed == {"events": {"1": 100, "0": 120, "2": 7}}
     watermarks = {("events", 0): (0, 200), ("events", 1): (0, 100), ("events", 2): (50, 60),
                   ("events", 3): (5, 45)}
@@ -88,7 +80,7 @@ def test_kafka_lag_against_a_real_broker(tmp_path: Path) -> None:
         producer.produce(topic, value=b"x", partition=index % 2)
     producer.flush(30)
     reader = spark_checkpoint(tmp_path / "ckpt", {0: json.dumps({topic: {"0": 5, "1": 5}})}, committed=[0])
-    backlog = kafka_backlog(processed_source_offset(reader), kafka_watermarks({"bootstrap.servers": servers},
+    backlog = kafka_backlog(reader.committed_source_offset(), kafka_watermarks({"bootstrap.servers": servers},
                                                                              topics=[topic]))
     assert backlog.partitions == {f"{topic}:0": 10, f"{topic}:1": 10}
 
@@ -125,7 +117,7 @@ def observation(units: int, *, at: float, batch: int | None = 4, commit_at: floa
 
 def test_error_reports_say_what_failed() -> None:
     from sluice.catalog import parse_stream
-    from sluice.lag import error_report
+    from sluice.lag.observe import error_report
     from tests.helpers import events_stream
 
     stream = parse_stream(events_stream(), index=0)
@@ -227,7 +219,7 @@ def test_alert_messages_say_what_and_carry_the_report() -> None:
 
 def test_status_view_prints_every_stream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                          capsys: pytest.CaptureFixture[str]) -> None:
-    from sluice.status import main
+    from sluice.cli.status import main
     from tests.helpers import events_stream, write_catalog
 
     catalog = write_catalog(tmp_path, events_stream(alerts={"warn_files": 2}), events_stream(

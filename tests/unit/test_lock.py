@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sluice.errors import SluiceError
-from sluice.lock import (
+from sluice.storage.lock import (
     DEFAULT_EXPIRY_SECONDS,
     LOCK_FILE,
     MAX_EXPIRY_SECONDS,
@@ -295,7 +295,7 @@ def test_bad_lock_arguments_are_refused(tmp_path: Path, expiry: int, heartbeat: 
 
 def test_the_health_check_reports_a_fifo_at_the_lock_path_without_hanging(tmp_path: Path) -> None:
     from sluice.catalog import load_catalog
-    from sluice.health import Health, check_stream
+    from sluice.operations.health import Health, check_stream
     from tests.helpers import events_stream, roots_in, write_catalog
 
     stream = load_catalog(write_catalog(tmp_path, events_stream())).get("events")

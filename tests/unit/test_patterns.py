@@ -9,7 +9,8 @@ import pytest
 
 from sluice.catalog import parse_catalog
 from sluice.constants import SinkMode
-from sluice.patterns import WindowType, parse_interval
+from sluice.model.patterns import WindowType
+from sluice.times import parse_interval
 from tests.unit.test_catalog import catalog_with, rejects
 
 SCHEMA = {"event_id": "string not null", "user_id": "string", "amount": "double", "event_time": "timestamp not null",
@@ -42,7 +43,7 @@ def test_a_full_gold_stream_parses_with_its_output_columns() -> None:
 @pytest.mark.parametrize(("text", "seconds"), [("10 minutes", 600), ("1 hour", 3600), ("30s", 30), ("2 days", 172800),
                                                ("1 minute", 60), ("5m", 300)])
 def test_intervals(text: str, seconds: int) -> None:
-    assert parse_interval(text, stream="s", field_name="f") == seconds
+    assert parse_interval(text) == seconds
 
 
 @pytest.mark.parametrize(("fields", "fragments"), [

@@ -9,8 +9,8 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from sluice.backfill import count_rows
-from sluice.predicates import DATAFUSION, SPARK_SQL, RowFilter, render
+from sluice.model.predicates import DATAFUSION, SPARK_SQL, RowFilter, render
+from sluice.operations.backfill import count_rows
 
 UTC = dt.timezone.utc
 NAMES = ["plain.json", "report'2026-11-23T10:00:00Z'.json", "back\\slash'.json", "it''s.json"]
@@ -50,6 +50,6 @@ def test_delta_rs_counts_and_replaces_exactly_the_named_files(tmp_path: Path) ->
     assert count_rows(table, wanted) == 3
     write_deltalake(table, pa.table({"f": pa.array([], pa.string()), "t": pa.array([], times.type)}),
                     mode="overwrite", predicate=render(wanted, DATAFUSION))
-    from sluice.delta import read_table
+    from sluice.storage.delta import read_table
 
     assert read_table(table, ["f"]).column("f").to_pylist() == ["plain.json"]

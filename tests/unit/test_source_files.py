@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from sluice.catalog import parse_stream
-from sluice.checkpoint import CheckpointReader
-from sluice.durations import parse_duration
 from sluice.errors import SluiceError
 from sluice.paths import Roots
-from sluice.source_files import SourceState, glob_regex, max_file_age, unread_files
+from sluice.storage.checkpoint import CheckpointReader
+from sluice.storage.landing import SourceState, glob_regex, max_file_age, unread_files
+from sluice.times import parse_duration
 from tests.helpers import events_stream
 
 
@@ -92,10 +92,10 @@ def test_uncommitted_batches_file_names_and_relative_roots(tmp_path: Path, monke
 
 def test_symbolic_links_are_never_listed_and_the_gate_and_the_backfill_plan_refuse_them(tmp_path: Path) -> None:
     """An uploader who plants a link must not make Spark read a host file (into the dead-letter table's raw text)."""
-    from sluice.backfill import parse_request, plan_backfill
     from sluice.catalog import parse_catalog
-    from sluice.health import Health, check_stream
-    from sluice.source_files import list_source_files, source_links
+    from sluice.operations.backfill import parse_request, plan_backfill
+    from sluice.operations.health import Health, check_stream
+    from sluice.storage.landing import list_source_files, source_links
 
     roots = Roots(landing=str(tmp_path / "landing"), lake=str(tmp_path / "lake"), checkpoints=str(tmp_path / "cp"))
     catalog = parse_catalog({"streams": [events_stream()]})

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from sluice.transforms import TRANSFORMS as CONTRACT
+from sluice.model.transforms import TRANSFORMS as CONTRACT
 from sluice_spark.transforms import TRANSFORMS as IMPLEMENTATIONS
 
 

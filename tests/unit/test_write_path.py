@@ -1,5 +1,5 @@
-"""The rule that makes Sluice exactly once exists once: only ``sluice.delta`` reads a table's transaction version,
-and only the writers ask ``holds_batch`` whether a batch is a replay."""
+"""The rule that makes Sluice exactly once exists once: only ``sluice.storage.delta`` reads a table's transaction
+version, and only the writers ask ``holds_batch`` whether a batch is a replay."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def uses_of(name: str) -> dict[str, int]:
 
 
 def test_only_sluice_delta_reads_a_tables_transaction_version() -> None:
-    assert uses_of("transaction_version") == {"include/sluice/delta.py": 1}
+    assert uses_of("transaction_version") == {"include/sluice/storage/delta.py": 1}
 
 
 def test_only_the_writers_ask_whether_a_batch_is_a_replay() -> None:
@@ -34,7 +34,9 @@ def test_only_the_writers_ask_whether_a_batch_is_a_replay() -> None:
 
 
 def test_every_foreach_batch_goes_through_the_router() -> None:
-    assert set(uses_of("foreachBatch")) <= {"spark_apps/sluice_spark/sinks.py", "spark_apps/sluice_spark/kafka.py",
+    assert set(uses_of("foreachBatch")) <= {"spark_apps/sluice_spark/kinds/delta.py",
+                                            "spark_apps/sluice_spark/kinds/kafka.py",
                                             "spark_apps/sluice_spark/backfill.py"}
-    assert set(uses_of("BatchRouter")) >= {"spark_apps/sluice_spark/sinks.py", "spark_apps/sluice_spark/kafka.py",
+    assert set(uses_of("BatchRouter")) >= {"spark_apps/sluice_spark/kinds/delta.py",
+                                           "spark_apps/sluice_spark/kinds/kafka.py",
                                            "spark_apps/sluice_spark/backfill.py"}

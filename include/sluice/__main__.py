@@ -1,0 +1,31 @@
+"""``python -m sluice <command>``: Sluice's command-line tools.
+
+    python -m sluice status [--record] [--json]              lag, health and trend of every stream
+    python -m sluice health [--stream NAME ...] [--json]     the checkpoint health gate, without running
+    python -m sluice repair ACTION --stream NAME             history, backup, quarantine-offsets, repin-query-id, reset
+    python -m sluice demo                                    the demo: files in, one run, the tables printed
+    python -m sluice demo-producer --landing-root DIR ...    demo events into a landing zone or a Kafka topic
+
+Each command's module is imported only when it runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {"status": "sluice.cli.status", "health": "sluice.cli.health", "repair": "sluice.cli.repair",
+            "demo": "sluice.cli.demo", "demo-producer": "sluice.cli.demo_producer"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] not in COMMANDS:
+        print(__doc__, file=sys.stderr)
+        return 0 if args and args[0] in ("-h", "--help") else 2
+    command = importlib.import_module(COMMANDS[args[0]])
+    return int(command.main(args[1:]) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,245 @@
+"""Load the stream catalog: a declarative list of streams, validated on load.
+
+Each stream names its source (with a declared schema), its transform, its sink, its checkpoint, its cron schedule,
+its trigger limits and its alert thresholds. The source and sink sections are read by their kinds
+(:mod:`sluice.kinds`). Every validation failure raises :class:`CatalogError`
+with the stream and the dotted field in the message.
+
+The default catalog is ``include/sluice/streams.yaml``; ``SLUICE_CATALOG`` points elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from croniter import croniter
+
+from sluice.catalog.patterns import check_patterns, parse_patterns
+from sluice.catalog.streams import Catalog, Claims
+from sluice.catalog.yaml_loader import load_yaml
+from sluice.errors import CatalogError
+from sluice.kinds import parse_sink, parse_source, sink_kind, source_kind
+from sluice.limits import (
+    ALERT_MAX,
+    BACKFILL_MAX_CLOCK_SKEW_SECONDS,
+    BACKFILL_MAX_RANGE_DAYS,
+    CATALOG_MAX_BYTES,
+    MAX_DURATION_SECONDS,
+    MAX_OBSERVATIONS,
+    REPAIR_COPY_MARKERS,
+    RESERVED_ROOT_FOLDERS,
+    TRIGGER_MAX_BYTES,
+    TRIGGER_MAX_FILES,
+)
+from sluice.model.section import Section
+from sluice.model.sources import SourceSpec
+from sluice.model.stream import AlertSpec, BackfillSpec, StreamSpec, TriggerSpec, WrittenPath
+from sluice.model.transforms import TRANSFORMS
+from sluice.paths import is_absolute, path_key
+
+DEFAULT_CATALOG = Path(__file__).parent.parent / "streams.yaml"
+_STREAM_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+
+
+def _parse_trigger(section: Section) -> TriggerSpec:
+    trigger = TriggerSpec(
+        max_files_per_trigger=section.positive_int("max_files_per_trigger", maximum=TRIGGER_MAX_FILES),
+        max_bytes_per_trigger=section.positive_int("max_bytes_per_trigger", maximum=TRIGGER_MAX_BYTES),
+    )
+    section.done()
+    if trigger.max_files_per_trigger and trigger.max_bytes_per_trigger:
+        raise section.error("max_bytes_per_trigger", "set max_files_per_trigger or max_bytes_per_trigger, not both")
+    return trigger
+
+
+_MEASURES = ("records", "files", "bytes", "seconds")
+
+
+def _parse_alerts(section: Section) -> AlertSpec:
+    thresholds = {f"{level}_{measure}": section.positive_int(f"{level}_{measure}", maximum=ALERT_MAX[measure])
+                  for measure in _MEASURES for level in ("warn", "critical")}
+    email_to = section.get("email_to", list, [])
+    if not all(isinstance(address, str) and "@" in address for address in email_to):
+        raise section.error("email_to", f"expected a list of email addresses, got {email_to!r}")
+    alerts = AlertSpec(
+        stale_after_seconds=section.positive_int("stale_after_seconds", maximum=MAX_DURATION_SECONDS),
+        stall_observations=section.positive_int("stall_observations", maximum=MAX_OBSERVATIONS)
+        or AlertSpec.stall_observations,
+        resolve_after_observations=section.positive_int("resolve_after_observations", maximum=MAX_OBSERVATIONS)
+        or AlertSpec.resolve_after_observations,
+        catch_up=section.get("catch_up", bool, False),
+        email_to=tuple(email_to),
+        **thresholds,
+    )
+    section.done()
+    if alerts.stall_observations < 2:
+        raise section.error("stall_observations", "a trend needs at least 2 observations")
+    for measure in _MEASURES:
+        warn, critical = getattr(alerts, f"warn_{measure}"), getattr(alerts, f"critical_{measure}")
+        if warn is not None and critical is not None and warn > critical:
+            raise section.error(f"warn_{measure}", f"WARN threshold {warn} exceeds CRITICAL threshold {critical}")
+    return alerts
+
+
+def _parse_backfill(section: Section, source: SourceSpec) -> BackfillSpec:
+    column = section.get("event_time_column", str)
+    spec = BackfillSpec(
+        event_time_column=column,
+        max_range_days=section.positive_int("max_range_days", maximum=BACKFILL_MAX_RANGE_DAYS)
+        or BackfillSpec.max_range_days,
+        clock_skew_seconds=section.bounded_int("clock_skew_seconds", BackfillSpec.clock_skew_seconds, minimum=0,
+                                               maximum=BACKFILL_MAX_CLOCK_SKEW_SECONDS),
+    )
+    section.done()
+    if column is not None:
+        types = {c.name: c.sql_type.lower() for c in source.schema.columns}
+        if types.get(column) != "timestamp":
+            raise section.error("event_time_column", f"must name a timestamp column of the source schema, got "
+                                f"{column!r} ({types.get(column, 'not declared')})")
+    return spec
+
+
+def _check_transform(stream: str, name: str, source: SourceSpec) -> list[str]:
+    """The columns the row transform hands on: the source's, plus those it adds."""
+    spec = TRANSFORMS.get(name)
+    if spec is None:
+        raise CatalogError(f"unknown transform {name!r}; known transforms: {', '.join(sorted(TRANSFORMS))}",
+                           stream=stream, field="transform")
+    missing = [column for column in spec.required_columns if column not in source.schema.names]
+    if missing:
+        raise CatalogError(f"transform {name!r} needs column(s) {', '.join(missing)}, which the source schema "
+                           "does not declare", stream=stream, field="transform")
+    return [*source.schema.names, *(column for column in spec.adds_columns if column not in source.schema.names)]
+
+
+def parse_stream(raw: object, *, index: int) -> StreamSpec:
+    """Validate one catalog entry."""
+    if not isinstance(raw, Mapping):
+        raise CatalogError(f"expected a mapping, got {type(raw).__name__}", field=f"streams[{index}]")
+    name = raw.get("name")
+    if not isinstance(name, str) or not _STREAM_NAME.match(name):
+        raise CatalogError(f"name must match {_STREAM_NAME.pattern} (it becomes a DAG id and a lock name), "
+                           f"got {name!r}", field=f"streams[{index}].name")
+    top = Section(raw, stream=name, path="")
+    top.get("name", str)
+    description = top.get("description", str, "")
+    source = parse_source(top.section("source", required=True))
+    kind = source_kind(source)
+    transform = top.get("transform", str, "identity")
+    sink = parse_sink(top.section("sink", required=True))
+    patterns = parse_patterns(top)
+    output_columns = check_patterns(name, patterns, _check_transform(name, transform, source), source, sink,
+                                    required=set(source.schema.required))
+    sink_kind(sink).check_output(sink, output_columns, stream=name)
+    if sink.table is None and patterns.fan_out:
+        raise CatalogError(f"a {sink.format.value} sink takes no fan_out: fan-out tables are cut from the batch a "
+                           "Delta sink commits", stream=name, field="fan_out")
+    dead_letter = top.section("dead_letter")
+    dead_letter_path = dead_letter.folder("path", f"{sink.table}_dead_letter" if sink.table else f"_dead_letter/{name}")
+    dead_letter.done()
+    checkpoint = top.folder("checkpoint", name)
+    schedule = top.get("schedule", str, required=kind.needs_schedule)
+    if schedule is not None and not croniter.is_valid(schedule):
+        raise top.error("schedule", f"{schedule!r} is not a valid cron expression (five fields, e.g. '*/5 * * * *')")
+    trigger = _parse_trigger(top.section("trigger"))
+    if not kind.trigger_limits and (trigger.max_files_per_trigger or trigger.max_bytes_per_trigger):
+        raise top.error("trigger", f"a {source.type.value} source has no files or bytes limits; set its own limit "
+                                   "in source.options (Kafka: maxOffsetsPerTrigger)")
+    alerts = _parse_alerts(top.section("alerts"))
+    allow_new_query_id = top.get("allow_new_query_id", bool, False)
+    backfill = _parse_backfill(top.section("backfill"), source)
+    owner = top.get("owner", str, "data-eng")
+    tags = top.get("tags", list, [])
+    if not all(isinstance(tag, str) and tag for tag in tags):
+        raise top.error("tags", f"expected a list of strings, got {tags!r}")
+    top.done()
+    stream = StreamSpec(
+        name=name,
+        description=description,
+        source=source,
+        transform=transform,
+        sink=sink,
+        dead_letter_path=dead_letter_path,
+        checkpoint=checkpoint,
+        schedule=schedule,
+        trigger=trigger,
+        alerts=alerts,
+        owner=owner,
+        tags=tuple(tags),
+        allow_new_query_id=allow_new_query_id,
+        backfill=backfill,
+        patterns=patterns,
+        output_columns=tuple(output_columns),
+    )
+    for written in stream.written_paths:
+        _check_own_name(written)
+    return stream
+
+
+def _check_own_name(written: WrittenPath) -> None:
+    """Refuse a written path that takes a name Sluice gives its own folders."""
+    parts = path_key(written.path)[1]
+    if not is_absolute(written.path) and parts[0] in RESERVED_ROOT_FOLDERS:
+        raise written.error(f"path {written.path!r} starts with {parts[0]}/, a folder Sluice keeps for itself under "
+                            f"the checkpoint root; reserved: {', '.join(RESERVED_ROOT_FOLDERS)}")
+    if written.root == "checkpoints" and any(marker in parts[-1] for marker in REPAIR_COPY_MARKERS):
+        raise written.error(f"path {written.path!r} looks like a copy the repair tools make beside a checkpoint "
+                            f"(<checkpoint>{'<time>, <checkpoint>'.join(REPAIR_COPY_MARKERS)}<time>), which an "
+                            "operator may delete; rename it")
+
+
+def parse_catalog(raw: object, *, source_file: str | None = None) -> Catalog:
+    """Validate a whole catalog document, including what streams must not share."""
+    top = Section(raw, stream=None, path="")
+    version = top.get("version", int, 1)
+    if version != 1:
+        raise top.error("version", f"unsupported catalog version {version}; this Sluice reads version 1")
+    entries = top.get("streams", list, required=True)
+    top.done()
+    streams: dict[str, StreamSpec] = {}
+    claims = Claims()
+    for index, entry in enumerate(entries):
+        stream = parse_stream(entry, index=index)
+        if stream.name in streams:
+            raise CatalogError("is defined twice", stream=stream.name, field="name")
+        for written in stream.written_paths:
+            # Relative paths are compared under their own root; absolute ones with each other, whatever they are
+            # (Catalog.check_roots compares across roots once they are known).
+            storage, parts = path_key(written.path)
+            key = (storage or f"<{written.root} root>/", parts)
+            claims.claim(key, written, shown=repr(written.path))
+        streams[stream.name] = stream
+    catalog = Catalog(streams=streams, source_file=source_file)
+    for stream in catalog:
+        upstreams = catalog.upstreams_of(stream)
+        if any(upstream.name == stream.name for upstream in upstreams):
+            raise CatalogError("a stream cannot read its own table", stream=stream.name, field="source.path")
+        if stream.schedule is None and not upstreams:
+            raise CatalogError(f"is required: no stream of the catalog writes {stream.source.table!r}, so there is no "
+                               "table update to schedule the stream on", stream=stream.name, field="schedule")
+    return catalog
+
+
+def load_catalog(path: str | os.PathLike[str] | None = None) -> Catalog:
+    """Load and validate a catalog file (default: ``SLUICE_CATALOG`` or the bundled ``streams.yaml``)."""
+    catalog_path = Path(path or os.environ.get("SLUICE_CATALOG") or DEFAULT_CATALOG)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        with catalog_path.open("rb") as handle:
+            # In pieces: a catalog path may name a pipe or a device that never ends.
+            while chunk := handle.read(64 * 1024):
+                size += len(chunk)
+                if size > CATALOG_MAX_BYTES:
+                    raise CatalogError(f"catalog {catalog_path} is larger than {CATALOG_MAX_BYTES:,} bytes")
+                chunks.append(chunk)
+    except OSError as exc:
+        raise CatalogError(f"cannot read catalog {catalog_path}: {exc.strerror or exc}") from exc
+    try:
+        text = b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CatalogError(f"catalog {catalog_path} is not UTF-8: {exc}") from exc
+    return parse_catalog(load_yaml(text, source=str(catalog_path)), source_file=str(catalog_path))

@@ -1,0 +1,302 @@
+"""Read and check the patterns of a stream (:mod:`sluice.model.patterns`): the parsers of each section, and the
+rules that tie them to the stream's columns and its sink's output mode.
+
+This module has no pyspark import: the catalog is validated in the Airflow scheduler.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from sluice.constants import SinkMode
+from sluice.errors import CatalogError
+from sluice.kinds import parse_source
+from sluice.kinds.delta import DeltaSink, DeltaSource
+from sluice.model.patterns import (
+    AggregateSpec,
+    DedupeSpec,
+    FanOutSpec,
+    JoinSpec,
+    JoinType,
+    LookupSpec,
+    Measure,
+    Patterns,
+    WatermarkSpec,
+    WindowSpec,
+    WindowType,
+)
+from sluice.model.schema import Schema
+from sluice.model.section import Section
+from sluice.model.sinks import SinkSpec
+from sluice.model.sources import SourceSpec
+
+_MEASURE = re.compile(r"^\s*(count|sum|min|max|avg|approx_count_distinct)\s*\(\s*(\*|[A-Za-z_][A-Za-z0-9_]*)\s*\)\s*$")
+_IDENTIFIER = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+
+
+def parse_patterns(top: Section) -> Patterns:
+    """Every pattern section of a stream entry."""
+    return Patterns(
+        watermark=parse_watermark(top.section("watermark")),
+        dedupe=parse_dedupe(top.section("dedupe")),
+        join=parse_join(top.section("join")),
+        lookup=parse_lookups(top, "lookup"),
+        aggregate=parse_aggregate(top.section("aggregate")),
+        fan_out=parse_fan_out(top, "fan_out"),
+    )
+
+
+def parse_watermark(section: Section) -> WatermarkSpec | None:
+    if not section.raw:
+        return None
+    spec = WatermarkSpec(
+        column=section.get("column", str, required=True),
+        delay_seconds=section.interval("delay", required=True) or 0,
+    )
+    section.done()
+    return spec
+
+
+def parse_dedupe(section: Section) -> DedupeSpec | None:
+    if not section.raw:
+        return None
+    spec = DedupeSpec(keys=section.names("keys", required=True))
+    section.done()
+    return spec
+
+
+def parse_lookups(owner: Section, key: str) -> tuple[LookupSpec, ...]:
+    lookups = []
+    for section in owner.items(key):
+        table = section.folder("table")
+        lookups.append(LookupSpec(table=table, on=section.names("on", required=True),
+                                  columns=section.names("columns", required=True)))
+        section.done()
+    return tuple(lookups)
+
+
+def parse_join(section: Section) -> JoinSpec | None:
+    if not section.raw:
+        return None
+    source = parse_source(section.section("source", required=True))
+    if not isinstance(source, DeltaSource):
+        raise section.error("source.type", "the joined stream must be a Delta table (type: delta)")
+    watermark = parse_watermark(section.section("watermark", required=True))
+    assert watermark is not None
+    within = section.section("within", required=True)
+    spec = JoinSpec(
+        source=source,
+        watermark=watermark,
+        on=section.names("on", required=True),
+        type=section.enum("type", JoinType, JoinType.INNER),
+        left_time=within.get("left", str, required=True),
+        right_time=within.get("right", str, required=True),
+        max_delay_seconds=within.interval("max_delay", required=True) or 0,
+    )
+    within.done()
+    section.done()
+    return spec
+
+
+def parse_aggregate(section: Section) -> AggregateSpec | None:
+    if not section.raw:
+        return None
+    window: WindowSpec | None = None
+    window_section = section.section("window")
+    if window_section.raw:
+        kind = window_section.enum("type", WindowType, required=True)
+        window = WindowSpec(
+            type=kind,
+            column=window_section.get("column", str, required=True),
+            duration_seconds=window_section.interval("duration", required=kind is not WindowType.SESSION) or 0,
+            slide_seconds=window_section.interval("slide", required=kind is WindowType.SLIDING) or 0,
+            gap_seconds=window_section.interval("gap", required=kind is WindowType.SESSION) or 0,
+        )
+        window_section.done()
+        if kind is WindowType.SESSION and window.duration_seconds:
+            raise window_section.error("duration", "a session window has a gap, not a duration")
+        if kind is not WindowType.SLIDING and window.slide_seconds:
+            raise window_section.error("slide", f"a {kind.value} window does not slide; use type: sliding")
+        if kind is not WindowType.SESSION and window.gap_seconds:
+            raise window_section.error("gap", "only a session window has a gap")
+        if kind is WindowType.SLIDING and window.slide_seconds > window.duration_seconds:
+            raise window_section.error("slide", "a slide longer than the window duration would skip events")
+    measures_section = section.section("measures", required=True)
+    measures = []
+    for name, expression in measures_section.raw.items():
+        measures_section.allowed.add(name)
+        match = _MEASURE.match(expression) if isinstance(expression, str) else None
+        if not isinstance(name, str) or not _IDENTIFIER.match(name):
+            raise measures_section.error(str(name), f"a measure name must match {_IDENTIFIER.pattern}")
+        if match is None:
+            raise measures_section.error(name, f"expected function(column) with function one of count, sum, min, "
+                                               f"max, avg, approx_count_distinct, got {expression!r}")
+        function, column = match.group(1), match.group(2)
+        if column == "*" and function != "count":
+            raise measures_section.error(name, f"{function}(*) is not defined; name a column")
+        measures.append(Measure(name, function, column))
+    if not measures:
+        raise section.error("measures", "must define at least one measure")
+    spec = AggregateSpec(window=window, group_by=section.names("group_by"), measures=tuple(measures))
+    section.done()
+    return spec
+
+
+def parse_fan_out(owner: Section, key: str) -> tuple[FanOutSpec, ...]:
+    outputs = []
+    for section in owner.items(key):
+        path = section.folder("path")
+        where = section.get("where", str, required=True)
+        if ";" in where:
+            raise section.error("where", "a predicate is one SQL expression; ';' is not allowed")
+        outputs.append(FanOutSpec(path=path, where=where, columns=section.names("columns"),
+                                  partition_by=section.names("partition_by")))
+        section.done()
+    return tuple(outputs)
+
+
+# -- validation ------------------------------------------------------------------------------------------------------
+
+def check_patterns(stream: str, patterns: Patterns, columns: list[str], source: SourceSpec, sink: SinkSpec,
+                   required: set[str]) -> list[str]:
+    """Validate the patterns against the columns the row transform produces; return the stream's output columns
+    (without Sluice's metadata columns). ``required`` holds the columns declared ``not null``."""
+
+    def refuse(field_name: str, message: str) -> CatalogError:
+        return CatalogError(message, stream=stream, field=field_name)
+
+    def need(names: tuple[str, ...], available: list[str], field_name: str, what: str) -> None:
+        missing = [name for name in names if name not in available]
+        if missing:
+            raise refuse(field_name, f"{what} {', '.join(missing)} not among the columns available here: "
+                                     f"{', '.join(available)}")
+
+    watermark, aggregate, join = patterns.watermark, patterns.aggregate, patterns.join
+    available = list(columns)
+    if watermark is not None:
+        need((watermark.column,), available, "watermark.column", "column")
+        _need_timestamp(source.schema, watermark.column, lambda message: refuse("watermark.column", message))
+    if watermark is not None and not patterns.stateful:
+        raise refuse("watermark", "a watermark bounds the state of dedupe, join or aggregate, and this stream has "
+                                  "none of them; remove it")
+    if patterns.dedupe is not None:
+        need(patterns.dedupe.keys, available, "dedupe.keys", "key column(s)")
+        if watermark is None:
+            raise refuse("dedupe", "deduplication without a watermark keeps every key seen in state forever; add "
+                                   "`watermark: {column: <event time>, delay: <how late a duplicate may come>}`")
+    if join is not None:
+        if watermark is None:
+            raise refuse("join", "a stream-stream join needs a watermark on both sides; add `watermark` for this "
+                                 "stream's side")
+        right_columns = join.source.schema.names
+        need(join.on, available, "join.on", "key column(s)")
+        need(join.on, right_columns, "join.on", "key column(s) of the joined source:")
+        need((join.left_time,), available, "join.within.left", "column")
+        need((join.right_time,), right_columns, "join.within.right", "column of the joined source:")
+        need((join.watermark.column,), right_columns, "join.watermark.column", "column of the joined source:")
+        _need_timestamp(join.source.schema, join.right_time, lambda message: refuse("join.within.right", message))
+        if join.left_time != watermark.column:
+            raise refuse("join.within.left", f"the time bound must use the watermark column {watermark.column!r}, "
+                                             "or Spark cannot evict the join state")
+        if join.right_time != join.watermark.column:
+            raise refuse("join.within.right", f"the time bound must use the joined source's watermark column "
+                                              f"{join.watermark.column!r}, or Spark cannot evict the join state")
+        clashes = [name for name in right_columns if name in available and name not in join.on]
+        if clashes:
+            raise refuse("join.source.schema", f"column(s) {', '.join(clashes)} exist on both sides; rename them "
+                                               "in one source's schema (only the join keys may be shared)")
+        available += [name for name in right_columns if name not in join.on]
+    for index, lookup in enumerate(patterns.lookup):
+        need(lookup.on, available, f"lookup[{index}].on", "key column(s)")
+        clashes = [name for name in lookup.columns if name in available]
+        if clashes:
+            raise refuse(f"lookup[{index}].columns", f"column(s) {', '.join(clashes)} already exist in the stream")
+        available += list(lookup.columns)
+    output = available
+    if aggregate is not None:
+        if join is not None:
+            raise refuse("aggregate", "an aggregate over a stream-stream join is not supported; write the join to "
+                                      "a table and aggregate it in a downstream stream")
+        need(aggregate.group_by, available, "aggregate.group_by", "column(s)")
+        for measure in aggregate.measures:
+            if measure.column != "*":
+                need((measure.column,), available, f"aggregate.measures.{measure.name}", "column")
+        if aggregate.window is not None:
+            need((aggregate.window.column,), available, "aggregate.window.column", "column")
+        output = list(aggregate.key_columns) + [measure.name for measure in aggregate.measures]
+        if len(set(output)) != len(output):
+            raise refuse("aggregate.measures", f"a measure name repeats a key column: {output}")
+    _check_output_mode(patterns, sink, output, required, refuse)
+    for index, fan_out in enumerate(patterns.fan_out):
+        need(fan_out.columns, output, f"fan_out[{index}].columns", "column(s)")
+        kept = list(fan_out.columns) or output
+        need(fan_out.partition_by, kept, f"fan_out[{index}].partition_by", "column(s)")
+    if isinstance(sink, DeltaSink):
+        need(sink.partition_by, output, "sink.partition_by", "partition column(s)")
+    return output
+
+
+def _need_timestamp(schema: Schema, column: str, refuse: Callable[[str], CatalogError]) -> None:
+    """A declared event-time column must be a timestamp (one a row transform adds is checked by Spark)."""
+    types = {c.name: c.sql_type for c in schema.columns}
+    if column in types and types[column] != "TIMESTAMP":
+        raise refuse(f"an event-time column must be a timestamp; {column!r} is {types[column]}")
+
+
+def _check_output_mode(patterns: Patterns, sink: SinkSpec, output: list[str], required: set[str],
+                       refuse: Callable[[str, str], CatalogError]) -> None:
+    """Spark's output-mode rules, checked before Spark is started, each with its fix."""
+    aggregate, watermark = patterns.aggregate, patterns.watermark
+    mode = sink.mode
+    if mode is SinkMode.COMPLETE and aggregate is None:
+        raise refuse("sink.mode", "complete mode rewrites the whole result every batch and needs an `aggregate`; "
+                                  "use mode append (or merge with keys) for row streams")
+    windowed = aggregate is not None and aggregate.window is not None
+    if windowed and mode is not SinkMode.COMPLETE and watermark is None:
+        raise refuse("watermark", f"an aggregate in {mode.value} mode needs a watermark, or its state grows forever "
+                                  "(append mode would never emit a row); add `watermark: {column, delay}` on the "
+                                  "event-time column, or use sink.mode complete for a small result")
+    if aggregate is not None and mode is SinkMode.APPEND:
+        window = aggregate.window
+        if window is None or watermark is None or window.column != watermark.column:
+            raise refuse("sink.mode", "append mode emits an aggregate row once, when the watermark finalizes it, "
+                                      "which needs an event-time `aggregate.window` on the watermark column; "
+                                      "use sink.mode merge to upsert running results instead")
+    if aggregate is not None and mode is SinkMode.MERGE and isinstance(sink, DeltaSink):
+        if sink.keys:
+            raise refuse("sink.keys", f"an aggregate is merged on its own keys ({', '.join(aggregate.key_columns)}); "
+                                      "remove sink.keys")
+        if aggregate.window is not None and aggregate.window.type is WindowType.SESSION:
+            raise refuse("sink.mode", "a session window's bounds move as events arrive, so an upserted session "
+                                      "would leave its earlier versions behind; use sink.mode append")
+        if not aggregate.key_columns:
+            raise refuse("aggregate", "a merged aggregate needs a window or group_by columns to key its rows")
+    if patterns.join is not None and mode is not SinkMode.APPEND:
+        raise refuse("sink.mode", "a stream-stream join emits append-only output; use sink.mode append")
+    if not isinstance(sink, DeltaSink):
+        return
+    if mode is SinkMode.MERGE and aggregate is None:
+        if not sink.keys:
+            raise refuse("sink.keys", "merge mode upserts by key: name the key column(s) in sink.keys")
+        if not sink.sequence_by:
+            raise refuse("sink.sequence_by", "a batch may carry several versions of a key, and a late version must "
+                                             "not overwrite a newer one: name the column that orders them (e.g. "
+                                             "updated_at) in sink.sequence_by")
+        missing = [key for key in sink.keys if key not in output]
+        if missing:
+            raise refuse("sink.keys", f"column(s) {', '.join(missing)} are not in the output: {', '.join(output)}")
+        if sink.sequence_by not in output:
+            raise refuse("sink.sequence_by", f"column {sink.sequence_by!r} is not in the output: {', '.join(output)}")
+        if sink.sequence_by not in required:
+            raise refuse("sink.sequence_by", f"{sink.sequence_by!r} must be declared `not null` in the source schema: "
+                                             "a version without a sequence cannot be ordered against the others")
+        nullable = [key for key in sink.keys if key not in required]
+        if nullable:
+            raise refuse("sink.keys", f"merge key(s) {', '.join(nullable)} must be declared `not null` in the "
+                                      "source schema: a row with a NULL key can never be matched again")
+    elif sink.sequence_by:
+        raise refuse("sink.sequence_by", "only merge mode with sink.keys orders rows by a sequence column")
+    if patterns.fan_out and mode is SinkMode.COMPLETE:
+        raise refuse("fan_out", "fan-out tables are appended to, and complete mode re-emits the whole result every "
+                                "batch; fan out from an append or merge stream")

@@ -1,0 +1,572 @@
+"""What `make run`, `make stop` and `make clean` do: the embedded default's Airflow, its stop, and the clean-up.
+
+Run as ``python -m sluice.cli.devserver run|stop|clean``. The Makefile gives every setting on the command line; ``stop``
+and ``clean`` run before the venv exists, on the system Python with ``PYTHONPATH=include``, so this module uses the
+standard library only. ``run`` and ``stop`` read ``/proc``, so they need Linux.
+
+`make run` starts two sessions (:func:`os.setsid`): the scheduling session (scheduler, DAG processor, triggerer and
+the demo producer), then the API session (the API server, which the task processes report their end to, so it is
+stopped last). It records one line ``<name> <pid> <start time>`` per session in ``$AIRFLOW_HOME/make-run.sessions``, in
+the order `make stop` stops them. The pid is the session leader's, and so the session id; the start time (clock ticks
+after boot, field 22 of ``/proc/<pid>/stat``) proves that the pid still belongs to that leader, not to a process that
+got the number since.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import IO, NoReturn
+
+DESCRIPTION = "What `make run`, `make stop` and `make clean` do."
+RECORD_NAME = "make-run.sessions"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+# What `make clean` deletes besides the data root and the Airflow home, relative to the checkout.
+CACHES = (".pytest_cache", ".ruff_cache", ".mypy_cache", "spark-warehouse")
+HEALTH_TIMEOUT = 300
+# Seconds `make stop` waits for what SIGKILL was sent to.
+KILL_TIMEOUT = 10
+POLL_INTERVAL = 0.2
+# Standalone's scheduler and triggerer would also open log servers on every address (8793, 8794); on one machine the
+# API server reads the task logs from their files, so they are skipped.
+SCHEDULING_COMPONENTS = (
+    ("scheduler", ("airflow", "scheduler", "--skip-serve-logs")),
+    ("dag-proc", ("airflow", "dag-processor")),
+    ("triggerer", ("airflow", "triggerer", "--skip-serve-logs")),
+)
+API_COMPONENTS = (("api-server", ("airflow", "api-server")),)
+SESSIONS = {"scheduling": SCHEDULING_COMPONENTS, "api-server": API_COMPONENTS}
+
+
+def say(message: str = "", *, error: bool = False) -> None:
+    """One line to stdout (or stderr), flushed at once: the sessions write to the same terminal."""
+    print(message, file=sys.stderr if error else sys.stdout, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The process table and the sessions of `make run` (pure, apart from the readers)
+
+
+@dataclass(frozen=True)
+class ProcessStat:
+    """The fields of ``/proc/<pid>/stat`` that membership needs."""
+
+    pid: int
+    state: str
+    parent: int
+    session: int
+    start: int
+
+    @property
+    def live(self) -> bool:
+        """A zombie (or a dead process) has exited: it is no longer anyone's to stop."""
+        return self.state not in ("Z", "X")
+
+
+def parse_stat(line: str) -> ProcessStat:
+    """Parses one ``/proc/<pid>/stat`` line. The command name (field 2) is in parentheses and may itself hold spaces
+    and parentheses, so the fields after it are read after the last ``") "``."""
+    pid, separator, rest = line.partition(" ")
+    name_end = rest.rfind(") ")
+    if not separator or not rest.startswith("(") or name_end < 0:
+        raise ValueError(f"not a /proc/<pid>/stat line: {line!r}")
+    fields = rest[name_end + 2:].split()
+    if len(fields) < 20:
+        raise ValueError(f"a /proc/<pid>/stat line has 52 fields; this one has {len(fields) + 2}: {line!r}")
+    return ProcessStat(pid=int(pid), state=fields[0], parent=int(fields[1]), session=int(fields[3]),
+                       start=int(fields[19]))
+
+
+def read_processes(proc: Path = Path("/proc")) -> dict[int, ProcessStat]:
+    """Every process in the table by pid, zombies included; processes that exit while it reads are left out."""
+    processes = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = parse_stat((entry / "stat").read_text(errors="surrogateescape"))
+        except (OSError, ValueError):
+            continue
+        processes[stat.pid] = stat
+    return processes
+
+
+def started_at(pid: int) -> int:
+    """The start time of process ``pid``, in clock ticks after boot."""
+    return parse_stat((Path("/proc") / str(pid) / "stat").read_text(errors="surrogateescape")).start
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    """One line of the record: a session that `make run` started, by its leader's pid and start time."""
+
+    name: str
+    leader: int
+    start: int
+
+
+def parse_record(text: str) -> list[SessionRecord]:
+    """The sessions of a record; lines that are not ``<name> <pid> <start time>`` are skipped."""
+    records = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[1].isdigit() and fields[2].isdigit():
+            records.append(SessionRecord(fields[0], int(fields[1]), int(fields[2])))
+    return records
+
+
+def read_record(path: Path) -> list[SessionRecord]:
+    try:
+        return parse_record(path.read_text())
+    except FileNotFoundError:
+        return []
+
+
+@dataclass(frozen=True)
+class Membership:
+    """What of the recorded sessions still runs: ``processes`` maps each pid to its start time; ``recycled`` are the
+    recorded leaders whose pid now belongs to another process."""
+
+    processes: dict[int, int]
+    recycled: list[int]
+
+
+def members(records: Iterable[SessionRecord], table: Mapping[int, ProcessStat], only: int | None = None) -> Membership:
+    """The live processes of the recorded sessions (only the one led by ``only``, when given) whose leader, when still
+    alive, has the recorded start time, and all their live descendants (spark-submit runs in a session of its own).
+
+    A process joins a session's members only if it started no earlier than the leader: a pid of the session id that
+    a process kept from before would otherwise count.
+    """
+    live = {pid: stat for pid, stat in table.items() if stat.live}
+    ours: dict[int, int] = {}
+    recycled = []
+    for record in records:
+        if only is not None and record.leader != only:
+            continue
+        leader = live.get(record.leader)
+        if leader is None or leader.start == record.start:
+            ours[record.leader] = record.start
+        else:
+            recycled.append(record.leader)
+    mine = {pid for pid, stat in live.items() if stat.session in ours and stat.start >= ours[stat.session]}
+    grown = True
+    while grown:
+        descendants = {pid for pid, stat in live.items() if pid not in mine and stat.parent in mine}
+        mine |= descendants
+        grown = bool(descendants)
+    return Membership({pid: live[pid].start for pid in sorted(mine)}, recycled)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# make stop
+
+
+class StopFailed(Exception):
+    """Something of the recorded sessions still ran after SIGKILL."""
+
+
+@dataclass
+class Stopper:
+    """Stops the sessions recorded in ``record``: SIGTERM, then SIGKILL to what runs ``timeout`` seconds later."""
+
+    record: Path
+    airflow_home: str
+    timeout: float
+    stopped: int = 0
+
+    def running(self, only: int | None = None, *, notes: bool = False) -> dict[int, int]:
+        membership = members(read_record(self.record), read_processes(), only)
+        if notes:
+            for pid in membership.recycled:
+                say(f"make stop: pid {pid} now belongs to another process; leaving it alone", error=True)
+        return membership.processes
+
+    def stop_session(self, only: int | None = None) -> None:
+        """Stops one recorded session (all of them, without ``only``) and every process it started."""
+        alive = self.running(only)
+        kill = False
+        deadline = time.monotonic() + self.timeout
+        signalled: set[tuple[int, int]] = set()
+        while alive:
+            if time.monotonic() >= deadline:
+                listing = " ".join(f"{pid}:{start}" for pid, start in alive.items())
+                if kill:
+                    raise StopFailed(f"make stop: still running after SIGKILL: {listing}")
+                say(f"make stop: SIGKILL to what still runs {self.timeout:g} s after SIGTERM: {listing}", error=True)
+                kill = True
+                signalled = set()
+                deadline = time.monotonic() + KILL_TIMEOUT
+            for process in alive.items():
+                if process in signalled:
+                    continue
+                with contextlib.suppress(OSError):
+                    os.kill(process[0], signal.SIGKILL if kill else signal.SIGTERM)
+                signalled.add(process)
+                if not kill:
+                    self.stopped += 1
+            time.sleep(POLL_INTERVAL)
+            alive = self.running(only)
+
+    def stop_all(self, *, quiet: bool = False) -> bool:
+        """Stops every recorded session in the record's order, then anything of theirs that is left; False when
+        something survived SIGKILL."""
+        self.stopped = 0
+        if not self.running(notes=True):
+            if not quiet:
+                say(f"Nothing that make run started is running (Airflow home {self.airflow_home})")
+            self.record.unlink(missing_ok=True)
+            return True
+        try:
+            for record in read_record(self.record):
+                self.stop_session(record.leader)
+            self.stop_session()
+        except StopFailed as failure:
+            say(str(failure), error=True)
+            return False
+        self.record.unlink(missing_ok=True)
+        if not quiet:
+            say(f"Stopped what make run started: {self.stopped} processes (Airflow home {self.airflow_home})")
+        return True
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# make run
+
+
+@dataclass(frozen=True)
+class Address:
+    """Where `make run` serves the UI and the REST API, and what follows from it."""
+
+    host: str
+    port: int
+
+    @property
+    def on_loopback(self) -> bool:
+        return self.host in LOOPBACK_HOSTS
+
+    @property
+    def reach(self) -> str:
+        """The address the local processes (LocalExecutor's workers, the health check) reach the API server at."""
+        return "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+
+    @property
+    def url(self) -> str:
+        return f"http://{url_host(self.host)}:{self.port}"
+
+    @property
+    def local_url(self) -> str:
+        return f"http://{url_host(self.reach)}:{self.port}"
+
+
+def url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def all_admins(address: Address, environ: Mapping[str, str]) -> str:
+    """Nobody logs in (every user is an admin) only on a loopback address, and only while the environment does not
+    turn it off; any other address needs the simple auth manager's login."""
+    if not address.on_loopback:
+        return "False"
+    return environ.get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS") or "True"
+
+
+def passwords_file(airflow_home: str, environ: Mapping[str, str]) -> str:
+    return (environ.get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE")
+            or f"{airflow_home}/simple_auth_manager_passwords.json.generated")
+
+
+def run_environment(address: Address, airflow_home: str, data_root: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """The settings `make run` gives Airflow on top of the Makefile's."""
+    return {
+        "AIRFLOW_HOME": airflow_home,
+        "SLUICE_DATA_ROOT": data_root,
+        "AIRFLOW__API__HOST": address.host,
+        "AIRFLOW__API__PORT": str(address.port),
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{address.local_url}/execution/",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": all_admins(address, environ),
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def port_taken(host: str, port: int) -> bool:
+    """Whether something answers on ``port`` of ``host``."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        return probe.connect_ex((host, port)) == 0
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5):
+            return True
+    except Exception:
+        return False
+
+
+def unpaused_dags(output: str) -> list[str]:
+    """The DAGs that ``airflow dags unpause --output plain`` found paused (second column ``True``)."""
+    return [fields[0] for fields in (line.split() for line in output.splitlines())
+            if len(fields) >= 2 and fields[1] == "True"]
+
+
+class Interrupted(Exception):
+    """SIGINT, SIGTERM or SIGHUP reached `make run`."""
+
+
+def interrupt(signum: int, frame: FrameType | None) -> NoReturn:
+    raise Interrupted(signum)
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def spawn_session(name: str) -> subprocess.Popen[bytes]:
+    """Starts session ``name`` as the leader of a new session: its pid is the session id."""
+    return subprocess.Popen([sys.executable, "-m", "sluice.cli.devserver", "session", name], stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def run(address: Address, airflow_home: str, data_root: str, stop_timeout: float) -> int:
+    """`make run`: Airflow's components and the demo producer until a signal, `make stop`, or their end."""
+    record = Path(airflow_home) / RECORD_NAME
+    stopper = Stopper(record, airflow_home, stop_timeout)
+    if stopper.running():
+        say(f"make run: already running for {airflow_home}; 'make stop' first", error=True)
+        return 1
+    if port_taken(address.reach, address.port):
+        say(f"make run: another program listens on port {address.port}; choose a free one: make run PORT=8081",
+            error=True)
+        return 1
+    os.environ.update(run_environment(address, airflow_home, data_root, os.environ))
+    Path(data_root).mkdir(parents=True, exist_ok=True)
+    unpause = subprocess.run(["airflow", "dags", "unpause", "--treat-dag-id-as-regex", "--yes", ".*", "--output",
+                              "plain"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if unpause.returncode != 0:
+        say(unpause.stdout.rstrip("\n"), error=True)
+        return 1
+    unpaused = unpaused_dags(unpause.stdout)
+    if unpaused:
+        say("Unpaused the DAGs that the metadata database had paused: " + " ".join(unpaused))
+    say(f"Starting Airflow (scheduler, dag-processor, triggerer, api-server on {address.host} port {address.port})")
+    say(f"and the demo producer: a round of events every 60 s into {data_root}/landing")
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, interrupt)
+    try:
+        scheduling = spawn_session("scheduling")
+        record.write_text(f"scheduling {scheduling.pid} {started_at(scheduling.pid)}\n")
+        api = spawn_session("api-server")
+        with record.open("a") as lines:
+            lines.write(f"api-server {api.pid} {started_at(api.pid)}\n")
+        wait_until_up(address, api, airflow_home)
+        scheduling.wait()
+        api.wait()
+        stopper.stop_all(quiet=True)
+    except Interrupted:
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+        say()
+        stopper.stop_all()
+        return 0
+    say("make run: Airflow has stopped")
+    return 0
+
+
+def wait_until_up(address: Address, api: subprocess.Popen[bytes], airflow_home: str) -> None:
+    """Waits for the API server's health endpoint, then says where Airflow is and how to log in."""
+    health = f"{address.local_url}/api/v2/monitor/health"
+    deadline = time.monotonic() + HEALTH_TIMEOUT
+    while not answers(health):
+        if api.poll() is not None:
+            break
+        if time.monotonic() >= deadline:
+            say(f"make run: no answer from {address.local_url} in {HEALTH_TIMEOUT} s", error=True)
+            break
+        time.sleep(1)
+    if api.poll() is not None:
+        return
+    say()
+    say(f"Airflow UI and REST API: {address.url}, on {address.host} port {address.port}"
+        + (" (this machine only)" if address.on_loopback else ""))
+    if os.environ["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] in ("True", "true", "1"):
+        say("Every user is an admin, no login. 'make run HOST=0.0.0.0' serves other machines, with a login")
+    else:
+        say(f"Log in as admin; the password is in {passwords_file(airflow_home, os.environ)}")
+    say("The ingest DAGs run on their schedules. Ctrl-C, or 'make stop' in another terminal, stops it all")
+
+
+def prefix_lines(name: str, source: IO[bytes], lock: threading.Lock) -> None:
+    """Copies a component's output to ours, each line prefixed with the component's name."""
+    prefix = f"{name:<10} | ".encode()
+    output = sys.stdout.buffer
+    for line in source:
+        with lock:
+            try:
+                output.write(prefix + line)
+                output.flush()
+            except (BrokenPipeError, ValueError):
+                pass
+
+
+def session(name: str) -> int:
+    """A session leader: starts the components of session ``name`` and ends when all of them have.
+
+    The leader and its output prefixing outlive SIGTERM: the components' last lines still reach the terminal, and
+    `make run` sees a session end only when all its components have.
+    """
+    # A command run in the background by a shell has SIGINT and SIGQUIT ignored, and exec would keep them so.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    lock = threading.Lock()
+    children: list[subprocess.Popen[bytes]] = []
+    threads = []
+    for component, command in SESSIONS[name]:
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert child.stdout is not None
+        thread = threading.Thread(target=prefix_lines, args=(component, child.stdout, lock), daemon=True)
+        thread.start()
+        children.append(child)
+        threads.append(thread)
+    if name == "scheduling":
+        landing = os.path.join(os.environ["SLUICE_DATA_ROOT"], "landing")
+        with open(os.path.join(os.environ["AIRFLOW_HOME"], "producer.log"), "ab") as log:
+            producer = [sys.executable, "-m", "sluice", "demo-producer", "--landing-root", landing, "--loop",
+                        "--interval", "60"]
+            children.append(subprocess.Popen(producer, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT))
+    for child in children:
+        child.wait()
+    for thread in threads:
+        thread.join()
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# make clean
+
+
+def tracked(checkout: str, path: str) -> bool:
+    """Whether ``path`` is, or holds, a file under version control in ``checkout`` (False without git)."""
+    try:
+        listed = subprocess.run(["git", "-C", checkout, "ls-files", "--", path], capture_output=True, text=True)
+    except OSError:
+        return False
+    return bool(listed.stdout.strip())
+
+
+def refusal(path: str, resolved: str, checkout: str, is_tracked: Callable[[str], bool]) -> str | None:
+    """Why `make clean` must not delete ``path`` (that resolves to ``resolved``), or None when it may."""
+    inside = checkout.rstrip("/") + "/"
+    if resolved == checkout:
+        return f"{path}: is the checkout itself"
+    if not resolved.startswith(inside):
+        return f"{path}: resolves to {resolved}, outside the checkout {checkout}"
+    relative = resolved[len(inside):]
+    if relative.split("/", 1)[0] in (".venv", ".git"):
+        return f"{path}: is or is inside {relative}"
+    if is_tracked(resolved):
+        return f"{path}: holds files under version control"
+    return None
+
+
+def clean(paths: Sequence[str], checkout: str) -> int:
+    """`make clean`: deletes each path (symbolic links followed) if it is inside the checkout, is not .venv, .git or
+    a folder holding files under version control; otherwise deletes nothing and says why."""
+    root = os.path.realpath(checkout)
+    delete = []
+    refused = []
+    for path in paths:
+        resolved = os.path.realpath(os.path.join(root, path))
+        reason = refusal(path, resolved, root, lambda resolved: tracked(root, resolved))
+        if reason is None:
+            delete.append(resolved)
+        else:
+            refused.append(reason)
+    if refused:
+        say("make clean: deleting nothing, because of:" + "".join(f"\n  {reason}" for reason in refused), error=True)
+        return 1
+    say("rm -rf " + " ".join(delete))
+    for resolved in delete:
+        try:
+            if os.path.isdir(resolved) and not os.path.islink(resolved):
+                shutil.rmtree(resolved)
+            elif os.path.lexists(resolved):
+                os.unlink(resolved)
+        except OSError as error:
+            say(f"make clean: {error}", error=True)
+            return 1
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The command line
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value < 86400:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds from 0 to 86400, got {text!r}")
+    return value
+
+
+def port_number(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {text!r}")
+    return int(text)
+
+
+def parser() -> argparse.ArgumentParser:
+    arguments = argparse.ArgumentParser(prog="python -m sluice.cli.devserver", description=DESCRIPTION)
+    commands = arguments.add_subparsers(dest="command", required=True)
+    where = argparse.ArgumentParser(add_help=False)
+    where.add_argument("--airflow-home", default=os.environ.get("AIRFLOW_HOME"),
+                       help="the Airflow home (default: $AIRFLOW_HOME)")
+    where.add_argument("--data-root", default=os.environ.get("SLUICE_DATA_ROOT"),
+                       help="the data root (default: $SLUICE_DATA_ROOT)")
+    stopping = argparse.ArgumentParser(add_help=False)
+    stopping.add_argument("--stop-timeout", type=seconds, default=30.0,
+                          help="seconds each session gets to exit after SIGTERM, before SIGKILL (default: 30)")
+    serve = commands.add_parser("run", parents=[where, stopping], help="Airflow, its DAGs on schedule, a producer")
+    serve.add_argument("--host", default="127.0.0.1", help="the address of the UI and the REST API")
+    serve.add_argument("--port", type=port_number, default=8080, help="their port")
+    commands.add_parser("stop", parents=[where, stopping], help="stop exactly what `run` started")
+    tidy = commands.add_parser("clean", parents=[where], help="delete the data, the Airflow home and the caches")
+    tidy.add_argument("--checkout", default=os.getcwd(), help="the checkout that everything deleted must be inside")
+    leader = commands.add_parser("session", help=argparse.SUPPRESS)
+    leader.add_argument("name", choices=sorted(SESSIONS))
+    return arguments
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    options = parser().parse_args(argv)
+    if options.command == "session":
+        return session(options.name)
+    for option, name in (("airflow_home", "--airflow-home"), ("data_root", "--data-root")):
+        if not getattr(options, option):
+            parser().error(f"{name} is required when the environment does not set it")
+    if options.command == "run":
+        return run(Address(options.host, options.port), options.airflow_home, options.data_root, options.stop_timeout)
+    if options.command == "stop":
+        record = Path(options.airflow_home) / RECORD_NAME
+        return 0 if Stopper(record, options.airflow_home, options.stop_timeout).stop_all() else 1
+    return clean([options.data_root, options.airflow_home, *CACHES], options.checkout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

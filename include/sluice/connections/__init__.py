@@ -1,0 +1,1 @@
+"""The Airflow connections Sluice's streams use, and the secrets they carry."""

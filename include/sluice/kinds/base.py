@@ -1,0 +1,127 @@
+"""What a source kind and a sink kind are: the contract every kind module of :mod:`sluice.kinds` fulfils.
+
+A kind owns everything Sluice does differently for one type of source or sink, on the core side (this package;
+no pyspark, so the Airflow scheduler can load a catalog and a sensor can measure lag cheaply):
+
+- its **spec**, a frozen dataclass subclassing :class:`~sluice.model.sources.SourceSpec` or
+  :class:`~sluice.model.sinks.SinkSpec`, and the **parser** of its catalog section, which refuses what it does
+  not accept with the field named;
+- for a source, its **lag probe** (what the next run will read, measured without Spark), its own **health
+  findings**, whether it takes the file **trigger limits**, whether it needs a **schedule** of its own, and
+  whether it can be **backfilled** by file time.
+
+How it is read or written in Spark is its module in :mod:`sluice_spark.kinds`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+from sluice.constants import SinkFormat, SourceType
+from sluice.model.findings import Finding
+from sluice.model.schema import Schema, parse_schema
+from sluice.model.section import Section
+from sluice.model.sinks import SinkSpec
+from sluice.model.sources import SourceSpec
+
+if TYPE_CHECKING:
+    from sluice.model.stream import StreamSpec
+    from sluice.paths import Roots
+    from sluice.storage.checkpoint import CheckpointReader
+
+
+@dataclass
+class Backlog:
+    """What the stream's source holds that its checkpoint has not processed. A measure the source kind cannot
+    tell is None: files for Kafka, records for files."""
+
+    files: int | None = None
+    bytes: int | None = None
+    records: int | None = None
+    versions: int | None = None
+    oldest_unread_at: float | None = None
+    partitions: dict[str, int] = field(default_factory=dict)
+    new_partitions: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def units(self) -> int | None:
+        """The count the trend rules follow: records where known, else files, else versions."""
+        for value in (self.records, self.files, self.versions):
+            if value is not None:
+                return value
+        return None
+
+    @property
+    def empty(self) -> bool:
+        return not any((self.files, self.bytes, self.records, self.versions))
+
+
+class SourceKind(ABC):
+    """One type of source (``source.type`` in the catalog)."""
+
+    type: ClassVar[SourceType]
+    #: Takes ``trigger.max_files_per_trigger`` and ``trigger.max_bytes_per_trigger`` (Spark's file and Delta
+    #: sources do; Kafka limits offsets with its own option).
+    trigger_limits: ClassVar[bool] = True
+    #: A stream of this kind needs a cron ``schedule``; a Delta source may instead run when the catalog stream that
+    #: writes its table commits (an Airflow asset).
+    needs_schedule: ClassVar[bool] = True
+    #: Why a backfill of this kind is refused; None when it can be backfilled (by file time).
+    backfill_refusal: ClassVar[str | None] = "backfills select files by time, and this source has no files"
+
+    @abstractmethod
+    def parse(self, section: Section) -> SourceSpec:
+        """The source section of a catalog entry, checked; refuse anything else with the field named."""
+
+    @abstractmethod
+    def backlog(self, stream: StreamSpec, roots: Roots, reader: CheckpointReader) -> Backlog:
+        """What the stream's next run will read, from the source and the checkpoint alone (no JVM)."""
+
+    def findings(self, stream: StreamSpec, roots: Roots) -> list[Finding]:
+        """What the health gate must know about the source itself before a run."""
+        return []
+
+
+def declared_schema(section: Section, what: str) -> Schema:
+    """The source's declared ``schema``, required: inferring one from whatever arrives first is not reproducible."""
+    if "schema" not in section.raw or section.raw["schema"] is None:
+        raise section.error("schema", f"a {what} source needs a declared schema; inferring one from whatever "
+                                      "arrives first is not reproducible")
+    return parse_schema(section.get("schema", Mapping), stream=section.stream or "", field=section.field("schema"))
+
+
+def reader_options(section: Section, allowed: frozenset[str], what: str) -> dict[str, str]:
+    """The source's reader ``options``, each one the kind accepts, as the strings Spark takes."""
+    options_section = section.section("options")
+    options: dict[str, str] = {}
+    for key, value in options_section.raw.items():
+        if key not in allowed:
+            raise options_section.error(str(key), f"not a supported {what} source option; allowed: "
+                                                  f"{', '.join(sorted(allowed))}")
+        if isinstance(value, Mapping | list):
+            raise options_section.error(str(key), "expected a scalar value")
+        options[str(key)] = str(value).lower() if isinstance(value, bool) else str(value)
+        options_section.allowed.add(key)
+    options_section.done()
+    return options
+
+
+class SinkKind(ABC):
+    """One type of sink (``sink.format`` in the catalog)."""
+
+    format: ClassVar[SinkFormat]
+    #: Why a backfill into this sink is refused; None when it can take one (a Delta table).
+    backfill_refusal: ClassVar[str | None] = None
+
+    @abstractmethod
+    def parse(self, section: Section) -> SinkSpec:
+        """The sink section of a catalog entry, checked."""
+
+    def check_output(self, sink: SinkSpec, columns: list[str], *, stream: str) -> None:
+        """Refuse a sink that names a column the stream does not produce (``columns``: its output columns). A
+        Delta sink's columns are checked with the patterns (:func:`sluice.catalog.patterns.check_patterns`)."""
+        return None

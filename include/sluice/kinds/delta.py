@@ -1,0 +1,163 @@
+"""The Delta source and the Delta sink.
+
+A Delta source reads a table under the lake root by version (a silver stream reading bronze): delta-spark's
+streaming source on the jvm engine, Sluice's ``sluice_delta`` on rs. A stream of the catalog that writes the table
+is its upstream; the source's stream may run on that upstream's commits instead of a schedule. Its lag is the
+versions after the last one processed, with the bytes and records they add, read from the table's JSON commits.
+
+A Delta sink is a table written exactly once per micro-batch: appended to, merged into by ``keys`` (the row with the
+highest ``sequence_by`` wins), or rewritten whole (``complete``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from sluice.constants import DeltaEngine, FileFormat, SinkFormat, SinkMode, SourceType
+from sluice.errors import SluiceError
+from sluice.kinds.base import Backlog, SinkKind, SourceKind, declared_schema, reader_options
+from sluice.model.section import Section
+from sluice.model.sinks import SinkSpec
+from sluice.model.sources import SourceSpec
+from sluice.paths import Roots, join, require_local
+
+if TYPE_CHECKING:
+    from sluice.model.stream import StreamSpec
+    from sluice.storage.checkpoint import CheckpointReader
+
+# Options both Delta engines' streaming sources take (delta-spark's names).
+SOURCE_OPTIONS = frozenset({"startingVersion", "startingTimestamp", "skipChangeCommits"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeltaSource(SourceSpec):
+    """The Delta table at ``path`` under the lake root, read by version."""
+
+    type: ClassVar[SourceType] = SourceType.DELTA
+    format: FileFormat = FileFormat.DELTA
+    path: str
+
+    def location(self, roots: Roots) -> str:
+        return join(roots.lake, self.path)
+
+    @property
+    def table(self) -> str:
+        return self.path
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeltaSink(SinkSpec):
+    """The Delta table at ``path`` under the lake root."""
+
+    format: ClassVar[SinkFormat] = SinkFormat.DELTA
+    path: str
+    partition_by: tuple[str, ...] = ()
+    mode: SinkMode = SinkMode.APPEND
+    keys: tuple[str, ...] = ()
+    sequence_by: str | None = None
+
+    @property
+    def table(self) -> str:
+        return self.path
+
+
+class DeltaSourceKind(SourceKind):
+    type = SourceType.DELTA
+    needs_schedule = False
+
+    def parse(self, section: Section) -> DeltaSource:
+        file_format = section.enum("format", FileFormat, FileFormat.DELTA)
+        if file_format is not FileFormat.DELTA:
+            raise section.error("format", f"a delta source cannot have format {file_format.value}")
+        path = section.folder("path")
+        schema = declared_schema(section, "delta")
+        options = reader_options(section, SOURCE_OPTIONS, "delta")
+        section.done()
+        return DeltaSource(path=path, schema=schema, options=options)
+
+    def backlog(self, stream: StreamSpec, roots: Roots, reader: CheckpointReader) -> Backlog:
+        """The versions of the stream's source table that its next run reads."""
+        from deltalake.exceptions import TableNotFoundError
+
+        offset = reader.committed_source_offset()
+        if offset is None:
+            options = stream.source.options
+            if options.get("startingVersion") == "latest" or "startingTimestamp" in options:
+                return Backlog(versions=0, bytes=0, records=0, notes=["the first run starts at the table's latest "
+                                                                      "version or a timestamp"])
+            next_version = int(options.get("startingVersion", "0"))
+        else:
+            next_version = delta_next_version(offset)
+        try:
+            return delta_backlog(stream.source_path(roots), next_version)
+        except TableNotFoundError:
+            return Backlog(versions=0, bytes=0, records=0,
+                           notes=[f"the source table {stream.source.table} does not exist yet"])
+
+
+class DeltaSinkKind(SinkKind):
+    format = SinkFormat.DELTA
+
+    def parse(self, section: Section) -> DeltaSink:
+        path = section.folder("path")
+        partition_by = section.names("partition_by")
+        mode = section.enum("mode", SinkMode, SinkMode.APPEND)
+        engine = section.enum("engine", DeltaEngine, DeltaEngine.AUTO)
+        keys = section.get("keys", list, [])
+        if not all(isinstance(key, str) and key for key in keys) or len(set(keys)) != len(keys):
+            raise section.error("keys", f"expected distinct column names, got {keys!r}")
+        sequence_by = section.get("sequence_by", str)
+        section.done()
+        if keys and mode is not SinkMode.MERGE:
+            raise section.error("keys", f"keys are for mode merge; mode {mode.value} does not upsert")
+        return DeltaSink(path=path, partition_by=partition_by, mode=mode, engine=engine, keys=tuple(keys),
+                         sequence_by=sequence_by)
+
+
+# --- lag -----------------------------------------------------------------------------------------------------
+
+
+def delta_next_version(offset: Mapping[str, Any] | None) -> int:
+    """The first table version a Delta source has not finished, from its checkpoint offset: delta-spark's
+    ``{"reservoirVersion": v, "index": i, ...}`` (index -1: nothing of v read yet) or Sluice's ``{"version": v}``
+    (v read)."""
+    if not offset:
+        return 0
+    if "reservoirVersion" in offset:
+        version = int(offset["reservoirVersion"])
+        return version if int(offset.get("index", -1)) < 0 else version + 1
+    if "version" in offset:
+        return int(offset["version"]) + 1
+    raise SluiceError(f"not a Delta source offset: {json.dumps(offset)[:200]}")
+
+
+def delta_backlog(table_path: str, next_version: int) -> Backlog:
+    """Versions of a Delta table from ``next_version`` on, with the bytes and records their data files add and the
+    time of the oldest of them, read from the table's JSON commit files."""
+    from deltalake import DeltaTable
+
+    path = require_local(table_path, what="Delta source table")
+    latest = DeltaTable(path).version()
+    backlog = Backlog(versions=max(latest - next_version + 1, 0), bytes=0, records=0)
+    for version in range(next_version, latest + 1):
+        commit = os.path.join(path, "_delta_log", f"{version:020d}.json")
+        try:
+            with open(commit, encoding="utf-8") as handle:
+                actions = [json.loads(line) for line in handle if line.strip()]
+        except FileNotFoundError:
+            backlog.notes.append(f"version {version}'s commit file was cleaned up; bytes and records are partial")
+            continue
+        for action in actions:
+            add = action.get("add")
+            if add and add.get("dataChange", True):
+                backlog.bytes = (backlog.bytes or 0) + int(add.get("size", 0))
+                stats = json.loads(add["stats"]) if add.get("stats") else {}
+                backlog.records = (backlog.records or 0) + int(stats.get("numRecords", 0))
+            info = action.get("commitInfo")
+            if info and "timestamp" in info and backlog.oldest_unread_at is None:
+                backlog.oldest_unread_at = int(info["timestamp"]) / 1000
+    return backlog

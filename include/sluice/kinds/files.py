@@ -1,0 +1,97 @@
+"""The file source: a landing-zone folder of JSON, CSV or Parquet files, read with a declared schema.
+
+Spark's file source lists the folder on every run and reads the files its checkpoint's source log does not hold.
+Malformed JSON and CSV records become dead letters (PERMISSIVE mode), not failures. The lag is the files the next
+run will read, inside the stream's ``maxFileAge`` horizon (:mod:`sluice.storage.landing`). A backfill reads the
+files whose time falls in a range, into the same tables, with its own checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from sluice.constants import FaultCode, FileFormat, Severity, SourceType
+from sluice.kinds.base import Backlog, SourceKind, declared_schema, reader_options
+from sluice.model.findings import Finding
+from sluice.model.section import Section
+from sluice.model.sources import SourceSpec
+from sluice.paths import Roots, join
+from sluice.storage.landing import SourceState, source_links, unread_files
+
+if TYPE_CHECKING:
+    from sluice.model.stream import StreamSpec
+    from sluice.storage.checkpoint import CheckpointReader
+
+# Spark file-source options a catalog may set, per format. Anything else is a typo or belongs elsewhere
+# (trigger limits live under `trigger`, the schema under `schema`, the path under `path`).
+_COMMON_OPTIONS = frozenset(
+    {"pathGlobFilter", "recursiveFileLookup", "maxFileAge", "latestFirst", "fileNameOnly", "encoding",
+     "timestampFormat", "dateFormat", "timeZone", "modifiedAfter", "modifiedBefore"}
+)
+FORMAT_OPTIONS = {
+    FileFormat.JSON: _COMMON_OPTIONS | {"multiLine", "allowComments", "allowSingleQuotes", "lineSep"},
+    FileFormat.CSV: _COMMON_OPTIONS
+    | {"header", "enforceSchema", "sep", "delimiter", "quote", "escape", "comment", "nullValue", "emptyValue",
+       "multiLine", "lineSep", "ignoreLeadingWhiteSpace", "ignoreTrailingWhiteSpace"},
+    FileFormat.PARQUET: _COMMON_OPTIONS | {"mergeSchema", "datetimeRebaseMode", "int96RebaseMode"},
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class FileSource(SourceSpec):
+    """Files in ``path`` under the landing root."""
+
+    type: ClassVar[SourceType] = SourceType.FILES
+    path: str
+
+    def location(self, roots: Roots) -> str:
+        return join(roots.landing, self.path)
+
+    @property
+    def landing(self) -> str:
+        return self.path
+
+    @property
+    def record_options(self) -> Mapping[str, str]:
+        return self.options
+
+
+class FilesKind(SourceKind):
+    type = SourceType.FILES
+    backfill_refusal = None
+
+    def parse(self, section: Section) -> FileSource:
+        file_format = section.enum("format", FileFormat, required=True)
+        if file_format not in FORMAT_OPTIONS:
+            raise section.error("format", f"a files source cannot have format {file_format.value}; expected one of "
+                                          f"{', '.join(f.value for f in FORMAT_OPTIONS)}")
+        path = section.folder("path")
+        schema = declared_schema(section, file_format.value)
+        options = reader_options(section, FORMAT_OPTIONS[file_format], file_format.value)
+        section.done()
+        return FileSource(format=file_format, path=path, schema=schema, options=options)
+
+    def backlog(self, stream: StreamSpec, roots: Roots, reader: CheckpointReader) -> Backlog:
+        """Files (and their bytes) the next run will read, and when the oldest of them was written."""
+        unread = unread_files(stream, roots, SourceState.of(stream, reader))
+        backlog = Backlog(files=len(unread.files), bytes=sum(f.size for f in unread.files),
+                          oldest_unread_at=min((f.modified for f in unread.files), default=None))
+        if unread.behind_horizon:
+            backlog.notes.append(f"{unread.behind_horizon} file(s) are older than the stream's maxFileAge horizon "
+                                 "and will never be read by it; backfill them (mode append) if they belong in the "
+                                 "table")
+        return backlog
+
+    def findings(self, stream: StreamSpec, roots: Roots) -> list[Finding]:
+        """Spark's file listing follows symbolic links: a link in the landing zone would make the run read whatever
+        host file it points at (into the tables, or as raw text into the dead-letter table). The run waits until it
+        is gone."""
+        links = source_links(stream, roots)
+        if not links:
+            return []
+        return [Finding(FaultCode.LANDING_SYMLINK, Severity.FAIL,
+                        f"the landing zone holds {len(links)} symbolic link(s), e.g. {links[0]}; Spark would read what "
+                        "they point at. Remove them (upload the files themselves) and run again",
+                        {"links": links[:20]})]

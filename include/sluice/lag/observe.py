@@ -1,0 +1,235 @@
+"""How far behind a stream is, from its source and its checkpoint alone: plain files, delta-rs and a Kafka client,
+no JVM, cheap enough for a sensor to run every minute.
+
+Between two availableNow runs no query is running, so Spark has no progress to report, and Spark does not commit
+offsets to Kafka, so consumer-group lag tools (Burrow) cannot see it. The backlog is therefore computed the way the
+next run will see it:
+
+- files: the landing-zone files that the checkpoint's source log does not hold and that are inside the stream's
+  ``maxFileAge`` horizon (see :mod:`sluice.storage.landing`); their count, bytes and the oldest one's time;
+- Kafka: each partition's end offset from the broker minus the offset of the last committed batch, with partitions
+  that are new since the checkpoint counted from their earliest offset;
+- Delta: the table versions after the last one processed, with the bytes and records they add.
+
+The status follows Burrow's evaluation rules, applied to checkpoints (worst first):
+
+- STOPPED: there is a backlog and no commit for longer than ``alerts.stale_after_seconds``;
+- CRITICAL / WARN: a backlog measure (records, files, bytes, seconds) at or above its catalog threshold;
+- STALLED: over the last ``alerts.stall_observations`` observations the backlog only grew, and nothing committed;
+- OK.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+from sluice.kinds import Backlog, source_kind
+from sluice.model.stream import AlertSpec, StreamSpec
+from sluice.paths import Roots, require_local
+from sluice.storage.checkpoint import CheckpointError, CheckpointReader
+from sluice.times import iso_utc
+
+
+class LagStatus(str, Enum):
+    """A stream's lag status; members are in order of severity."""
+
+    OK = "OK"
+    WARN = "WARN"
+    STALLED = "STALLED"
+    CRITICAL = "CRITICAL"
+    STOPPED = "STOPPED"
+    # The lag could not be measured (an unreadable checkpoint, a bad option, an unreachable broker).
+    ERROR = "ERROR"
+
+    @property
+    def rank(self) -> int:
+        return list(LagStatus).index(self)
+
+
+@dataclass
+class LagObservation:
+    """One measurement of one stream: the backlog, the last commit, and the newest processed event time."""
+
+    stream: str
+    source_type: str
+    observed_at: float
+    backlog: Backlog
+    last_batch_id: int | None = None
+    last_commit_at: float | None = None
+    newest_event_time: str | None = None
+
+    @property
+    def seconds_since_last_commit(self) -> float | None:
+        return None if self.last_commit_at is None else max(self.observed_at - self.last_commit_at, 0.0)
+
+    @property
+    def lag_seconds(self) -> float | None:
+        """The age of the oldest unread data; 0 without a backlog; None where the source cannot tell."""
+        if self.backlog.empty:
+            return 0.0
+        if self.backlog.oldest_unread_at is None:
+            return None
+        return max(self.observed_at - self.backlog.oldest_unread_at, 0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["seconds_since_last_commit"] = _rounded(self.seconds_since_last_commit)
+        data["lag_seconds"] = _rounded(self.lag_seconds)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LagObservation:
+        names = {name for name in cls.__dataclass_fields__ if name != "backlog"}
+        backlog_names = set(Backlog.__dataclass_fields__)
+        return cls(backlog=Backlog(**{k: v for k, v in data["backlog"].items() if k in backlog_names}),
+                   **{k: v for k, v in data.items() if k in names})
+
+
+@dataclass
+class LagReport:
+    """An observation with its status and the reasons for it."""
+
+    observation: LagObservation
+    status: LagStatus
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def stream(self) -> str:
+        return self.observation.stream
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stream": self.stream, "status": self.status.value, "reasons": list(self.reasons),
+                **{k: v for k, v in self.observation.to_dict().items() if k != "stream"}}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LagReport:
+        return cls(LagObservation.from_dict(data), LagStatus(data["status"]), list(data.get("reasons", [])))
+
+    def describe(self) -> str:
+        return f"stream '{self.stream}' is {self.status.value}" + (f": {'; '.join(self.reasons)}" if self.reasons
+                                                                     else "")
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+# --- one stream ------------------------------------------------------------------------------------------------
+
+
+def newest_event_time(stream: StreamSpec, roots: Roots, reader: CheckpointReader) -> str | None:
+    """The event time of the newest processed data: the stream's watermark where it has one, else the largest
+    event time in the sink's file statistics (the catalog's ``backfill.event_time_column``)."""
+    commits = reader.commit_ids()
+    if commits:
+        try:
+            watermark = int(reader.read_offsets(commits[-1]).metadata.get("batchWatermarkMs", 0))
+        except CheckpointError:
+            watermark = 0
+        if watermark > 0:
+            return iso_utc(watermark / 1000)
+    column = stream.backfill.event_time_column
+    if column is None or stream.sink.table is None:  # a Kafka sink has no table to read statistics from
+        return None
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        actions = pa.table(DeltaTable(stream.sink_path(roots)).get_add_actions(flatten=True))
+    except TableNotFoundError:
+        return None
+    if f"max.{column}" not in actions.column_names or actions.num_rows == 0:
+        return None
+    newest = pc.max(actions.column(f"max.{column}")).as_py()
+    return None if newest is None else newest.isoformat()
+
+
+def observe(stream: StreamSpec, roots: Roots, *, now: float | None = None) -> LagObservation:
+    """Measure one stream now."""
+    reader = CheckpointReader(require_local(stream.checkpoint_path(roots), what=f"stream '{stream.name}': checkpoint"))
+    backlog = source_kind(stream.source).backlog(stream, roots, reader)
+    commits = reader.commit_ids()
+    return LagObservation(
+        stream=stream.name,
+        source_type=stream.source.type.value,
+        observed_at=now if now is not None else time.time(),
+        backlog=backlog,
+        last_batch_id=commits[-1] if commits else None,
+        last_commit_at=reader.commit_time(commits[-1]) if commits else None,
+        newest_event_time=newest_event_time(stream, roots, reader),
+    )
+
+
+def evaluate(observation: LagObservation, alerts: AlertSpec,
+             history: Sequence[LagObservation] = ()) -> LagReport:
+    """The status of an observation, given the stream's thresholds and its earlier observations (oldest first)."""
+    report = LagReport(observation, LagStatus.OK)
+
+    def raise_to(status: LagStatus, reason: str) -> None:
+        report.reasons.append(f"{status.value}: {reason}")
+        if status.rank > report.status.rank:
+            report.status = status
+
+    backlog = observation.backlog
+    measures = (("records", backlog.records), ("files", backlog.files), ("bytes", backlog.bytes),
+                ("seconds", _rounded(observation.lag_seconds)))
+    for measure, value in measures:
+        if value is None:
+            continue
+        critical, warn = getattr(alerts, f"critical_{measure}"), getattr(alerts, f"warn_{measure}")
+        if critical is not None and value >= critical:
+            raise_to(LagStatus.CRITICAL, f"{value:,.0f} {measure} behind (critical at {critical:,})")
+        elif warn is not None and value >= warn:
+            raise_to(LagStatus.WARN, f"{value:,.0f} {measure} behind (warn at {warn:,})")
+
+    window = [*history[-(alerts.stall_observations - 1):], observation]
+    growth = _growth(window) if len(window) == alerts.stall_observations else None
+    if growth is not None:
+        raise_to(LagStatus.STALLED, f"the backlog grew from {growth[0]} to {growth[1]} over {len(window)} "
+                 f"observations ({_span(window)}) while no batch committed")
+
+    stale_after = alerts.stale_after_seconds
+    since_commit, lag = observation.seconds_since_last_commit, observation.lag_seconds
+    if (stale_after is not None and not backlog.empty and (since_commit is None or since_commit > stale_after)
+            and (lag is None or lag > stale_after)):
+        last = "no batch ever committed" if since_commit is None else f"no commit for {since_commit:.0f}s"
+        raise_to(LagStatus.STOPPED, f"{last} (stopped after {stale_after}s) while data waits; check that the "
+                 "stream's DAG is unpaused and its runs succeed")
+    return report
+
+
+def _growth(window: Sequence[LagObservation]) -> tuple[int, int] | None:
+    """(first, last) backlog of a window in which the backlog never shrank, grew overall, and nothing committed."""
+    units = [seen.backlog.units for seen in window]
+    if len({seen.last_batch_id for seen in window}) != 1:
+        return None
+    counts = [value for value in units if value is not None]
+    if len(counts) != len(units) or counts[-1] <= counts[0]:
+        return None
+    if any(later < earlier for earlier, later in itertools.pairwise(counts)):
+        return None
+    return counts[0], counts[-1]
+
+
+def _span(window: Sequence[LagObservation]) -> str:
+    return f"{window[-1].observed_at - window[0].observed_at:.0f}s"
+
+
+def check(stream: StreamSpec, roots: Roots, *, history: Sequence[LagObservation] = (),
+          now: float | None = None) -> LagReport:
+    """Observe and evaluate one stream."""
+    return evaluate(observe(stream, roots, now=now), stream.alerts, history)
+
+
+def error_report(stream: StreamSpec, error: Exception, *, now: float | None = None) -> LagReport:
+    """The report of a stream whose lag could not be measured: an ERROR, so that it is alerted on, not hidden."""
+    observation = LagObservation(stream.name, stream.source.type.value, now if now is not None else time.time(),
+                                 Backlog(notes=[f"{type(error).__name__}: {error}"]))
+    return LagReport(observation, LagStatus.ERROR, [f"ERROR: the lag could not be measured: {error}"])

@@ -1,0 +1,148 @@
+"""The lag history: every observation of every stream, with its status, and what each stream's alert last said.
+
+A small SQLite file, by default ``<checkpoint root>/_sluice/lag.sqlite`` or ``SLUICE_LAG_DB``, with SQLite's
+rollback journal (WAL needs shared memory, which a shared volume does not give). Observations older than the
+retention (default 14 days, ``SLUICE_LAG_RETENTION_DAYS``) are deleted as new ones are recorded. The STALLED rule
+reads the last observations back; the status view and the monitor show the trend.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from sluice.lag.observe import LagObservation, LagReport, LagStatus, check
+from sluice.model.stream import StreamSpec
+from sluice.paths import Roots, require_local
+
+DEFAULT_RETENTION_DAYS = 14.0
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS observations (
+    stream TEXT NOT NULL,
+    observed_at REAL NOT NULL,
+    status TEXT NOT NULL,
+    files INTEGER,
+    bytes INTEGER,
+    records INTEGER,
+    lag_seconds REAL,
+    last_batch_id INTEGER,
+    report TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS observations_by_stream ON observations (stream, observed_at);
+CREATE INDEX IF NOT EXISTS observations_by_time ON observations (observed_at);
+CREATE TABLE IF NOT EXISTS alert_channel_state (
+    stream TEXT NOT NULL,
+    channel TEXT NOT NULL,
+    status TEXT NOT NULL,
+    since REAL NOT NULL,
+    notified_at REAL NOT NULL,
+    PRIMARY KEY (stream, channel)
+);
+"""
+
+
+@dataclass(frozen=True)
+class AlertState:
+    """What a channel's last alert of a stream said: the status it reported, since when the stream has been out of
+    OK, and when the alert was sent."""
+
+    stream: str
+    channel: str
+    status: LagStatus
+    since: float
+    notified_at: float
+
+
+def default_path(roots: Roots) -> str:
+    return os.environ.get("SLUICE_LAG_DB") or os.path.join(
+        require_local(roots.checkpoints, what="checkpoint root (set SLUICE_LAG_DB for a lag history elsewhere)"),
+        "_sluice", "lag.sqlite")
+
+
+class LagStore:
+    """Reads and writes the lag history; each call is one short transaction."""
+
+    def __init__(self, path: str | os.PathLike[str], *, retention_days: float | None = None) -> None:
+        self.path = Path(path)
+        self.retention_days = retention_days if retention_days is not None else float(
+            os.environ.get("SLUICE_LAG_RETENTION_DAYS", DEFAULT_RETENTION_DAYS))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._connect() as db:
+            db.executescript(_SCHEMA)
+
+    @classmethod
+    def for_roots(cls, roots: Roots) -> LagStore:
+        return cls(default_path(roots))
+
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        db = sqlite3.connect(self.path, timeout=30)
+        try:
+            with db:
+                yield db
+        finally:
+            db.close()
+
+    def record(self, report: LagReport) -> None:
+        """Keep one observation, and drop what is older than the retention."""
+        observation = report.observation
+        with self._connect() as db:
+            db.execute(
+                "INSERT INTO observations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (report.stream, observation.observed_at, report.status.value, observation.backlog.files,
+                 observation.backlog.bytes, observation.backlog.records, observation.lag_seconds,
+                 observation.last_batch_id, json.dumps(report.to_dict(), default=str)),
+            )
+            db.execute("DELETE FROM observations WHERE observed_at < ?",
+                       (observation.observed_at - self.retention_days * 86400,))
+
+    def history(self, stream: str, *, limit: int = 50) -> list[LagReport]:
+        """The stream's last observations, oldest first."""
+        with self._connect() as db:
+            rows = db.execute("SELECT report FROM observations WHERE stream = ? ORDER BY observed_at DESC LIMIT ?",
+                              (stream, limit)).fetchall()
+        return [LagReport.from_dict(json.loads(row[0])) for row in reversed(rows)]
+
+    def observations(self, stream: str, *, limit: int = 50) -> list[LagObservation]:
+        return [report.observation for report in self.history(stream, limit=limit)]
+
+    def ok_streak(self, stream: str, *, limit: int = 100) -> int:
+        """How many of the stream's latest observations in a row are OK."""
+        with self._connect() as db:
+            rows = db.execute("SELECT status FROM observations WHERE stream = ? ORDER BY observed_at DESC LIMIT ?",
+                              (stream, limit)).fetchall()
+        return next((index for index, (status,) in enumerate(rows) if status != LagStatus.OK.value), len(rows))
+
+    def count(self, stream: str | None = None) -> int:
+        with self._connect() as db:
+            query, args = ("SELECT COUNT(*) FROM observations WHERE stream = ?", (stream,)) if stream else (
+                "SELECT COUNT(*) FROM observations", ())
+            return int(db.execute(query, args).fetchone()[0])
+
+    def alert_state(self, stream: str, channel: str) -> AlertState | None:
+        with self._connect() as db:
+            row = db.execute("SELECT stream, channel, status, since, notified_at FROM alert_channel_state "
+                             "WHERE stream = ? AND channel = ?", (stream, channel)).fetchone()
+        return None if row is None else AlertState(row[0], row[1], LagStatus(row[2]), row[3], row[4])
+
+    def save_alert_state(self, state: AlertState) -> None:
+        with self._connect() as db:
+            db.execute("INSERT OR REPLACE INTO alert_channel_state VALUES (?, ?, ?, ?, ?)",
+                       (state.stream, state.channel, state.status.value, state.since, state.notified_at))
+
+
+def recorded_history(roots: Roots, stream: str, *, limit: int) -> list[LagReport]:
+    """A stream's last recorded reports, oldest first; none when there is no lag history yet (nothing is created)."""
+    path = default_path(roots)
+    return LagStore(path).history(stream, limit=limit) if os.path.exists(path) else []
+
+
+def check_against_history(stream: StreamSpec, roots: Roots, *, now: float | None = None) -> LagReport:
+    """A stream's lag report, with STALLED judged against the recorded history; records nothing (sensors)."""
+    history = recorded_history(roots, stream.name, limit=stream.alerts.stall_observations)
+    return check(stream, roots, history=[seen.observation for seen in history], now=now)

@@ -1,0 +1,49 @@
+"""What every source declares, whatever its kind: the base of the source specs in :mod:`sluice.kinds`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from sluice.constants import FileFormat, SourceType
+from sluice.model.schema import Schema
+from sluice.paths import Roots
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceSpec:
+    """A source read with a declared ``schema``: its ``format`` (a file format, or a Kafka value encoding) and the
+    reader ``options`` its kind accepts. Each kind (:mod:`sluice.kinds`) subclasses it with what it adds."""
+
+    type: ClassVar[SourceType]
+    #: How many sources one read of it puts in Spark's checkpoint (``offsets/N`` lists one offset per source).
+    checkpoint_sources: ClassVar[int] = 1
+    format: FileFormat
+    schema: Schema
+    options: Mapping[str, str] = field(default_factory=dict)
+
+    def location(self, roots: Roots) -> str | None:
+        """The resolved folder or table the source reads; None for a source without a path (Kafka)."""
+        return None
+
+    @property
+    def record_options(self) -> Mapping[str, str]:
+        """The options that say how one record's text is parsed (a file reader's ``sep``, ``multiLine``...), to
+        read a rejected record again and tell why it was rejected."""
+        return {}
+
+    @property
+    def connection(self) -> str | None:
+        """The Airflow connection that holds where the source is and how to log in (Kafka)."""
+        return None
+
+    @property
+    def table(self) -> str | None:
+        """The Delta table under the lake root this source reads, as the catalog names it (a Delta source)."""
+        return None
+
+    @property
+    def landing(self) -> str | None:
+        """The folder under the landing root this source reads, as the catalog names it (a file source)."""
+        return None

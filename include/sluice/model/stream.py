@@ -1,0 +1,173 @@
+"""One catalog stream as the rest of Sluice sees it: its source and sink (each of its kind), its patterns, its
+limits and thresholds, and the one answer to "which tables does it write"."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sluice.constants import TableRole
+from sluice.errors import CatalogError, SluiceError
+from sluice.model.patterns import Patterns
+from sluice.model.sinks import SinkSpec
+from sluice.model.sources import SourceSpec
+from sluice.paths import Roots, join
+
+
+@dataclass(frozen=True)
+class TriggerSpec:
+    """Per-micro-batch admission limits. Spark refuses both at once for the file source, so the catalog does too."""
+
+    max_files_per_trigger: int | None = None
+    max_bytes_per_trigger: int | None = None
+
+
+@dataclass(frozen=True)
+class AlertSpec:
+    """Thresholds for the lag sensors, the lag monitor and the staleness check; WARN must not exceed CRITICAL.
+
+    ``records`` are Kafka offsets or Delta rows behind; ``files`` and ``bytes`` what the source holds unread;
+    ``seconds`` the age of the oldest unread data. A stream with a backlog and no commit for longer than
+    ``stale_after_seconds`` is STOPPED; one whose backlog grew over ``stall_observations`` observations without a
+    commit is STALLED. A resolve message waits for ``resolve_after_observations`` OK observations in a row (against
+    a stream that flaps around a threshold). ``catch_up`` lets the lag monitor trigger the stream's DAG when it is
+    CRITICAL or STOPPED and no run is active. ``email_to`` receives the monitor's alerts by email (through Airflow's
+    SMTP connection).
+    """
+
+    stale_after_seconds: int | None = None
+    warn_records: int | None = None
+    critical_records: int | None = None
+    warn_files: int | None = None
+    critical_files: int | None = None
+    warn_bytes: int | None = None
+    critical_bytes: int | None = None
+    warn_seconds: int | None = None
+    critical_seconds: int | None = None
+    stall_observations: int = 5
+    resolve_after_observations: int = 1
+    catch_up: bool = False
+    email_to: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class BackfillSpec:
+    """What a backfill of the stream may do: the event-time column that ranges select on (none: file time
+    only), the longest range one backfill may cover, and how far an event may be ahead of its file's time."""
+
+    event_time_column: str | None = None
+    max_range_days: int = 31
+    clock_skew_seconds: int = 300
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """One catalog stream: everything the runner, the DAG factory and the checks need to know about it."""
+
+    name: str
+    description: str
+    source: SourceSpec
+    transform: str
+    sink: SinkSpec
+    dead_letter_path: str
+    checkpoint: str
+    schedule: str | None
+    trigger: TriggerSpec
+    alerts: AlertSpec
+    owner: str = "data-eng"
+    tags: tuple[str, ...] = ()
+    # A new checkpoint in front of a table this stream already fed is refused (QUERY_ID_UNKNOWN_TO_SINK) unless
+    # this is set, for a deliberate full reload into a table whose rows are replaced downstream.
+    allow_new_query_id: bool = False
+    backfill: BackfillSpec = field(default_factory=BackfillSpec)
+    patterns: Patterns = field(default_factory=Patterns)
+    # The columns the stream's table receives, before Sluice's metadata columns.
+    output_columns: tuple[str, ...] = ()
+
+    def tables(self, roots: Roots) -> list[StreamTable]:
+        """Every Delta table the stream's batches commit to, resolved under the lake root: its sink (a Delta sink
+        only), its dead-letter table, then its fan-out tables. The one answer the runner, the health checks, repair
+        and backfill use."""
+        tables = [StreamTable(TableRole.SINK, join(roots.lake, self.sink.table))] if self.sink.table else []
+        tables.append(StreamTable(TableRole.DEAD_LETTER, self.dead_letter_table_path(roots)))
+        tables += [StreamTable(TableRole.FAN_OUT, join(roots.lake, spec.path), index)
+                   for index, spec in enumerate(self.patterns.fan_out)]
+        return tables
+
+    @property
+    def table_paths(self) -> list[str]:
+        """The tables the stream's batches write, under the lake root: its sink and its fan-out tables."""
+        return [*([self.sink.table] if self.sink.table else []), *(spec.path for spec in self.patterns.fan_out)]
+
+    @property
+    def checkpoint_sources(self) -> int:
+        """How many sources Spark records in this stream's checkpoint. A stateful stream reads its source twice in
+        one query: its good rows feed the stateful operators, its dead letters bypass them (the runner unions the
+        two before the sink); a join does the same with the joined stream."""
+        reads = 2 if self.patterns.stateful else 1
+        join = self.patterns.join
+        return reads * (self.source.checkpoint_sources + (join.source.checkpoint_sources if join else 0))
+
+    @property
+    def connections(self) -> list[str]:
+        """The Airflow connections the stream's source and sink use, each once."""
+        return list(dict.fromkeys(conn for conn in (self.source.connection, self.sink.connection) if conn))
+
+    def source_path(self, roots: Roots) -> str:
+        """The resolved folder or table the source reads."""
+        location = self.source.location(roots)
+        if location is None:
+            raise SluiceError(f"stream '{self.name}' reads a {self.source.type.value} source, which has no path")
+        return location
+
+    def sink_path(self, roots: Roots) -> str:
+        """The resolved Delta table the sink writes."""
+        if self.sink.table is None:
+            raise SluiceError(f"stream '{self.name}' writes to {self.sink.format.value}, which is not a Delta table")
+        return join(roots.lake, self.sink.table)
+
+    def dead_letter_table_path(self, roots: Roots) -> str:
+        return join(roots.lake, self.dead_letter_path)
+
+    def checkpoint_path(self, roots: Roots) -> str:
+        return join(roots.checkpoints, self.checkpoint)
+
+    @property
+    def written_paths(self) -> list[WrittenPath]:
+        """The folders the stream writes: its checkpoint, its sink, dead-letter and fan-out tables."""
+        paths = [WrittenPath(self.name, "checkpoint", "checkpoint", self.checkpoint, "checkpoints")]
+        if self.sink.table:
+            paths.append(WrittenPath(self.name, "sink table", "sink.path", self.sink.table, "lake"))
+        paths.append(WrittenPath(self.name, "dead-letter table", "dead_letter.path", self.dead_letter_path, "lake"))
+        paths += [WrittenPath(self.name, "fan-out table", f"fan_out[{position}].path", fan_out.path, "lake")
+                  for position, fan_out in enumerate(self.patterns.fan_out)]
+        return paths
+
+
+@dataclass(frozen=True)
+class StreamTable:
+    """A Delta table a stream writes: its role, its resolved path, and its position among the fan-out tables."""
+
+    role: TableRole
+    path: str
+    index: int = 0
+
+    @property
+    def name(self) -> str:
+        """``sink``, ``dead_letter`` or ``fan_out[<index>]``: how reports name it."""
+        return f"{self.role.value}[{self.index}]" if self.role is TableRole.FAN_OUT else self.role.value
+
+
+@dataclass(frozen=True)
+class WrittenPath:
+    """A folder a stream writes, as the catalog names it; ``root`` is the field of :class:`Roots` that a relative
+    ``path`` lives under."""
+
+    stream: str
+    what: str
+    field: str
+    path: str
+    root: str
+
+    def error(self, message: str) -> CatalogError:
+        return CatalogError(message, stream=self.stream, field=self.field)
+

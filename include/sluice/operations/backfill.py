@@ -1,0 +1,315 @@
+"""Backfills that understand streams: a request validated field by field, and the plan of what it reads and writes.
+
+A backfill replays a slice of a stream's source into the stream's own Delta tables, with its own checkpoint, and
+never touches the live stream's checkpoint. Planning is plain Python and delta-rs, no JVM, so that a bad request
+fails in seconds and a dry run's file list costs nothing.
+
+Which files a backfill may read:
+
+- A file the live stream has recorded in its file-source log is the backfill's to re-read.
+- A file the live stream has not recorded yet, but will read on its next run, is left to it: a backfill that read
+  it too would write its rows twice. So is a file of a batch the live stream planned but never committed (its next
+  run replays the batch). Both are reported as pending.
+- A file the live stream will never read (its modification time is behind the stream's ``maxFileAge`` horizon,
+  as with an archive restored with its old times) is the backfill's too.
+
+Then ``select_by`` picks the slice: ``file_time`` takes the files modified in ``[start, end)`` and all their rows;
+``event_time`` takes the rows whose event time is in ``[start, end)`` from every file modified at or after
+``start`` minus the catalog's clock skew.
+
+``replace`` swaps, in one commit per table, the target rows of the range *that came from the files read* for the
+rows read again: ``<range> AND _source_file IN (<files>)``. Rows of files that were not read are never touched.
+``append`` adds only files the tables do not hold yet, so running it twice adds nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from sluice.arguments import option_args
+from sluice.catalog import Catalog
+from sluice.constants import SOURCE_FILE_COLUMN
+from sluice.errors import SluiceError
+from sluice.kinds import sink_kind, source_kind
+from sluice.model.predicates import DATAFUSION, RowFilter, render
+from sluice.model.stream import StreamSpec
+from sluice.paths import Roots
+from sluice.storage.checkpoint import CheckpointReader
+from sluice.storage.delta import query
+from sluice.storage.landing import SourceFile, SourceState, list_landing_zone, local_file_path
+
+MODES = ("append", "replace")
+SELECT_BY = ("event_time", "file_time")
+PARAMS = ("stream", "start", "end", "timezone", "select_by", "mode", "dry_run", "max_files_per_trigger", "reason")
+MAX_REASON_LENGTH = 500
+# More files per micro-batch than this is one batch in all but name, and a number Spark would read as a long.
+MAX_FILES_PER_TRIGGER = 100_000
+# Characters a Hadoop glob alternation cannot hold, even escaped (commas can be escaped).
+_GLOB_UNSAFE = ("{", "}", "[", "]", "*", "?", "\\")
+_RUN_KEY = re.compile(r"[^A-Za-z0-9._-]+")
+DEAD_LETTER_SOURCE_COLUMN = "source_file"
+
+
+class BackfillError(SluiceError):
+    """A backfill request was refused; nothing was read or written. The message starts with the field."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+
+
+@dataclass(frozen=True)
+class BackfillRequest:
+    """A validated backfill: the range is UTC-aware and ``start < end``."""
+
+    stream: str
+    start: datetime
+    end: datetime
+    mode: str = "append"
+    select_by: str = "event_time"
+    dry_run: bool = False
+    max_files_per_trigger: int | None = None
+    reason: str | None = None
+    run_id: str = "manual"
+
+    @property
+    def run_key(self) -> str:
+        """The run id as a folder name: the backfill's checkpoint is keyed by stream and run id."""
+        return _RUN_KEY.sub("_", self.run_id).strip("._")[:150] or "run"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["start"], data["end"] = self.start.isoformat(), self.end.isoformat()
+        return data
+
+    def to_args(self) -> list[str]:
+        """The backfill runner's command-line arguments for this request."""
+        return option_args({"stream": self.stream, "start": self.start.isoformat(), "end": self.end.isoformat(),
+                            "mode": self.mode, "select-by": self.select_by, "run-id": self.run_id,
+                            "dry-run": self.dry_run, "max-files-per-trigger": self.max_files_per_trigger,
+                            "reason": self.reason or None})
+
+
+def _parse_time(name: str, value: object, zone: Any) -> datetime:
+    import pendulum
+
+    if isinstance(value, datetime):
+        moment = value
+    elif isinstance(value, str) and value.strip():
+        try:
+            parsed = pendulum.parse(value.strip(), exact=True, tz=None)
+        except (ValueError, TypeError) as exc:
+            raise BackfillError(name, f"{value!r} is not an ISO 8601 date-time ({exc})") from None
+        if not isinstance(parsed, datetime):
+            raise BackfillError(name, f"{value!r} is a {type(parsed).__name__}, not a date-time; give a time and "
+                                      "an offset, e.g. 2026-03-29T00:00:00+01:00")
+        moment = parsed
+    else:
+        raise BackfillError(name, f"expected an ISO 8601 date-time, got {value!r}")
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        if zone is None:
+            raise BackfillError(name, f"{value!r} has no UTC offset; add one (e.g. +01:00 or Z), or set timezone "
+                                      "to the IANA zone it is in")
+        # pendulum resolves local times across daylight-saving changes: a skipped hour moves forward, a repeated
+        # hour takes its first occurrence.
+        moment = pendulum.datetime(moment.year, moment.month, moment.day, moment.hour, moment.minute,
+                                   moment.second, moment.microsecond, tz=zone)
+    # A plain datetime in UTC: pendulum's subclasses would turn differences into its own Interval type.
+    return datetime.fromtimestamp(moment.timestamp(), timezone.utc)
+
+
+def _as_bool(name: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in {"true", "false"}:
+        return value.strip().lower() == "true"
+    raise BackfillError(name, f"expected true or false, got {value!r}")
+
+
+def parse_request(params: Mapping[str, Any], catalog: Catalog, *, run_id: str) -> BackfillRequest:
+    """Validate backfill params (from the trigger form or the command line); every refusal names its field.
+
+    No param names a path, a Spark conf or a command: everything else comes from the catalog.
+    """
+    import pendulum
+
+    unknown = sorted(set(params) - set(PARAMS))
+    if unknown:
+        raise BackfillError(unknown[0], f"unknown param(s) {', '.join(unknown)}; a backfill takes {', '.join(PARAMS)}")
+    name = params.get("stream")
+    if not isinstance(name, str) or name not in catalog.streams:
+        known = ", ".join(stream.name for stream in catalog)
+        raise BackfillError("stream", f"unknown stream {name!r}; known streams: {known}")
+    stream = catalog.get(name)
+    refusal = source_kind(stream.source).backfill_refusal
+    if refusal is not None:
+        raise BackfillError("stream", f"stream '{name}' reads a {stream.source.type.value} source; {refusal}")
+    refusal = sink_kind(stream.sink).backfill_refusal
+    if refusal is not None:
+        raise BackfillError("stream", f"stream '{name}' writes to {stream.sink.format.value}; {refusal}")
+    if stream.patterns.stateful or stream.patterns.fan_out or stream.sink.mode.value != "append":
+        raise BackfillError("stream", f"stream '{name}' keeps state in its checkpoint, upserts its table or fans "
+                                      "out; a backfill runs with a checkpoint of its own and writes the stream's "
+                                      "table only, so it could neither see that state nor keep the tables in step. "
+                                      "Rebuild the stream from its source instead")
+    zone_name = params.get("timezone")
+    zone = None
+    if zone_name not in (None, ""):
+        try:
+            zone = pendulum.timezone(str(zone_name))
+        except Exception:  # pendulum raises its own InvalidTimezone, or a ZoneInfo error
+            raise BackfillError("timezone", f"unknown time zone {zone_name!r}; use an IANA name such as "
+                                            "Europe/Berlin or UTC") from None
+    start = _parse_time("start", params.get("start"), zone)
+    end = _parse_time("end", params.get("end"), zone)
+    if end <= start:
+        raise BackfillError("end", f"{end.isoformat()} is not after start {start.isoformat()}")
+    longest = timedelta(days=stream.backfill.max_range_days)
+    if end - start > longest:
+        raise BackfillError("end", f"the range is {end - start}, longer than the {stream.backfill.max_range_days} "
+                                   f"days stream '{name}' allows (backfill.max_range_days); split it into several "
+                                   "backfills")
+    mode = params.get("mode") or "append"
+    if mode not in MODES:
+        raise BackfillError("mode", f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
+    select_by = params.get("select_by") or "event_time"
+    if select_by not in SELECT_BY:
+        raise BackfillError("select_by", f"unknown value {select_by!r}; expected one of {', '.join(SELECT_BY)}")
+    if select_by == "event_time" and stream.backfill.event_time_column is None:
+        raise BackfillError("select_by", f"stream '{name}' declares no backfill.event_time_column; select by "
+                                         "file_time, or declare the column in the catalog")
+    limit = params.get("max_files_per_trigger")
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_FILES_PER_TRIGGER:
+            raise BackfillError("max_files_per_trigger", f"expected an integer from 1 to {MAX_FILES_PER_TRIGGER}, "
+                                                         f"got {limit!r}")
+        if mode == "replace":
+            raise BackfillError("max_files_per_trigger", "replace reads the range in one batch, so that it is "
+                                                         "swapped in one commit; leave it empty")
+    reason = params.get("reason")
+    if reason in ("",):
+        reason = None
+    if reason is not None and (not isinstance(reason, str) or len(reason) > MAX_REASON_LENGTH
+                               or not reason.isprintable()):
+        raise BackfillError("reason", f"expected one line of text of at most {MAX_REASON_LENGTH} characters")
+    return BackfillRequest(stream=name, start=start, end=end, mode=mode, select_by=select_by,
+                           dry_run=_as_bool("dry_run", params.get("dry_run", False)),
+                           max_files_per_trigger=limit, reason=reason, run_id=run_id)
+
+
+@dataclass
+class BackfillPlan:
+    """What a backfill will read and replace. Frozen into the backfill's checkpoint on its first attempt."""
+
+    request: dict[str, Any]
+    files: list[SourceFile]
+    pending_files: int = 0
+    pending_bytes: int = 0
+    held_files: int = 0
+    # replace only: the rows each table gives up, written out per engine by sluice.model.predicates.
+    sink_filter: RowFilter | None = None
+    dead_letter_filter: RowFilter | None = None
+    rows_to_replace: int = 0
+    dead_letter_rows_to_replace: int = 0
+    event_time_column: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def to_dict(self, *, sample: int | None = None) -> dict[str, Any]:
+        data = asdict(self)
+        for name in ("sink_filter", "dead_letter_filter"):
+            row_filter = getattr(self, name)
+            data[name] = row_filter.to_dict() if row_filter is not None else None
+        data["file_count"], data["file_bytes"] = len(self.files), self.bytes
+        if sample is not None:
+            data["files"] = [f["path"] for f in data["files"][:sample]]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BackfillPlan:
+        if data.get("sink_predicate") or data.get("dead_letter_predicate"):
+            raise SluiceError("this backfill's plan was frozen by an older Sluice, as predicate text; start the "
+                              "backfill again with a new run (its own checkpoint folder is per run)")
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        known["files"] = [SourceFile(**f) for f in data["files"]]
+        for name in ("sink_filter", "dead_letter_filter"):
+            known[name] = RowFilter.from_dict(data[name]) if data.get(name) else None
+        return cls(**known)
+
+
+def _distinct(path: str, column: str, where: RowFilter | None) -> set[str]:
+    sql = f"SELECT DISTINCT {DATAFUSION.identifier(column)} AS v FROM t"
+    rows = query(path, sql + (f" WHERE {render(where, DATAFUSION)}" if where else ""))
+    return set() if rows is None else {str(value) for value in rows.column("v").to_pylist() if value is not None}
+
+
+def count_rows(path: str, where: RowFilter) -> int:
+    """Rows of a Delta table matching a filter, counted by delta-rs; 0 when there is no table."""
+    rows = query(path, f"SELECT count(*) AS n FROM t WHERE {render(where, DATAFUSION)}")
+    return 0 if rows is None else int(rows.column("n")[0].as_py())
+
+
+def plan_backfill(request: BackfillRequest, stream: StreamSpec, roots: Roots) -> BackfillPlan:
+    """The files to read, the files left to the live stream, and what ``replace`` would swap out."""
+    live = SourceState.of(stream, CheckpointReader(stream.checkpoint_path(roots)))
+    start, end = request.start.timestamp(), request.end.timestamp()
+    if request.select_by == "file_time":
+        in_slice = lambda f: start <= f.modified < end  # noqa: E731
+    else:
+        earliest = start - stream.backfill.clock_skew_seconds
+        in_slice = lambda f: f.modified >= earliest  # noqa: E731
+    plan = BackfillPlan(request=request.to_dict(), files=[],
+                        event_time_column=stream.backfill.event_time_column if request.select_by == "event_time"
+                        else None)
+    listed, links = list_landing_zone(stream, roots)
+    if links:
+        raise SluiceError(f"stream '{stream.name}': the landing zone holds {len(links)} symbolic link(s), e.g. "
+                          f"{links[0]}; a backfill reads no file through a link. Remove them and plan again")
+    for planned in listed:
+        if not in_slice(planned):
+            continue
+        if live.will_read(planned):
+            plan.pending_files += 1
+            plan.pending_bytes += planned.size
+            continue
+        plan.files.append(planned)
+    unreadable = [f.path for f in plan.files if any(char in f.path for char in _GLOB_UNSAFE)]
+    if unreadable:
+        # The job reads its files as one Hadoop glob alternation, and Hadoop cannot escape these inside one.
+        raise SluiceError(f"stream '{stream.name}': cannot backfill {len(unreadable)} file(s) whose path contains one "
+                          f"of {' '.join(_GLOB_UNSAFE)}, e.g. {unreadable[0]}; rename them, or narrow the range")
+    if plan.pending_files:
+        plan.notes.append(f"{plan.pending_files} file(s) of the slice are not read yet by the live stream; its "
+                          "next run ingests them, so the backfill leaves them alone")
+    column = plan.event_time_column
+    where = RowFilter(time_column=column, start=request.start, end=request.end) if column else None
+    if request.mode == "append":
+        held = {local_file_path(uri) for uri in _distinct(stream.sink_path(roots), SOURCE_FILE_COLUMN, where)}
+        held |= {local_file_path(uri) for uri in _distinct(stream.dead_letter_table_path(roots),
+                                                           DEAD_LETTER_SOURCE_COLUMN, None)}
+        kept = [f for f in plan.files if f.path not in held]
+        plan.held_files = len(plan.files) - len(kept)
+        plan.files = kept
+    elif plan.files:
+        uris = _stored_uris(stream, roots, plan.files)
+        plan.sink_filter = RowFilter(file_column=SOURCE_FILE_COLUMN, files=tuple(uris), time_column=column,
+                                     start=request.start if column else None, end=request.end if column else None)
+        plan.dead_letter_filter = RowFilter(file_column=DEAD_LETTER_SOURCE_COLUMN, files=tuple(uris))
+        plan.rows_to_replace = count_rows(stream.sink_path(roots), plan.sink_filter)
+        plan.dead_letter_rows_to_replace = count_rows(stream.dead_letter_table_path(roots), plan.dead_letter_filter)
+    return plan
+
+
+def _stored_uris(stream: StreamSpec, roots: Roots, files: list[SourceFile]) -> list[str]:
+    """How the tables spell each file (as Spark recorded it), or how Spark will spell it."""
+    stored = _distinct(stream.sink_path(roots), SOURCE_FILE_COLUMN, None) | _distinct(
+        stream.dead_letter_table_path(roots), DEAD_LETTER_SOURCE_COLUMN, None)
+    by_path = {local_file_path(uri): uri for uri in stored}
+    return sorted({by_path.get(f.path, f.uri) for f in files} | {f.uri for f in files})

@@ -1,0 +1,294 @@
+"""Delta table helpers on delta-rs: no JVM, usable from Airflow workers, the runner's driver and tests."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from sluice.constants import (
+    COMMIT_INFO_BATCH,
+    COMMIT_INFO_QUERY,
+    COMMIT_INFO_RECORDS,
+    COMMIT_INFO_RESET_BATCH,
+    COMMIT_INFO_RESET_QUERY,
+    COMMIT_INFO_ROUTE,
+    COMMIT_INFO_STREAM,
+    DEFAULT_CHECKPOINT_INTERVAL,
+)
+from sluice.errors import SluiceError
+
+
+class DeltaSchemaMismatch(SluiceError):
+    """An existing table's schema is not the one the stream writes."""
+
+
+def table_version(path: str) -> int | None:
+    """The table's current version, or None when there is no Delta table at ``path``."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        return DeltaTable(path).version()
+    except TableNotFoundError:
+        return None
+
+
+def ensure_table(path: str, schema: Any, partition_by: Iterable[str], *, name: str, description: str = "") -> bool:
+    """Create an empty Delta table with ``schema`` (an Arrow schema) unless one exists. True when created.
+
+    An existing table must have the same column names and types; a mismatch is refused with both schemas.
+    """
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    partitions = list(partition_by)
+    try:
+        existing = DeltaTable(path)
+    except TableNotFoundError:
+        DeltaTable.create(
+            path,
+            schema=schema,
+            partition_by=partitions or None,
+            name=name,
+            description=description or None,
+            configuration={"delta.checkpointInterval": str(DEFAULT_CHECKPOINT_INTERVAL)},
+        )
+        return True
+    import pyarrow as pa
+
+    current = pa.schema(existing.schema().to_arrow())
+    wanted = {field.name: str(field.type) for field in schema}
+    have = {field.name: str(field.type) for field in current}
+    if wanted != have:
+        raise DeltaSchemaMismatch(
+            f"Delta table {path} has schema {have}, but the stream writes {wanted}. Evolve the table or point the "
+            "stream at a new table"
+        )
+    if list(existing.metadata().partition_columns) != partitions:
+        raise DeltaSchemaMismatch(
+            f"Delta table {path} is partitioned by {existing.metadata().partition_columns}, the catalog says "
+            f"{partitions}"
+        )
+    return False
+
+
+@dataclass(frozen=True)
+class BatchCommit:
+    """A Delta commit made by a stream's micro-batch."""
+
+    version: int
+    query_id: str
+    batch_id: int
+    rows: int
+    stream: str | None = None
+
+
+def recorded_batch(table: Any, query_id: str) -> int | None:
+    """The newest batch of query ``query_id`` that a Delta table (a path, or a delta-rs ``DeltaTable``) records as
+    committed: its transaction version for that app id. None when the table has no commit of that query, or no
+    table exists at the path."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    if not isinstance(table, DeltaTable):
+        try:
+            table = DeltaTable(table)
+        except TableNotFoundError:
+            return None
+    version = table.transaction_version(query_id)
+    return None if version is None else int(version)
+
+
+def holds_batch(table: Any, query_id: str, batch_id: int) -> bool:
+    """The exactly-once guard: True when the table already holds batch ``batch_id`` of query ``query_id`` (or a
+    later one), so that a replay of it must write nothing. Every writer asks this, and only this."""
+    recorded = recorded_batch(table, query_id)
+    return recorded is not None and recorded >= batch_id
+
+
+def commit_metadata(base: dict[str, Any], *, stream: str, query_id: str, batch_id: int, route: int,
+                    **extra: Any) -> dict[str, Any]:
+    """The commit info of one batch's commit to one table, as both Delta engines write it."""
+    return {**base, COMMIT_INFO_STREAM: stream, COMMIT_INFO_QUERY: query_id, COMMIT_INFO_BATCH: batch_id,
+            COMMIT_INFO_ROUTE: route, **extra}
+
+
+def batch_commits(path: str, *, query_id: str, batch_ids: Collection[int], since_version: int | None
+                  ) -> list[BatchCommit]:
+    """The commits that query ``query_id`` made for ``batch_ids``.
+
+    Most are after ``since_version`` (the table's version when the run started). A batch that a crashed run
+    committed and this run replayed is older, possibly behind maintenance commits: the search goes back until it
+    passes a commit older than the oldest wanted batch, or reaches the table's first version.
+    """
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    wanted = set(batch_ids)
+    if not wanted:
+        return []
+    try:
+        table = DeltaTable(path)
+    except TableNotFoundError:
+        return []
+    oldest = min(wanted)
+    limit: int | None = max(table.version() - (-1 if since_version is None else since_version), 0) + 2
+    while True:
+        history = table.history(limit=limit)
+        commits = _live_commits(history, query_id)
+        passed_oldest = any(commit.batch_id < oldest for commit in commits)
+        if limit is None or passed_oldest or len(history) < limit or min(int(i["version"]) for i in history) == 0:
+            return sorted((c for c in commits if c.batch_id in wanted), key=lambda c: c.version)
+        limit = None if limit > 1000 else limit * 4
+
+
+def _live_commits(history: list[dict[str, Any]], query_id: str) -> list[BatchCommit]:
+    """The batch commits of ``query_id`` in ``history`` (newest first) that no later reset undid."""
+    commits: list[BatchCommit] = []
+    undone_above: int | None = None
+    for info in history:
+        reset = _reset_of(info)
+        if reset is not None and reset[0] == query_id:
+            undone_above = reset[1] if undone_above is None else min(undone_above, reset[1])
+        commit = _batch_commit(info)
+        if commit is not None and commit.query_id == query_id and (undone_above is None
+                                                                    or commit.batch_id <= undone_above):
+            commits.append(commit)
+    return commits
+
+
+def _batch_commit(info: dict[str, Any]) -> BatchCommit | None:
+    """A history entry as a batch commit: the rs engine writes Sluice's keys into the commit info itself,
+    delta-spark (jvm engine) into ``userMetadata`` and counts rows in ``operationMetrics``."""
+    if COMMIT_INFO_QUERY in info:
+        meta, rows = info, info.get(COMMIT_INFO_RECORDS, 0)
+    else:
+        meta = _user_metadata(info)
+        # A MERGE's numOutputRows counts the rows it copied too; Sluice records the rows it offered.
+        rows = meta.get(COMMIT_INFO_RECORDS, (info.get("operationMetrics") or {}).get("numOutputRows", 0))
+        if COMMIT_INFO_QUERY not in meta:
+            return None
+    return BatchCommit(int(info["version"]), str(meta[COMMIT_INFO_QUERY]), int(meta[COMMIT_INFO_BATCH]), int(rows),
+                       meta.get(COMMIT_INFO_STREAM))
+
+
+def query(path: str, sql: str, *, version: int | None = None) -> Any:
+    """Run SQL over a Delta table registered as ``t`` (current, or as of ``version``) with delta-rs's own engine,
+    as a pyarrow Table with plain strings; None when there is no table.
+
+    This avoids ``DeltaTable.to_pyarrow_table``: reading through pyarrow's dataset layer on delta-rs's Python
+    filesystem adapter leaves threads that abort the interpreter at exit.
+    """
+    import pyarrow as pa
+    from deltalake import DeltaTable, QueryBuilder
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        table = DeltaTable(path, version=version)
+    except TableNotFoundError:
+        return None
+    result = pa.table(QueryBuilder().register("t", table).execute(sql))
+    # DataFusion hands strings over as string_view; plain strings are what every caller expects.
+    return result.cast(pa.schema([
+        field.with_type(pa.string()) if pa.types.is_string_view(field.type) else field for field in result.schema
+    ]))
+
+
+def read_table(path: str, columns: Iterable[str] | None = None, *, version: int | None = None) -> Any:
+    """A Delta table's rows (current, or as of ``version``) as a pyarrow Table; the table must exist."""
+    selected = ", ".join(f'"{column}"' for column in columns) if columns else "*"
+    rows = query(path, f"SELECT {selected} FROM t", version=version)
+    if rows is None:
+        from deltalake.exceptions import TableNotFoundError
+
+        raise TableNotFoundError(f"no Delta table at {path}")
+    return rows
+
+
+def stream_query_ids(path: str, stream: str, *, limit: int = 200) -> list[str]:
+    """Query ids that committed batches of ``stream`` to the table, newest first (from the last ``limit`` commits)."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        history = DeltaTable(path).history(limit=limit)
+    except TableNotFoundError:
+        return []
+    found: list[str] = []
+    for commit in map(_batch_commit, history):
+        if commit is not None and commit.stream == stream and commit.query_id not in found:
+            found.append(commit.query_id)
+    return found
+
+
+def _reset_of(info: dict[str, Any]) -> tuple[str, int] | None:
+    """A reset commit (``python -m sluice repair reset``) as (query id, batch id it set the transaction version
+    back to)."""
+    if info.get(COMMIT_INFO_RESET_QUERY) is None:
+        return None
+    return str(info[COMMIT_INFO_RESET_QUERY]), int(info[COMMIT_INFO_RESET_BATCH])
+
+
+def txn_timeline(path: str, query_id: str) -> list[tuple[int, int]]:
+    """(version, newest batch of ``query_id`` the table holds at that version) for every version, oldest first.
+
+    The batch is the query's Delta transaction version as of that table version: batch commits raise it, resets
+    set it back; -1 before the query's first batch. Read from the commit history, not from one snapshot per version.
+    """
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        history = DeltaTable(path).history()
+    except TableNotFoundError:
+        return []
+    timeline: list[tuple[int, int]] = []
+    batch = -1
+    for info in sorted(history, key=lambda entry: int(entry["version"])):
+        commit, reset = _batch_commit(info), _reset_of(info)
+        if commit is not None and commit.query_id == query_id:
+            batch = commit.batch_id
+        elif reset is not None and reset[0] == query_id:
+            batch = reset[1]
+        timeline.append((int(info["version"]), batch))
+    return timeline
+
+
+def table_history(path: str, *, limit: int = 50) -> list[dict[str, Any]]:
+    """The newest ``limit`` commits, newest first, with the stream, query and batch of each batch commit; empty
+    when there is no table yet."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        history = DeltaTable(path).history(limit=limit)
+    except TableNotFoundError:
+        return []
+    rows = []
+    for info in history:
+        commit, reset = _batch_commit(info), _reset_of(info)
+        rows.append({
+            "version": int(info["version"]),
+            "time": datetime.fromtimestamp(int(info["timestamp"]) / 1000, timezone.utc).isoformat(),
+            "operation": info.get("operation"),
+            "stream": commit.stream if commit else None,
+            "query_id": commit.query_id if commit else (reset[0] if reset else None),
+            "batch_id": commit.batch_id if commit else None,
+            "rows": commit.rows if commit else None,
+            "reset_after_batch": reset[1] if reset else None,
+        })
+    return rows
+
+
+def _user_metadata(info: dict[str, Any]) -> dict[str, Any]:
+    raw = info.get("userMetadata")
+    if isinstance(raw, str) and raw.startswith("{"):
+        try:
+            parsed = json.loads(raw)
+        except json.JSONDecodeError:
+            return {}
+        return parsed if isinstance(parsed, dict) else {}
+    return {}

@@ -1,0 +1,48 @@
+"""Source and sink kinds on the Spark side: how each kind of :mod:`sluice.kinds` is read or written.
+
+A source kind's module has ``read(spark, stream, roots, *, path, trigger)``: the stream's source as a streaming
+DataFrame of the declared columns plus ``_corrupt_record`` (the text of a record that did not parse, else NULL) and
+``_source_file`` (each row's lineage). ``path`` and ``trigger`` replace the catalog's (a backfill reads a glob of the
+files it selected, with its own limits). A sink kind's module has ``sink_writer(request)``, and ``check_sink(spark,
+stream)`` for what must hold before any table is created.
+
+A new kind is its module here and one line in :data:`READERS` or :data:`SINKS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import DataStreamWriter
+
+from sluice.constants import SinkFormat, SourceType
+from sluice.model.stream import StreamSpec, TriggerSpec
+from sluice.paths import Roots
+from sluice_spark.kinds import delta, files, kafka
+from sluice_spark.writers import SinkRequest
+
+Reader = Callable[..., DataFrame]
+
+
+@dataclass(frozen=True)
+class SparkSink:
+    writer: Callable[[SinkRequest], DataStreamWriter]
+    check: Callable[[SparkSession, StreamSpec], None] = lambda spark, stream: None
+
+
+READERS: dict[SourceType, Reader] = {SourceType.FILES: files.read, SourceType.DELTA: delta.read,
+                                     SourceType.KAFKA: kafka.read}
+SINKS: dict[SinkFormat, SparkSink] = {SinkFormat.DELTA: SparkSink(delta.sink_writer),
+                                      SinkFormat.KAFKA: SparkSink(kafka.sink_writer, kafka.check_sink)}
+
+
+def read_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | None = None,
+                trigger: TriggerSpec | None = None) -> DataFrame:
+    """The stream's source as a streaming DataFrame: the declared columns, ``_corrupt_record``, ``_source_file``."""
+    return READERS[stream.source.type](spark, stream, roots, path=path, trigger=trigger or stream.trigger)
+
+
+def sink(stream: StreamSpec) -> SparkSink:
+    return SINKS[stream.sink.format]

@@ -1,0 +1,78 @@
+"""The Delta source and the Delta sink in Spark.
+
+The source reads a table by version: delta-spark's ``format("delta")`` on the jvm engine, Sluice's ``sluice_delta``
+on rs. The declared columns are selected and cast; a row that lacks a required one goes to the dead-letter table like
+a file record. ``_source_file`` carries the upstream's lineage when the table has it.
+
+The sink writes the stream's table, its dead-letter table and any fan-out tables, each exactly once per micro-batch.
+Appends on ``rs`` go through :mod:`sluice_spark.delta_rs_sink`, which writes Parquet on the executors. Everything
+else runs in ``foreachBatch`` through :class:`sluice_spark.writers.BatchRouter`. On ``rs`` such a batch crosses to
+the driver as Arrow: merge and complete mode are meant for upserts and aggregates, whose batches are small next to
+a bronze append.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import DataStreamWriter
+
+from sluice.constants import CORRUPT_COLUMN, SOURCE_FILE_COLUMN, DeltaEngine, SinkMode
+from sluice.errors import SluiceError
+from sluice.model.stream import StreamSpec, TriggerSpec
+from sluice.paths import Roots
+from sluice_spark.delta_rs_datasource import DATA_SOURCE_NAME
+from sluice_spark.session import resolve_engine
+from sluice_spark.targets import ROUTE_COLUMN, encode_targets
+from sluice_spark.writers import BatchRouter, SinkRequest, stream_commit_info
+
+
+def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | None, trigger: TriggerSpec) -> DataFrame:
+    """The source table, from the version after the checkpoint's, as a streaming DataFrame of the declared columns."""
+    path = stream.source_path(roots)
+    engine = resolve_engine(spark, stream.sink.engine)
+    reader = spark.readStream.format("delta" if engine is DeltaEngine.JVM else DATA_SOURCE_NAME)
+    reader = reader.options(**stream.source.options)
+    if trigger.max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", trigger.max_files_per_trigger)
+    if trigger.max_bytes_per_trigger:
+        reader = reader.option("maxBytesPerTrigger", trigger.max_bytes_per_trigger)
+    try:
+        frame = reader.load(path)
+    except Exception as exc:
+        raise SluiceError(f"stream '{stream.name}': cannot read the Delta table {path} ({exc}); the stream that "
+                          "writes it must have run once") from exc
+    missing = [name for name in stream.source.schema.names if name not in frame.columns]
+    if missing:
+        raise SluiceError(f"stream '{stream.name}': the Delta table {path} has no column(s) {', '.join(missing)}; "
+                          f"it has {', '.join(frame.columns)}")
+    declared = [F.col(f"`{column.name}`").cast(column.sql_type).alias(column.name)
+                for column in stream.source.schema.columns]
+    lineage = F.col(SOURCE_FILE_COLUMN) if SOURCE_FILE_COLUMN in frame.columns else F.lit(path)
+    return frame.select(*declared, F.lit(None).cast("string").alias(CORRUPT_COLUMN), lineage.alias(SOURCE_FILE_COLUMN))
+
+
+# Spark's output mode for each way a table is written.
+OUTPUT_MODES = {SinkMode.APPEND: "append", SinkMode.MERGE: "update", SinkMode.COMPLETE: "complete"}
+
+
+def sink_writer(request: SinkRequest) -> DataStreamWriter:
+    """A ``DataStreamWriter`` (without trigger or checkpoint) that routes the stream's frame into its tables."""
+    mode, targets = request.stream.sink.mode, request.targets
+    if request.engine is DeltaEngine.RS and all(target.mode is SinkMode.APPEND for target in targets):
+        return (
+            request.frame.writeStream.format(DATA_SOURCE_NAME)
+            .outputMode(OUTPUT_MODES[mode])
+            .option("targets", encode_targets(targets))
+            .option("routeColumn", ROUTE_COLUMN)
+            .option("queryId", request.query_id)
+            .option("stream", request.stream.name)
+            .option("commitInfo", json.dumps(request.commit_info))
+        )
+
+    router = BatchRouter(targets, engine=request.engine, route_column=ROUTE_COLUMN, query_id=request.query_id,
+                         commit_info=stream_commit_info(request.commit_info, stream=request.stream.name,
+                                                        query_id=request.query_id))
+    return request.frame.writeStream.foreachBatch(router).outputMode(OUTPUT_MODES[mode])
