@@ -5,7 +5,15 @@ from __future__ import annotations
 from enum import Enum
 
 
-class SourceType(str, Enum):
+class Word(str, Enum):
+    """A word of Sluice's vocabulary: compared, hashed, printed and stored as its value (``f"{SinkMode.MERGE}"`` is
+    ``merge``), so it can go into a log, a command line, a JSON document or a SQLite row as it is."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class SourceType(Word):
     FILES = "files"
     # Another Delta table, read by version: a silver or gold stream reading bronze or silver.
     DELTA = "delta"
@@ -13,7 +21,7 @@ class SourceType(str, Enum):
     KAFKA = "kafka"
 
 
-class FileFormat(str, Enum):
+class FileFormat(Word):
     JSON = "json"
     CSV = "csv"
     PARQUET = "parquet"
@@ -22,14 +30,14 @@ class FileFormat(str, Enum):
     AVRO = "avro"
 
 
-class SinkFormat(str, Enum):
+class SinkFormat(Word):
     """Where a stream's good rows go: a Delta table (exactly once) or a Kafka topic (at least once)."""
 
     DELTA = "delta"
     KAFKA = "kafka"
 
 
-class SinkMode(str, Enum):
+class SinkMode(Word):
     """How a batch's rows reach the table: appended (Spark's append output mode), upserted by key (update output
     mode, through a Delta MERGE), or the whole result rewritten (complete output mode, for small aggregates)."""
 
@@ -38,7 +46,22 @@ class SinkMode(str, Enum):
     COMPLETE = "complete"
 
 
-class RunStatus(str, Enum):
+class BackfillMode(Word):
+    """How a backfill writes its range: appended to the tables, or swapped in for the rows the range held."""
+
+    APPEND = "append"
+    REPLACE = "replace"
+
+
+class AlertChannel(Word):
+    """Where the lag monitor sends an alert; each channel keeps its own alert state."""
+
+    LOG = "log"
+    WEBHOOK = "webhook"
+    EMAIL = "email"
+
+
+class RunStatus(Word):
     """How a stream run or a backfill ended, as its summary and XCom say."""
 
     PENDING = "pending"
@@ -48,7 +71,7 @@ class RunStatus(str, Enum):
     REFUSED = "refused"
 
 
-class TableRole(str, Enum):
+class TableRole(Word):
     """What a Delta table is to the stream that writes it."""
 
     SINK = "sink"
@@ -56,7 +79,7 @@ class TableRole(str, Enum):
     FAN_OUT = "fan_out"
 
 
-class DeltaEngine(str, Enum):
+class DeltaEngine(Word):
     """How the Delta sink is written: delta-spark's JVM connector, Sluice's delta-rs data source, or whichever loads."""
 
     AUTO = "auto"
@@ -80,22 +103,35 @@ SUMMARY_MARKER = "SLUICE_RUN_SUMMARY "
 # ... and in front of a backfill's summary.
 BACKFILL_MARKER = "SLUICE_BACKFILL_SUMMARY "
 
-# Delta commit info keys that Sluice writes on every batch commit, and reads back for summaries and checks.
-COMMIT_INFO_STREAM = "sluice.stream"
-COMMIT_INFO_QUERY = "sluice.queryId"
-COMMIT_INFO_BATCH = "sluice.batchId"
-COMMIT_INFO_ROUTE = "sluice.route"
-COMMIT_INFO_RECORDS = "sluice.numRecords"
-# ... and on the commit of a reset (``python -m sluice repair reset``), which sets a query's transaction version back.
-COMMIT_INFO_ACTION = "sluice.action"
-COMMIT_INFO_RESET_QUERY = "sluice.reset.queryId"
-COMMIT_INFO_RESET_BATCH = "sluice.reset.afterBatch"
-COMMIT_INFO_RESET_VERSION = "sluice.reset.sinkVersion"
+class CommitInfo(Word):
+    """The keys Sluice writes into a Delta commit's commitInfo: what health, repair, the run summary and a reader of
+    the table's history read back. Each batch commit says which stream, query, batch and route wrote it; a reset,
+    a repair action and a backfill say what they did."""
+
+    STREAM = "sluice.stream"
+    QUERY = "sluice.queryId"
+    BATCH = "sluice.batchId"
+    ROUTE = "sluice.route"
+    RECORDS = "sluice.numRecords"
+    RUN = "sluice.runId"
+    # A repair's commit: the action, and for a reset which query it set back, to which batch and sink version.
+    ACTION = "sluice.action"
+    RESET_STREAM = "sluice.reset.stream"
+    RESET_QUERY = "sluice.reset.queryId"
+    RESET_BATCH = "sluice.reset.afterBatch"
+    RESET_VERSION = "sluice.reset.sinkVersion"
+    # A backfill's commits: its run, its own query, its mode, its range, the operator's reason and the batch.
+    BACKFILL_RUN = "sluice.backfill.runId"
+    BACKFILL_QUERY = "sluice.backfill.queryId"
+    BACKFILL_MODE = "sluice.backfill.mode"
+    BACKFILL_RANGE = "sluice.backfill.range"
+    BACKFILL_REASON = "sluice.backfill.reason"
+    BACKFILL_BATCH = "sluice.backfill.batchId"
 
 DEFAULT_CHECKPOINT_INTERVAL = 10
 
 
-class Severity(str, Enum):
+class Severity(Word):
     """A health finding's weight: FAIL stops the run before Spark starts, WARN is logged."""
 
     OK = "OK"
@@ -103,7 +139,7 @@ class Severity(str, Enum):
     FAIL = "FAIL"
 
 
-class FaultCode(str, Enum):
+class FaultCode(Word):
     """The stable codes of the checkpoint health checks. :data:`FAULT_CODES` says what each means; the README's table
     of codes is :func:`fault_code_table` (a test keeps the two equal)."""
 

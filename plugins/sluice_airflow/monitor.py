@@ -10,6 +10,7 @@ from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowException
 
 from sluice.catalog import load_catalog
+from sluice.constants import AlertChannel
 from sluice_airflow.dag_factory import ingest_dag_id, sluice_dag
 from sluice_airflow.notifiers import DEFAULT_WEBHOOK_CONN_ID, WebhookNotifier
 from sluice_airflow.operators import SluiceOperator
@@ -101,14 +102,15 @@ class LagAlertOperator(SluiceOperator):
         self.email_from = email_from
         self.repeat_after_seconds = repeat_after_seconds
 
-    def channels(self, stream: StreamSpec, *, webhook: bool) -> list[str]:
-        return ["log"] + (["webhook"] if webhook else []) + (["email"] if stream.alerts.email_to else [])
+    def channels(self, stream: StreamSpec, *, webhook: bool) -> list[AlertChannel]:
+        return [AlertChannel.LOG, *([AlertChannel.WEBHOOK] if webhook else []),
+                *([AlertChannel.EMAIL] if stream.alerts.email_to else [])]
 
-    def notifier(self, channel: str, alert: Alert, stream: StreamSpec) -> BaseNotifier | None:
+    def notifier(self, channel: AlertChannel, alert: Alert, stream: StreamSpec) -> BaseNotifier | None:
         """The notifier that sends an alert on a channel; none for the log (the task logs the alert itself)."""
-        if channel == "webhook":
+        if channel is AlertChannel.WEBHOOK:
             return WebhookNotifier(payload=alert.payload(), conn_id=self.webhook_conn_id or "")
-        if channel == "email":
+        if channel is AlertChannel.EMAIL:
             from html import escape
 
             from airflow.providers.smtp.notifications.smtp import SmtpNotifier

@@ -22,12 +22,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sluice.catalog import Catalog
-from sluice.constants import BACKFILL_MARKER, DeltaEngine, RunStatus
+from sluice.constants import (
+    BACKFILL_MARKER,
+    CommitInfo,
+    DeltaEngine,
+    RunStatus,
+)
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.operations.backfill import BackfillError, BackfillPlan, BackfillRequest, plan_backfill
 from sluice.paths import Roots, join, require_local
@@ -208,10 +214,10 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
     else:
         scratch, checkpoint, query_id = own / "staging", str(own / "stream"), ensure_query_id(own / "stream")
         summary.query_id, summary.checkpoint = query_id, str(own)
-    metadata = {"sluice.stream": stream.name, "sluice.backfill.runId": request.run_id,
-                "sluice.backfill.queryId": query_id, "sluice.backfill.mode": request.mode,
-                "sluice.backfill.range": f"[{request.start.isoformat()}, {request.end.isoformat()})",
-                "sluice.backfill.reason": request.reason or ""}
+    metadata: dict[str, Any] = {CommitInfo.STREAM: stream.name, CommitInfo.BACKFILL_RUN: request.run_id,
+                CommitInfo.BACKFILL_QUERY: query_id, CommitInfo.BACKFILL_MODE: request.mode,
+                CommitInfo.BACKFILL_RANGE: f"[{request.start.isoformat()}, {request.end.isoformat()})",
+                CommitInfo.BACKFILL_REASON: request.reason or ""}
 
     def count(batch: DataFrame, batch_id: int) -> bool:
         counts = {(row[0], bool(row[1])): int(row[2]) for row in
@@ -226,7 +232,7 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
     # The good rows outside the range are read and counted, never written; dead letters are kept whatever their time.
     good = [replace(target, flag=IN_RANGE_COLUMN) if target.route == GOOD_ROUTE else target for target in targets]
     router = BatchRouter(good, engine=resolved, route_column=ROUTE_COLUMN, query_id=query_id,
-                         commit_info=lambda batch_id, _route: {**metadata, "sluice.backfill.batchId": batch_id},
+                         commit_info=lambda batch_id, _route: {**metadata, CommitInfo.BACKFILL_BATCH: batch_id},
                          staging=scratch,
                          replace={GOOD_ROUTE: plan.sink_filter, DEAD_LETTER_ROUTE: plan.dead_letter_filter},
                          before=count)

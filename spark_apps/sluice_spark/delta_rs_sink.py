@@ -25,7 +25,9 @@ from urllib.parse import quote, unquote
 
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 
-from sluice.constants import COMMIT_INFO_RECORDS
+from sluice.constants import (
+    CommitInfo,
+)
 from sluice.storage.delta import commit_metadata, holds_batch
 from sluice_spark import faults
 from sluice_spark.delta_rs_stats import file_stats, partition_string
@@ -148,7 +150,7 @@ class DeltaRsStreamWriter(DataSourceStreamArrowWriter):
             ]
             metadata = commit_metadata(
                 self.commit_info, stream=self.stream, query_id=self.app_id, batch_id=batchId, route=target.route,
-                **{COMMIT_INFO_RECORDS: sum(f.rows for f in table_files)},
+                **{CommitInfo.RECORDS: sum(f.rows for f in table_files)},
             )
             table.create_write_transaction(
                 actions,

@@ -25,6 +25,7 @@ from sluice.constants import (
     CORRUPT_COLUMN,
     INGEST_TIME_COLUMN,
     SOURCE_FILE_COLUMN,
+    CommitInfo,
     DeltaEngine,
     RunStatus,
     SinkMode,
@@ -227,7 +228,7 @@ def prepare_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, run
 def start_stream(prepared: PreparedStream) -> StreamingQuery:
     writer = kinds.sink(prepared.spec).writer(SinkRequest(
         prepared.frame, prepared.spec, prepared.targets, prepared.data_columns, prepared.engine, prepared.query_id,
-        commit_info={"sluice.runId": prepared.summary.run_id}, sent=prepared.sent_to_kafka))
+        commit_info={CommitInfo.RUN: prepared.summary.run_id}, sent=prepared.sent_to_kafka))
     query = (
         writer.queryName(prepared.spec.name)
         .option("checkpointLocation", prepared.checkpoint)

@@ -27,7 +27,11 @@ from typing import Any
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from sluice.constants import COMMIT_INFO_RECORDS, DeltaEngine, SinkMode
+from sluice.constants import (
+    CommitInfo,
+    DeltaEngine,
+    SinkMode,
+)
 from sluice.model.predicates import DATAFUSION, SPARK_SQL, RowFilter, render
 from sluice.model.stream import StreamSpec
 from sluice.storage.delta import commit_metadata, holds_batch
@@ -89,7 +93,7 @@ class RsTableWriter(DeltaTableWriter):
         if offered == 0 and target.mode is SinkMode.APPEND and replace is None:
             return True  # nothing to append: no empty commit
         schema = pa.schema(table.schema().to_arrow())
-        properties = CommitProperties(custom_metadata={**metadata, COMMIT_INFO_RECORDS: offered},
+        properties = CommitProperties(custom_metadata={**metadata, CommitInfo.RECORDS: offered},
                                       app_transactions=[Transaction(query_id, batch_id)])
         if target.mode is SinkMode.MERGE:
             # Spark's Arrow types as the table has them.
@@ -161,7 +165,7 @@ class JvmTableWriter(DeltaTableWriter):
         settings = {"spark.databricks.delta.write.txnAppId": query_id,
                     "spark.databricks.delta.write.txnVersion": str(batch_id),
                     "spark.databricks.delta.commitInfo.userMetadata": json.dumps(
-                        {**metadata, COMMIT_INFO_RECORDS: offered})}
+                        {**metadata, CommitInfo.RECORDS: offered})}
         for key, value in settings.items():
             spark.conf.set(key, value)
         try:
@@ -186,7 +190,7 @@ def table_writer(engine: DeltaEngine) -> DeltaTableWriter:
         raise ValueError(f"no Delta writer for engine {engine.value!r}; resolve 'auto' first") from None
 
 
-CommitInfo = Callable[[int, int], dict[str, Any]]
+CommitInfoOf = Callable[[int, int], dict[str, Any]]
 
 
 @dataclass
@@ -213,7 +217,7 @@ def sink_and_dead_letter(targets: Sequence[TableTarget]) -> tuple[TableTarget | 
     return by_role.get((GOOD_ROUTE, True)), by_role[(DEAD_LETTER_ROUTE, True)]
 
 
-def stream_commit_info(base: Mapping[str, Any], *, stream: str, query_id: str) -> CommitInfo:
+def stream_commit_info(base: Mapping[str, Any], *, stream: str, query_id: str) -> CommitInfoOf:
     """The commit info of a stream's batch (by batch id and route), with the keys that tie it to the stream's query
     (:func:`sluice.storage.delta.commit_metadata`): health, repair and the run summary read them."""
     return lambda batch_id, route: commit_metadata(dict(base), stream=stream, query_id=query_id, batch_id=batch_id,
@@ -230,7 +234,7 @@ class BatchRouter:
     """
 
     def __init__(self, targets: Sequence[TableTarget], *, engine: DeltaEngine, route_column: str, query_id: str,
-                 commit_info: CommitInfo, replace: Mapping[int, RowFilter | None] | None = None,
+                 commit_info: CommitInfoOf, replace: Mapping[int, RowFilter | None] | None = None,
                  staging: Path | None = None, before: Callable[[DataFrame, int], bool] | None = None) -> None:
         self.targets = list(targets)
         self.writer = table_writer(engine)

@@ -162,79 +162,104 @@ def check_patterns(stream: str, patterns: Patterns, columns: list[str], source: 
                    required: set[str]) -> list[str]:
     """Validate the patterns against the columns the row transform produces; return the stream's output columns
     (without Sluice's metadata columns). ``required`` holds the columns declared ``not null``."""
+    check = _Columns(stream, list(columns))
+    check.watermark_and_dedupe(patterns, source)
+    if patterns.join is not None:
+        check.join(patterns.join, patterns.watermark)
+    check.lookups(patterns.lookup)
+    output = check.aggregate(patterns.aggregate, joined=patterns.join is not None)
+    _check_output_mode(patterns, sink, output, required, check.refuse)
+    for index, fan_out in enumerate(patterns.fan_out):
+        check.need(fan_out.columns, output, f"fan_out[{index}].columns", "column(s)")
+        kept = list(fan_out.columns) or output
+        check.need(fan_out.partition_by, kept, f"fan_out[{index}].partition_by", "column(s)")
+    if isinstance(sink, DeltaSink):
+        check.need(sink.partition_by, output, "sink.partition_by", "partition column(s)")
+    return output
 
-    def refuse(field_name: str, message: str) -> CatalogError:
-        return CatalogError(message, stream=stream, field=field_name)
 
-    def need(names: tuple[str, ...], available: list[str], field_name: str, what: str) -> None:
+class _Columns:
+    """The columns available at each step of a stream, checked step by step against what the step names."""
+
+    def __init__(self, stream: str, available: list[str]) -> None:
+        self.stream = stream
+        self.available = available
+
+    def refuse(self, field_name: str, message: str) -> CatalogError:
+        return CatalogError(message, stream=self.stream, field=field_name)
+
+    def need(self, names: tuple[str, ...], available: list[str], field_name: str, what: str) -> None:
         missing = [name for name in names if name not in available]
         if missing:
-            raise refuse(field_name, f"{what} {', '.join(missing)} not among the columns available here: "
-                                     f"{', '.join(available)}")
+            raise self.refuse(field_name, f"{what} {', '.join(missing)} not among the columns available here: "
+                                          f"{', '.join(available)}")
 
-    watermark, aggregate, join = patterns.watermark, patterns.aggregate, patterns.join
-    available = list(columns)
-    if watermark is not None:
-        need((watermark.column,), available, "watermark.column", "column")
-        _need_timestamp(source.schema, watermark.column, lambda message: refuse("watermark.column", message))
-    if watermark is not None and not patterns.stateful:
-        raise refuse("watermark", "a watermark bounds the state of dedupe, join or aggregate, and this stream has "
-                                  "none of them; remove it")
-    if patterns.dedupe is not None:
-        need(patterns.dedupe.keys, available, "dedupe.keys", "key column(s)")
+    def watermark_and_dedupe(self, patterns: Patterns, source: SourceSpec) -> None:
+        watermark = patterns.watermark
+        if watermark is not None:
+            self.need((watermark.column,), self.available, "watermark.column", "column")
+            _need_timestamp(source.schema, watermark.column,
+                            lambda message: self.refuse("watermark.column", message))
+            if not patterns.stateful:
+                raise self.refuse("watermark", "a watermark bounds the state of dedupe, join or aggregate, and this "
+                                               "stream has none of them; remove it")
+        if patterns.dedupe is not None:
+            self.need(patterns.dedupe.keys, self.available, "dedupe.keys", "key column(s)")
+            if watermark is None:
+                raise self.refuse("dedupe", "deduplication without a watermark keeps every key seen in state "
+                                            "forever; add `watermark: {column: <event time>, delay: <how late a "
+                                            "duplicate may come>}`")
+
+    def join(self, join: JoinSpec, watermark: WatermarkSpec | None) -> None:
         if watermark is None:
-            raise refuse("dedupe", "deduplication without a watermark keeps every key seen in state forever; add "
-                                   "`watermark: {column: <event time>, delay: <how late a duplicate may come>}`")
-    if join is not None:
-        if watermark is None:
-            raise refuse("join", "a stream-stream join needs a watermark on both sides; add `watermark` for this "
-                                 "stream's side")
+            raise self.refuse("join", "a stream-stream join needs a watermark on both sides; add `watermark` for "
+                                      "this stream's side")
         right_columns = join.source.schema.names
-        need(join.on, available, "join.on", "key column(s)")
-        need(join.on, right_columns, "join.on", "key column(s) of the joined source:")
-        need((join.left_time,), available, "join.within.left", "column")
-        need((join.right_time,), right_columns, "join.within.right", "column of the joined source:")
-        need((join.watermark.column,), right_columns, "join.watermark.column", "column of the joined source:")
-        _need_timestamp(join.source.schema, join.right_time, lambda message: refuse("join.within.right", message))
+        self.need(join.on, self.available, "join.on", "key column(s)")
+        self.need(join.on, right_columns, "join.on", "key column(s) of the joined source:")
+        self.need((join.left_time,), self.available, "join.within.left", "column")
+        self.need((join.right_time,), right_columns, "join.within.right", "column of the joined source:")
+        self.need((join.watermark.column,), right_columns, "join.watermark.column", "column of the joined source:")
+        _need_timestamp(join.source.schema, join.right_time,
+                        lambda message: self.refuse("join.within.right", message))
         if join.left_time != watermark.column:
-            raise refuse("join.within.left", f"the time bound must use the watermark column {watermark.column!r}, "
-                                             "or Spark cannot evict the join state")
+            raise self.refuse("join.within.left", f"the time bound must use the watermark column "
+                                                  f"{watermark.column!r}, or Spark cannot evict the join state")
         if join.right_time != join.watermark.column:
-            raise refuse("join.within.right", f"the time bound must use the joined source's watermark column "
-                                              f"{join.watermark.column!r}, or Spark cannot evict the join state")
-        clashes = [name for name in right_columns if name in available and name not in join.on]
+            raise self.refuse("join.within.right", f"the time bound must use the joined source's watermark column "
+                                                   f"{join.watermark.column!r}, or Spark cannot evict the join state")
+        clashes = [name for name in right_columns if name in self.available and name not in join.on]
         if clashes:
-            raise refuse("join.source.schema", f"column(s) {', '.join(clashes)} exist on both sides; rename them "
-                                               "in one source's schema (only the join keys may be shared)")
-        available += [name for name in right_columns if name not in join.on]
-    for index, lookup in enumerate(patterns.lookup):
-        need(lookup.on, available, f"lookup[{index}].on", "key column(s)")
-        clashes = [name for name in lookup.columns if name in available]
-        if clashes:
-            raise refuse(f"lookup[{index}].columns", f"column(s) {', '.join(clashes)} already exist in the stream")
-        available += list(lookup.columns)
-    output = available
-    if aggregate is not None:
-        if join is not None:
-            raise refuse("aggregate", "an aggregate over a stream-stream join is not supported; write the join to "
-                                      "a table and aggregate it in a downstream stream")
-        need(aggregate.group_by, available, "aggregate.group_by", "column(s)")
+            raise self.refuse("join.source.schema", f"column(s) {', '.join(clashes)} exist on both sides; rename "
+                                                    "them in one source's schema (only the join keys may be shared)")
+        self.available += [name for name in right_columns if name not in join.on]
+
+    def lookups(self, lookups: tuple[LookupSpec, ...]) -> None:
+        for index, lookup in enumerate(lookups):
+            self.need(lookup.on, self.available, f"lookup[{index}].on", "key column(s)")
+            clashes = [name for name in lookup.columns if name in self.available]
+            if clashes:
+                raise self.refuse(f"lookup[{index}].columns",
+                                  f"column(s) {', '.join(clashes)} already exist in the stream")
+            self.available += list(lookup.columns)
+
+    def aggregate(self, aggregate: AggregateSpec | None, *, joined: bool) -> list[str]:
+        """The output columns: the available ones, or the aggregate's keys and measures."""
+        if aggregate is None:
+            return self.available
+        if joined:
+            raise self.refuse("aggregate", "an aggregate over a stream-stream join is not supported; write the join "
+                                           "to a table and aggregate it in a downstream stream")
+        self.need(aggregate.group_by, self.available, "aggregate.group_by", "column(s)")
         for measure in aggregate.measures:
             if measure.column != "*":
-                need((measure.column,), available, f"aggregate.measures.{measure.name}", "column")
+                self.need((measure.column,), self.available, f"aggregate.measures.{measure.name}", "column")
         if aggregate.window is not None:
-            need((aggregate.window.column,), available, "aggregate.window.column", "column")
+            self.need((aggregate.window.column,), self.available, "aggregate.window.column", "column")
         output = list(aggregate.key_columns) + [measure.name for measure in aggregate.measures]
         if len(set(output)) != len(output):
-            raise refuse("aggregate.measures", f"a measure name repeats a key column: {output}")
-    _check_output_mode(patterns, sink, output, required, refuse)
-    for index, fan_out in enumerate(patterns.fan_out):
-        need(fan_out.columns, output, f"fan_out[{index}].columns", "column(s)")
-        kept = list(fan_out.columns) or output
-        need(fan_out.partition_by, kept, f"fan_out[{index}].partition_by", "column(s)")
-    if isinstance(sink, DeltaSink):
-        need(sink.partition_by, output, "sink.partition_by", "partition column(s)")
-    return output
+            raise self.refuse("aggregate.measures", f"a measure name repeats a key column: {output}")
+        return output
 
 
 def _need_timestamp(schema: Schema, column: str, refuse: Callable[[str], CatalogError]) -> None:

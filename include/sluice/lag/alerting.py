@@ -16,6 +16,7 @@ from enum import Enum
 from typing import Any
 
 from sluice.catalog import Catalog
+from sluice.constants import AlertChannel
 from sluice.lag.observe import LagReport, LagStatus, check, error_report
 from sluice.lag.store import AlertState, LagStore
 from sluice.model.stream import StreamSpec
@@ -98,7 +99,7 @@ def _duration(seconds: float | None) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
-def decide(previous: AlertState | None, report: LagReport, *, channel: str = "log",
+def decide(previous: AlertState | None, report: LagReport, *, channel: str = AlertChannel.LOG,
            repeat_after_seconds: float | None = None, ok_streak: int = 1,
            resolve_after: int = 1) -> tuple[Alert | None, AlertState | None]:
     """The alert a channel should send for a new report, and the state to keep once it is sent (None: keep the

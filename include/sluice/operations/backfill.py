@@ -32,7 +32,7 @@ from typing import Any
 
 from sluice.arguments import option_args
 from sluice.catalog import Catalog
-from sluice.constants import SOURCE_FILE_COLUMN
+from sluice.constants import SOURCE_FILE_COLUMN, BackfillMode
 from sluice.errors import SluiceError
 from sluice.kinds import sink_kind, source_kind
 from sluice.model.predicates import DATAFUSION, RowFilter, render
@@ -42,7 +42,7 @@ from sluice.storage.checkpoint import CheckpointReader
 from sluice.storage.delta import query
 from sluice.storage.landing import SourceFile, SourceState, list_landing_zone, local_file_path
 
-MODES = ("append", "replace")
+MODES = tuple(mode.value for mode in BackfillMode)
 SELECT_BY = ("event_time", "file_time")
 PARAMS = ("stream", "start", "end", "timezone", "select_by", "mode", "dry_run", "max_files_per_trigger", "reason")
 MAX_REASON_LENGTH = 500
@@ -69,7 +69,7 @@ class BackfillRequest:
     stream: str
     start: datetime
     end: datetime
-    mode: str = "append"
+    mode: BackfillMode = BackfillMode.APPEND
     select_by: str = "event_time"
     dry_run: bool = False
     max_files_per_trigger: int | None = None
@@ -173,9 +173,10 @@ def parse_request(params: Mapping[str, Any], catalog: Catalog, *, run_id: str) -
         raise BackfillError("end", f"the range is {end - start}, longer than the {stream.backfill.max_range_days} "
                                    f"days stream '{name}' allows (backfill.max_range_days); split it into several "
                                    "backfills")
-    mode = params.get("mode") or "append"
-    if mode not in MODES:
-        raise BackfillError("mode", f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
+    raw_mode = params.get("mode") or BackfillMode.APPEND.value
+    if raw_mode not in MODES:
+        raise BackfillError("mode", f"unknown mode {raw_mode!r}; expected one of {', '.join(MODES)}")
+    mode = BackfillMode(raw_mode)
     select_by = params.get("select_by") or "event_time"
     if select_by not in SELECT_BY:
         raise BackfillError("select_by", f"unknown value {select_by!r}; expected one of {', '.join(SELECT_BY)}")
@@ -187,7 +188,7 @@ def parse_request(params: Mapping[str, Any], catalog: Catalog, *, run_id: str) -
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_FILES_PER_TRIGGER:
             raise BackfillError("max_files_per_trigger", f"expected an integer from 1 to {MAX_FILES_PER_TRIGGER}, "
                                                          f"got {limit!r}")
-        if mode == "replace":
+        if mode is BackfillMode.REPLACE:
             raise BackfillError("max_files_per_trigger", "replace reads the range in one batch, so that it is "
                                                          "swapped in one commit; leave it empty")
     reason = params.get("reason")
@@ -290,7 +291,7 @@ def plan_backfill(request: BackfillRequest, stream: StreamSpec, roots: Roots) ->
                           "next run ingests them, so the backfill leaves them alone")
     column = plan.event_time_column
     where = RowFilter(time_column=column, start=request.start, end=request.end) if column else None
-    if request.mode == "append":
+    if request.mode is BackfillMode.APPEND:
         held = {local_file_path(uri) for uri in _distinct(stream.sink_path(roots), SOURCE_FILE_COLUMN, where)}
         held |= {local_file_path(uri) for uri in _distinct(stream.dead_letter_table_path(roots),
                                                            DEAD_LETTER_SOURCE_COLUMN, None)}

@@ -24,10 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sluice.constants import (
-    COMMIT_INFO_ACTION,
-    COMMIT_INFO_RESET_BATCH,
-    COMMIT_INFO_RESET_QUERY,
-    COMMIT_INFO_RESET_VERSION,
+    CommitInfo,
     TableRole,
 )
 from sluice.errors import SluiceError
@@ -336,9 +333,9 @@ def _restore(path: str, target: int | None, query_id: str, batch: int, stream: s
     if target is None or target >= before:
         return {"table": path, "restored": False, "version": before}
     table.restore(target, commit_properties=CommitProperties(
-        custom_metadata={COMMIT_INFO_ACTION: "reset", COMMIT_INFO_RESET_QUERY: query_id,
-                         COMMIT_INFO_RESET_BATCH: batch, COMMIT_INFO_RESET_VERSION: version,
-                         "sluice.reset.stream": stream},
+        custom_metadata={CommitInfo.ACTION: "reset", CommitInfo.RESET_QUERY: query_id,
+                         CommitInfo.RESET_BATCH: batch, CommitInfo.RESET_VERSION: version,
+                         CommitInfo.RESET_STREAM: stream},
         app_transactions=[Transaction(query_id, batch)],
     ))
     return {"table": path, "restored": True, "from_version": before, "restored_to": target,

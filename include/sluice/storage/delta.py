@@ -9,14 +9,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from sluice.constants import (
-    COMMIT_INFO_BATCH,
-    COMMIT_INFO_QUERY,
-    COMMIT_INFO_RECORDS,
-    COMMIT_INFO_RESET_BATCH,
-    COMMIT_INFO_RESET_QUERY,
-    COMMIT_INFO_ROUTE,
-    COMMIT_INFO_STREAM,
     DEFAULT_CHECKPOINT_INTERVAL,
+    CommitInfo,
 )
 from sluice.errors import SluiceError
 
@@ -112,8 +106,8 @@ def holds_batch(table: Any, query_id: str, batch_id: int) -> bool:
 def commit_metadata(base: dict[str, Any], *, stream: str, query_id: str, batch_id: int, route: int,
                     **extra: Any) -> dict[str, Any]:
     """The commit info of one batch's commit to one table, as both Delta engines write it."""
-    return {**base, COMMIT_INFO_STREAM: stream, COMMIT_INFO_QUERY: query_id, COMMIT_INFO_BATCH: batch_id,
-            COMMIT_INFO_ROUTE: route, **extra}
+    return {**base, CommitInfo.STREAM: stream, CommitInfo.QUERY: query_id, CommitInfo.BATCH: batch_id,
+            CommitInfo.ROUTE: route, **extra}
 
 
 def batch_commits(path: str, *, query_id: str, batch_ids: Collection[int], since_version: int | None
@@ -163,16 +157,16 @@ def _live_commits(history: list[dict[str, Any]], query_id: str) -> list[BatchCom
 def _batch_commit(info: dict[str, Any]) -> BatchCommit | None:
     """A history entry as a batch commit: the rs engine writes Sluice's keys into the commit info itself,
     delta-spark (jvm engine) into ``userMetadata`` and counts rows in ``operationMetrics``."""
-    if COMMIT_INFO_QUERY in info:
-        meta, rows = info, info.get(COMMIT_INFO_RECORDS, 0)
+    if CommitInfo.QUERY in info:
+        meta, rows = info, info.get(CommitInfo.RECORDS, 0)
     else:
         meta = _user_metadata(info)
         # A MERGE's numOutputRows counts the rows it copied too; Sluice records the rows it offered.
-        rows = meta.get(COMMIT_INFO_RECORDS, (info.get("operationMetrics") or {}).get("numOutputRows", 0))
-        if COMMIT_INFO_QUERY not in meta:
+        rows = meta.get(CommitInfo.RECORDS, (info.get("operationMetrics") or {}).get("numOutputRows", 0))
+        if CommitInfo.QUERY not in meta:
             return None
-    return BatchCommit(int(info["version"]), str(meta[COMMIT_INFO_QUERY]), int(meta[COMMIT_INFO_BATCH]), int(rows),
-                       meta.get(COMMIT_INFO_STREAM))
+    return BatchCommit(int(info["version"]), str(meta[CommitInfo.QUERY]), int(meta[CommitInfo.BATCH]), int(rows),
+                       meta.get(CommitInfo.STREAM))
 
 
 def query(path: str, sql: str, *, version: int | None = None) -> Any:
@@ -227,9 +221,9 @@ def stream_query_ids(path: str, stream: str, *, limit: int = 200) -> list[str]:
 def _reset_of(info: dict[str, Any]) -> tuple[str, int] | None:
     """A reset commit (``python -m sluice repair reset``) as (query id, batch id it set the transaction version
     back to)."""
-    if info.get(COMMIT_INFO_RESET_QUERY) is None:
+    if info.get(CommitInfo.RESET_QUERY) is None:
         return None
-    return str(info[COMMIT_INFO_RESET_QUERY]), int(info[COMMIT_INFO_RESET_BATCH])
+    return str(info[CommitInfo.RESET_QUERY]), int(info[CommitInfo.RESET_BATCH])
 
 
 def txn_timeline(path: str, query_id: str) -> list[tuple[int, int]]:
