@@ -14,6 +14,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,3 +68,19 @@ def airflow_db() -> Path:
     subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True,
                    env=os.environ.copy())
     return _AIRFLOW_HOME
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A real S3-compatible server (moto's server mode) on 127.0.0.1 for the whole run."""
+    from tests.object_store import start_s3_server
+
+    yield from start_s3_server(tmp_path_factory.mktemp("moto") / "server.log")
+
+
+@pytest.fixture
+def s3(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh bucket, and the deployment's environment to reach it; the bucket's name."""
+    for name, value in s3_server.environment().items():
+        monkeypatch.setenv(name, value)
+    return str(s3_server.create_bucket())

@@ -49,10 +49,16 @@ ARG SPARK_VERSION=4.2.0
 ARG DELTA_VERSION=4.4.1
 ARG KAFKA_CLIENTS_VERSION=3.9.2
 ARG COMMONS_POOL2_VERSION=2.12.1
+# Object-store connectors (s3a, abfss, gs): HADOOP_VERSION must be pyspark's hadoop-client (checked);
+# AWS_SDK_VERSION the bundle that hadoop-aws of that Hadoop declares (hadoop-project's aws-java-sdk-v2.version).
+ARG HADOOP_VERSION=3.5.0
+ARG AWS_SDK_VERSION=2.29.52
+ARG GCS_CONNECTOR_VERSION=3.1.3
 ARG MAVEN_REPOSITORY=https://repo1.maven.org/maven2
 COPY --chown=airflow:0 include/docker/fetch_spark_jars.py /opt/sluice/include/docker/fetch_spark_jars.py
 RUN python /opt/sluice/include/docker/fetch_spark_jars.py --spark "${SPARK_VERSION}" --delta "${DELTA_VERSION}" \
         --kafka-clients "${KAFKA_CLIENTS_VERSION}" --commons-pool2 "${COMMONS_POOL2_VERSION}" \
+        --hadoop "${HADOOP_VERSION}" --aws-sdk "${AWS_SDK_VERSION}" --gcs-connector "${GCS_CONNECTOR_VERSION}" \
         --repository "${MAVEN_REPOSITORY}"
 
 # The project last, so that a code change rebuilds only this layer. Editable, like `make venv`: the operators find

@@ -1,14 +1,18 @@
 """Put the JVM jars Sluice's images need into pyspark's own jars folder, at image build time.
 
 - delta-spark and delta-storage: the ``jvm`` Delta engine (``auto`` picks it once these classes load);
-- spark-sql-kafka-0-10 with spark-token-provider-kafka, kafka-clients and commons-pool2: the Kafka source and sink.
+- spark-sql-kafka-0-10 with spark-token-provider-kafka, kafka-clients and commons-pool2: the Kafka source and sink;
+- Hadoop's object-store connectors, for a landing zone or Spark's checkpoints on object storage: hadoop-aws with the
+  AWS SDK v2 bundle (``s3a://``), hadoop-azure (``abfss://``) and Google's shaded GCS connector (``gs://``).
+  hadoop-aws and hadoop-azure must be the Hadoop of pyspark's own hadoop-client jars, which is checked.
 
 Every other dependency of these jars (zstd, lz4, snappy, slf4j) already ships with pyspark. Each jar is checked
 against the SHA-1 that the repository publishes beside it, and the versions asked for must match the pyspark and
 delta-spark packages installed from requirements.txt, so an image never mixes a jar and a Python package of two
 versions. Both Dockerfiles under include/docker run it; it needs only the standard library.
 
-    python fetch_spark_jars.py --spark 4.2.0 --delta 4.4.1 --kafka-clients 3.9.2 --commons-pool2 2.12.1
+    python fetch_spark_jars.py --spark 4.2.0 --delta 4.4.1 --kafka-clients 3.9.2 --commons-pool2 2.12.1 \
+        --hadoop 3.5.0 --aws-sdk 2.29.52 --gcs-connector 3.1.3
 """
 
 from __future__ import annotations
@@ -35,10 +39,11 @@ class Artifact:
     group: str
     name: str
     version: str
+    classifier: str = ""
 
     @property
     def filename(self) -> str:
-        return f"{self.name}-{self.version}.jar"
+        return f"{self.name}-{self.version}{f'-{self.classifier}' if self.classifier else ''}.jar"
 
     def url(self, repository: str = MAVEN_CENTRAL) -> str:
         return f"{repository.rstrip('/')}/{self.group.replace('.', '/')}/{self.name}/{self.version}/{self.filename}"
@@ -59,6 +64,30 @@ def spark_jars(*, spark: str, delta: str, kafka_clients: str, commons_pool2: str
         Artifact("org.apache.kafka", "kafka-clients", kafka_clients),
         Artifact("org.apache.commons", "commons-pool2", commons_pool2),
     ]
+
+
+def object_store_jars(*, hadoop: str, aws_sdk: str, gcs_connector: str) -> list[Artifact]:
+    """Hadoop's connectors for s3a://, abfss:// and gs:// (the GCS connector shaded: it carries its own Guava and
+    gRPC, which would clash with Spark's)."""
+    for field, value in (("hadoop", hadoop), ("aws_sdk", aws_sdk), ("gcs_connector", gcs_connector)):
+        if not value or not value[0].isdigit():
+            raise ValueError(f"{field}: expected a version such as 3.5.0, got {value!r}")
+    return [
+        Artifact("org.apache.hadoop", "hadoop-aws", hadoop),
+        Artifact("software.amazon.awssdk", "bundle", aws_sdk),
+        Artifact("org.apache.hadoop", "hadoop-azure", hadoop),
+        Artifact("com.google.cloud.bigdataoss", "gcs-connector", gcs_connector, "shaded"),
+    ]
+
+
+def check_hadoop(hadoop: str, jars_dir: Path) -> None:
+    """Refuse connectors of another Hadoop than the hadoop-client jars pyspark ships (a mismatch fails at the first
+    s3a:// call with a NoSuchMethodError)."""
+    shipped = sorted(path.name.removeprefix("hadoop-client-api-").removesuffix(".jar")
+                     for path in jars_dir.glob("hadoop-client-api-*.jar"))
+    if shipped != [hadoop]:
+        raise SystemExit(f"pyspark ships Hadoop {', '.join(shipped) or 'none'} (hadoop-client-api) but the "
+                         f"connectors asked for are Hadoop {hadoop}: make the Dockerfile's HADOOP_VERSION match")
 
 
 def check_installed(*, spark: str, delta: str, installed: Callable[[str], str] = version) -> None:
@@ -107,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delta", required=True, help="Delta version: the pinned delta-spark")
     parser.add_argument("--kafka-clients", required=True, help="kafka-clients version of Spark's build")
     parser.add_argument("--commons-pool2", required=True, help="commons-pool2 version of Spark's build")
+    parser.add_argument("--hadoop", help="Hadoop version of pyspark's hadoop-client jars (object-store connectors)")
+    parser.add_argument("--aws-sdk", help="AWS SDK v2 bundle version that hadoop-aws of --hadoop declares")
+    parser.add_argument("--gcs-connector", help="Google Cloud Storage connector version (shaded jar)")
     parser.add_argument("--scala", default="2.13")
     parser.add_argument("--delta-artifact", default="delta-spark", help="delta-spark's artifact name before _<scala>")
     parser.add_argument("--repository", default=os.environ.get("MAVEN_REPOSITORY", MAVEN_CENTRAL),
@@ -117,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     target = args.jars_dir or default_jars_dir()
     jars = spark_jars(spark=args.spark, delta=args.delta, kafka_clients=args.kafka_clients,
                       commons_pool2=args.commons_pool2, scala=args.scala, delta_artifact=args.delta_artifact)
+    if args.hadoop or args.aws_sdk or args.gcs_connector:
+        check_hadoop(args.hadoop or "", target)
+        jars += object_store_jars(hadoop=args.hadoop or "", aws_sdk=args.aws_sdk or "",
+                                  gcs_connector=args.gcs_connector or "")
     for artifact in jars:
         print(f"fetched {download(artifact, target, repository=args.repository)}", flush=True)
     return 0

@@ -113,8 +113,9 @@ class Roots:
 
 
 def require_local(path: str, *, what: str) -> str:
-    """Refuse a URI where Sluice needs a POSIX path (checkpoint metadata pinning and the run lock)."""
+    """Refuse a URI where Sluice still needs a POSIX path: the landing zone's own listing, the backfill's
+    checkpoint (see the README's "Object storage")."""
     if "://" in path and not path.startswith("file://"):
-        raise CatalogError(f"{what} {path!r} must be a local or mounted path: Sluice pins the query id and holds "
-                           "the run lock with plain file operations. Mount the storage, or use a local root")
+        raise CatalogError(f"{what} {path!r} must be a local or mounted path: this part of Sluice works with plain "
+                           "file operations, not yet on object storage. Mount the storage, or use a local root")
     return path.removeprefix("file://")

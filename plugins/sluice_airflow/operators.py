@@ -43,17 +43,49 @@ class SluiceOperator(BaseOperator):
     :param landing_root: root of relative source paths; default from the ``SLUICE_*`` environment (templated)
     :param lake_root: root of relative Delta table paths (templated)
     :param checkpoint_root: root of relative checkpoint paths (templated)
+    :param storage_conn_id: Airflow connection (aws, wasb/adls or google_cloud_platform) with the credentials of
+        roots on object storage; when it is not defined, the machine's own credentials are used
     """
 
     template_fields: Sequence[str] = ("catalog", "landing_root", "lake_root", "checkpoint_root")
 
     def __init__(self, *, catalog: str | None = None, landing_root: str | None = None, lake_root: str | None = None,
-                 checkpoint_root: str | None = None, **kwargs: Any) -> None:
+                 checkpoint_root: str | None = None, storage_conn_id: str = "sluice_storage", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.catalog = catalog
         self.landing_root = landing_root
         self.lake_root = lake_root
         self.checkpoint_root = checkpoint_root
+        self.storage_conn_id = storage_conn_id
+        self._storage_env: dict[str, str] | None = None
+
+    def storage_environment(self) -> dict[str, str]:
+        """The object store's credentials from ``storage_conn_id``, as the environment its readers take; empty when
+        every root is local or the connection is not defined. Read in the worker at run time; each secret is
+        registered with Airflow's masker before anything is logged."""
+        if self._storage_env is None:
+            from airflow.sdk.log import mask_secret
+
+            from sluice.connections.storage import connection_environment, described, secrets_of
+            from sluice.errors import SluiceError
+            from sluice.storage.store import is_local
+
+            roots = self.resolved_roots()
+            env: dict[str, str] | None = {}
+            if not all(is_local(root) for root in (roots.landing, roots.lake, roots.checkpoints)):
+                try:
+                    env = connection_environment(self.storage_conn_id)
+                except SluiceError as exc:
+                    raise AirflowFailException(f"connection {self.storage_conn_id!r}: {exc}") from None
+                if env is None:
+                    self.log.info("No connection %r: the object store is reached with this machine's credentials",
+                                  self.storage_conn_id)
+                for secret in secrets_of(env or {}):
+                    mask_secret(secret)
+                if env:
+                    self.log.info("Object storage through connection %r: %s", self.storage_conn_id, described(env))
+            self._storage_env = env or {}
+        return self._storage_env
 
     def resolved_roots(self) -> Roots:
         return resolve_roots(self.landing_root, self.lake_root, self.checkpoint_root)
@@ -72,6 +104,8 @@ class SluiceOperator(BaseOperator):
             catalog.check_roots(self.resolved_roots())
         except CatalogError as exc:
             raise AirflowFailException(f"catalog refused: {exc}") from None
+        # The checks this task makes itself (health, lag, planning) read the store with these credentials too.
+        os.environ.update(self.storage_environment())
         return catalog
 
 
@@ -125,8 +159,9 @@ class SparkAppOperator(SluiceOperator):
         return env
 
     def secret_env(self) -> dict[str, str]:
-        """Environment for spark-submit that holds secrets: it never reaches the command line, a log or XCom."""
-        return {}
+        """Environment for spark-submit that holds secrets: it never reaches the command line, a log or XCom. The
+        object store's credentials, for the driver and (through its environment) the executors."""
+        return dict(self.storage_environment())
 
     def submit(self, script: str, args: list[str], *, name: str) -> AirflowException | None:
         """spark-submit a Sluice runner; the provider's failure, if any, is returned for the caller to weigh against
@@ -167,7 +202,8 @@ class StreamRunOperator(SparkAppOperator):
         from sluice_airflow.hooks import KafkaConnectionHook
 
         streams = self.stream_catalog().select(list(self.streams))
-        return KafkaConnectionHook([conn for stream in streams for conn in stream.connections]).spark_environment()
+        kafka = KafkaConnectionHook([conn for stream in streams for conn in stream.connections]).spark_environment()
+        return {**super().secret_env(), **kafka}
 
     def application_args(self, *, run_id: str, summary_file: str) -> list[str]:
         if not self.streams or not all(isinstance(name, str) and name for name in self.streams):

@@ -35,17 +35,18 @@ from sluice.errors import SluiceError
 from sluice.kinds.delta import DeltaSink
 from sluice.model.patterns import LookupSpec
 from sluice.model.stream import StreamSpec, TriggerSpec
-from sluice.paths import Roots, require_local
+from sluice.paths import Roots
 from sluice.storage.checkpoint import ensure_query_id
 from sluice.storage.delta import batch_commits, ensure_table, table_version
-from sluice.storage.lock import StreamLock
+from sluice.storage.lock import HeldLock
+from sluice.storage.object_lock import lock_for
 from sluice.summary import RunSummary, StreamRunSummary
 from sluice_spark import kinds
 from sluice_spark import patterns as steps
 from sluice_spark.kinds import read_stream
 from sluice_spark.patterns import with_watermark
 from sluice_spark.quality import RAW_COLUMN, REASON_COLUMN, flag_dead_letters
-from sluice_spark.session import activate, resolve_engine
+from sluice_spark.session import activate, require_hadoop_connector, resolve_engine
 from sluice_spark.targets import DEAD_LETTER_ROUTE, GOOD_ROUTE, ROUTE_COLUMN, TableTarget
 from sluice_spark.transforms import get_transform
 from sluice_spark.writers import SinkRequest, sink_and_dead_letter
@@ -348,10 +349,12 @@ def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: 
     activate(spark)
     with contextlib.ExitStack() as locks:
         # One writer per checkpoint: every lock is taken before anything is read or written.
-        held: dict[str, StreamLock] = {}
+        held: dict[str, HeldLock] = {}
         for stream in streams:
-            checkpoint = require_local(stream.checkpoint_path(roots), what=f"stream '{stream.name}': checkpoint")
-            held[stream.name] = locks.enter_context(StreamLock(checkpoint, stream.name, run_id))
+            checkpoint = stream.checkpoint_path(roots)
+            require_hadoop_connector(spark, checkpoint, f"stream '{stream.name}': checkpoint")
+            held[stream.name] = lock = lock_for(checkpoint, stream.name, run_id)
+            locks.enter_context(lock)
         prepared = [prepare_stream(spark, stream, roots, run_id=run_id, engine=engine) for stream in streams]
         started = time.monotonic()
         running: list[tuple[PreparedStream, StreamingQuery]] = []
@@ -383,7 +386,7 @@ def await_sources(query: StreamingQuery, timeout: float = 120.0) -> None:
         time.sleep(0.05)
 
 
-def await_query(name: str, query: StreamingQuery, lock: StreamLock) -> None:
+def await_query(name: str, query: StreamingQuery, lock: HeldLock) -> None:
     """Wait for a query to end; stop it if another run took its lock (this run's heartbeat stalled past expiry).
     A query's error is left for the caller to read from ``query.exception()``."""
     while True:

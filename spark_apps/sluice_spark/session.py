@@ -58,17 +58,51 @@ def activate(spark: SparkSession) -> None:
         jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
 
 
-def delta_jvm_available(spark: SparkSession) -> bool:
-    """True when delta-spark's JVM classes are on the session's classpath."""
+def missing_classes(spark: SparkSession, names: list[str]) -> list[str]:
+    """The classes of ``names`` that the driver cannot load."""
     jvm = spark.sparkContext._jvm
     if jvm is None:
-        return False
-    try:
-        loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
-        jvm.java.lang.Class.forName(DELTA_DATA_SOURCE_CLASS, False, loader)
-    except Exception:  # py4j raises its own error type for ClassNotFoundException
-        return False
-    return True
+        return list(names)
+    loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+    missing = []
+    for name in names:
+        try:
+            jvm.java.lang.Class.forName(name, False, loader)
+        except Exception:  # py4j raises its own error type for ClassNotFoundException
+            missing.append(name)
+    return missing
+
+
+def delta_jvm_available(spark: SparkSession) -> bool:
+    """True when delta-spark's JVM classes are on the session's classpath."""
+    return not missing_classes(spark, [DELTA_DATA_SOURCE_CLASS])
+
+
+# Hadoop's file system for each object-store scheme Spark reads files or keeps checkpoints on, and the jars that
+# provide it (pinned in include/docker/spark-jars.txt for the compose images).
+HADOOP_CONNECTORS = {
+    "s3a": ("org.apache.hadoop.fs.s3a.S3AFileSystem", "hadoop-aws and the AWS SDK bundle (software.amazon.awssdk)"),
+    "abfss": ("org.apache.hadoop.fs.azurebfs.SecureAzureBlobFileSystem", "hadoop-azure"),
+    "gs": ("com.google.cloud.hadoop.fs.gcs.GoogleHadoopFileSystem", "the GCS connector (gcs-connector, shaded)"),
+}
+
+
+def require_hadoop_connector(spark: SparkSession, uri: str, what: str) -> None:
+    """Before Spark touches ``uri`` (a landing folder, a checkpoint): its scheme's Hadoop connector must load."""
+    if "://" not in uri or uri.startswith("file:"):
+        return
+    scheme = uri.split("://", 1)[0].lower()
+    if scheme == "s3":
+        raise SluiceError(f"{what} {uri!r}: Spark reaches S3 through Hadoop's s3a connector; write s3a:// (Sluice's "
+                          "own reads take either)")
+    if scheme not in HADOOP_CONNECTORS:
+        raise SluiceError(f"{what} {uri!r}: Spark has no connector for {scheme}://; use one of "
+                          f"{', '.join(f'{name}://' for name in HADOOP_CONNECTORS)} or a local or mounted path")
+    class_name, jars = HADOOP_CONNECTORS[scheme]
+    if missing_classes(spark, [class_name]):
+        raise SluiceError(f"{what} {uri!r} is on {scheme}://, but Hadoop's connector for it is not on Spark's "
+                          f"classpath (missing {class_name}). Provide {jars} in spark.jars (--jars) or Spark's jars "
+                          "directory; the compose images carry them (include/docker/spark-jars.txt)")
 
 
 def resolve_engine(spark: SparkSession, requested: DeltaEngine) -> DeltaEngine:

@@ -217,3 +217,34 @@ def test_the_backfill_plan_reads_the_roots_it_is_given(tmp_path: Path, monkeypat
     result = plan.execute({"params": params, "run_id": "manual__1"})  # type: ignore[arg-type]
     # The stream has never run, so its next run reads the file: the plan leaves it to the live stream.
     assert (result["pending_files"], result["file_count"]) == (1, 0)
+
+
+def test_the_health_check_reads_s3_roots_with_the_storage_connection(
+        tmp_path: Path, s3: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Roots on a real S3-compatible server, the credentials only in the Airflow connection ``sluice_storage``:
+    the check reads the store with them, and the secret is in no log line and not in the result."""
+    import json as json_module
+
+    from airflow.sdk import DAG
+
+    from sluice_airflow.operators import CheckpointHealthCheckOperator
+    from tests.helpers import events_stream, write_catalog
+
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_ALLOW_HTTP"):
+        monkeypatch.delenv(name)
+    secret = "never-print-this-secret-4711"
+    monkeypatch.setenv("AIRFLOW_CONN_SLUICE_STORAGE", json_module.dumps({
+        "conn_type": "aws", "login": "sluice-test", "password": secret,
+        "extra": {"region_name": "us-east-1", "endpoint_url": endpoint}}))
+    catalog = write_catalog(tmp_path, events_stream())
+    with DAG("health_s3", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")):
+        check = CheckpointHealthCheckOperator(task_id="check", stream="events", catalog=str(catalog),
+                                              landing_root=str(tmp_path / "landing"), lake_root=f"s3://{s3}/lake",
+                                              checkpoint_root=f"s3://{s3}/checkpoints")
+    result = check.execute({})  # type: ignore[arg-type]
+    logged = "".join(capsys.readouterr())
+    assert result["status"] == "OK" and [finding["code"] for finding in result["findings"]] == ["NEW"]
+    assert "Object storage through connection 'sluice_storage'" in logged and "'AWS_SECRET_ACCESS_KEY': '***'" in logged
+    assert secret not in logged and secret not in json_module.dumps(result)
+    assert os.environ["AWS_SECRET_ACCESS_KEY"] == secret, "the task process reads the store with the connection"

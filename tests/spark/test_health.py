@@ -289,9 +289,10 @@ def test_run_that_loses_its_lock_stops_and_fails(spark: Any, tmp_path: Path, mon
     import functools
     import threading
 
+    from sluice.storage.object_lock import lock_for
     from sluice_spark import runner
 
-    monkeypatch.setattr(runner, "StreamLock", functools.partial(StreamLock, heartbeat_seconds=0.05))
+    monkeypatch.setattr(runner, "lock_for", functools.partial(lock_for, heartbeat_seconds=0.05))
     catalog = load_catalog(write_catalog(tmp_path, events_stream(trigger={"max_files_per_trigger": 1})))
     roots = roots_in(tmp_path)
     producer = DemoProducer(roots.landing, seed=54)

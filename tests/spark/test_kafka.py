@@ -21,8 +21,9 @@ from sluice.catalog import parse_catalog
 from sluice.connections.kafka import env_name
 from sluice.constants import KAFKA_KEY_COLUMN, SOURCE_FILE_COLUMN
 from sluice.errors import SluiceError
-from sluice_spark.kinds.kafka import CONNECTOR_CLASSES, decode_records, kafka_records, missing_classes, require_avro
+from sluice_spark.kinds.kafka import CONNECTOR_CLASSES, decode_records, kafka_records, require_avro
 from sluice_spark.quality import RAW_COLUMN, REASON_COLUMN, flag_dead_letters
+from sluice_spark.session import missing_classes
 from tests.helpers import events_stream, roots_in, table_rows
 
 pytestmark = pytest.mark.spark

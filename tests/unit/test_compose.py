@@ -396,7 +396,8 @@ def test_image_pins_match_requirements() -> None:
     for path in (AIRFLOW_DOCKERFILE, SPARK_DOCKERFILE):
         text = path.read_text(encoding="utf-8")
         assert "-r /opt/sluice/requirements.txt" in text, f"{path.name} must install requirements.txt"
-        for arg in ("SPARK_VERSION", "DELTA_VERSION", "KAFKA_CLIENTS_VERSION", "COMMONS_POOL2_VERSION"):
+        for arg in ("SPARK_VERSION", "DELTA_VERSION", "KAFKA_CLIENTS_VERSION", "COMMONS_POOL2_VERSION",
+                    "HADOOP_VERSION", "AWS_SDK_VERSION", "GCS_CONNECTOR_VERSION"):
             assert f'"${{{arg}}}"' in text, f"{path.name} does not pass {arg} to fetch_spark_jars.py"
 
 
@@ -418,6 +419,25 @@ def test_fetched_jars_are_the_delta_and_kafka_artifacts_of_the_pins() -> None:
                              f"delta-spark_2.13-{args['DELTA_VERSION']}.jar")
     with pytest.raises(ValueError, match="delta: expected a version"):
         load_fetch_script().spark_jars(spark="4.2.0", delta="", kafka_clients="3.9.2", commons_pool2="2.12.1")
+
+
+def test_the_object_store_connectors_are_hadoops_own_and_match_pysparks_hadoop(tmp_path: Path) -> None:
+    """The images carry Hadoop's s3a, abfss and gs connectors, of the Hadoop that pyspark's jars are."""
+    import pyspark
+
+    script = load_fetch_script()
+    args = dockerfile_args(AIRFLOW_DOCKERFILE)
+    jars = script.object_store_jars(hadoop=args["HADOOP_VERSION"], aws_sdk=args["AWS_SDK_VERSION"],
+                                    gcs_connector=args["GCS_CONNECTOR_VERSION"])
+    assert [jar.filename for jar in jars] == [
+        f"hadoop-aws-{args['HADOOP_VERSION']}.jar", f"bundle-{args['AWS_SDK_VERSION']}.jar",
+        f"hadoop-azure-{args['HADOOP_VERSION']}.jar", f"gcs-connector-{args['GCS_CONNECTOR_VERSION']}-shaded.jar"]
+    assert jars[3].url().endswith(f"/com/google/cloud/bigdataoss/gcs-connector/{args['GCS_CONNECTOR_VERSION']}/"
+                                  f"gcs-connector-{args['GCS_CONNECTOR_VERSION']}-shaded.jar")
+    script.check_hadoop(args["HADOOP_VERSION"], Path(pyspark.__file__).parent / "jars")
+    (tmp_path / "hadoop-client-api-3.3.6.jar").write_bytes(b"")
+    with pytest.raises(SystemExit, match=r"pyspark ships Hadoop 3\.3\.6"):
+        script.check_hadoop(args["HADOOP_VERSION"], tmp_path)
 
 
 def test_fetch_script_verifies_checksums_and_installed_versions(tmp_path: Path) -> None:

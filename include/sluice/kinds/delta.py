@@ -12,7 +12,6 @@ highest ``sequence_by`` wins), or rewritten whole (``complete``).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -23,7 +22,8 @@ from sluice.kinds.base import Backlog, SinkKind, SourceKind, declared_schema, re
 from sluice.model.section import Section
 from sluice.model.sinks import SinkSpec
 from sluice.model.sources import SourceSpec
-from sluice.paths import Roots, join, require_local
+from sluice.paths import Roots, join
+from sluice.storage.store import folder
 
 if TYPE_CHECKING:
     from sluice.model.stream import StreamSpec
@@ -140,14 +140,12 @@ def delta_backlog(table_path: str, next_version: int) -> Backlog:
     time of the oldest of them, read from the table's JSON commit files."""
     from deltalake import DeltaTable
 
-    path = require_local(table_path, what="Delta source table")
-    latest = DeltaTable(path).version()
+    latest = DeltaTable(table_path).version()
+    log = folder(table_path).child("_delta_log")
     backlog = Backlog(versions=max(latest - next_version + 1, 0), bytes=0, records=0)
     for version in range(next_version, latest + 1):
-        commit = os.path.join(path, "_delta_log", f"{version:020d}.json")
         try:
-            with open(commit, encoding="utf-8") as handle:
-                actions = [json.loads(line) for line in handle if line.strip()]
+            actions = [json.loads(line) for line in log.read_text(f"{version:020d}.json").splitlines() if line.strip()]
         except FileNotFoundError:
             backlog.notes.append(f"version {version}'s commit file was cleaned up; bytes and records are partial")
             continue

@@ -44,6 +44,11 @@ class KafkaSource(SourceSpec):
     connection: str = DEFAULT_CONNECTION
     value_schema: str | None = None
 
+    @property
+    def origin(self) -> str:
+        topics = self.options.get("subscribe") or self.options.get("subscribePattern") or self.options.get("assign")
+        return f"topics {topics} (connection {self.connection})"
+
 
 @dataclass(frozen=True, kw_only=True)
 class KafkaSink(SinkSpec):
@@ -54,6 +59,10 @@ class KafkaSink(SinkSpec):
     topic: str
     connection: str = DEFAULT_CONNECTION
     key_column: str | None = None
+
+    @property
+    def destination(self) -> str:
+        return f"topic {self.topic} (connection {self.connection})"
 
 
 SUBSCRIPTIONS = ("subscribe", "subscribePattern", "assign")

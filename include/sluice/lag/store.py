@@ -18,7 +18,8 @@ from pathlib import Path
 
 from sluice.lag.observe import LagObservation, LagReport, LagStatus, check
 from sluice.model.stream import StreamSpec
-from sluice.paths import Roots, require_local
+from sluice.paths import Roots
+from sluice.storage.store import is_local
 
 DEFAULT_RETENTION_DAYS = 14.0
 _SCHEMA = """
@@ -59,9 +60,15 @@ class AlertState:
 
 
 def default_path(roots: Roots) -> str:
-    return os.environ.get("SLUICE_LAG_DB") or os.path.join(
-        require_local(roots.checkpoints, what="checkpoint root (set SLUICE_LAG_DB for a lag history elsewhere)"),
-        "_sluice", "lag.sqlite")
+    """``SLUICE_LAG_DB``, else ``_sluice/lag.sqlite`` under a local checkpoint root. SQLite needs a local file: with
+    a checkpoint root on an object store, the history is ``$AIRFLOW_HOME/sluice/lag.sqlite`` (set SLUICE_LAG_DB to
+    share one between workers)."""
+    if os.environ.get("SLUICE_LAG_DB"):
+        return os.environ["SLUICE_LAG_DB"]
+    if is_local(roots.checkpoints):
+        return os.path.join(roots.checkpoints.removeprefix("file://"), "_sluice", "lag.sqlite")
+    home = os.environ.get("AIRFLOW_HOME") or os.path.join(os.path.expanduser("~"), "airflow")
+    return os.path.join(home, "sluice", "lag.sqlite")
 
 
 class LagStore:

@@ -35,3 +35,8 @@ class SinkSpec:
     @property
     def partition_by(self) -> tuple[str, ...]:
         return ()
+
+    @property
+    def destination(self) -> str:
+        """Where the sink writes, as the catalog names it (a table path, a topic)."""
+        return self.table or ""

@@ -34,6 +34,11 @@ class SourceSpec:
         return {}
 
     @property
+    def origin(self) -> str:
+        """Where the source reads, as the catalog names it (a folder, a table, a connection's topics)."""
+        return self.table or self.landing or ""
+
+    @property
     def connection(self) -> str | None:
         """The Airflow connection that holds where the source is and how to log in (Kafka)."""
         return None

@@ -19,7 +19,8 @@ from sluice.model.stream import StreamSpec
 from sluice.model.transforms import TRANSFORMS
 from sluice.paths import Roots
 from sluice.storage.checkpoint import CheckpointError, CheckpointReader, OffsetEntry, read_query_id
-from sluice.storage.lock import LockFileError, read_lock
+from sluice.storage.lock import LockFileError
+from sluice.storage.object_lock import read_lock_at
 
 # A finding's weight; the name the checks and their callers have always used.
 Health = Severity
@@ -70,7 +71,7 @@ def check_stream(stream: StreamSpec, roots: Roots, *, now: float | None = None) 
     report = HealthReport(stream=stream.name, checkpoint=checkpoint)
 
     try:
-        holder = read_lock(checkpoint)
+        holder = read_lock_at(checkpoint)
     except LockFileError as exc:
         holder = None
         report.add(FaultCode.LOCKED, Health.FAIL, f"{exc}; until then no run can take the stream's lock",
@@ -123,17 +124,17 @@ def check_stream(stream: StreamSpec, roots: Roots, *, now: float | None = None) 
 def _check_metadata(report: HealthReport, reader: CheckpointReader, stream: StreamSpec, *,
                     has_batches: bool) -> str | None:
     try:
-        query_id = read_query_id(reader.root)
+        query_id = read_query_id(reader.folder)
     except CheckpointError as exc:
         report.add(FaultCode.METADATA_CORRUPT, Health.FAIL,
                    f"{exc}. Re-pin it: {_repair(stream.name, 'repin-query-id')}",
-                   file=str(reader.root / "metadata"))
+                   file=reader.where("metadata"))
         return None
     if query_id is None and has_batches:
         report.add(FaultCode.METADATA_MISSING, Health.FAIL,
                    "the checkpoint has batches but no metadata file: Spark would start a new query id, and the Delta "
                    "sink would no longer recognise replayed batches (duplicates). Re-pin the id recorded in the "
-                   f"sink: {_repair(stream.name, 'repin-query-id')}", file=str(reader.root / "metadata"))
+                   f"sink: {_repair(stream.name, 'repin-query-id')}", file=reader.where("metadata"))
     return query_id
 
 
@@ -147,7 +148,7 @@ def _check_logs(report: HealthReport, reader: CheckpointReader, stream: StreamSp
             report.add(FaultCode.OFFSETS_CORRUPT, Health.FAIL,
                        f"{exc}. The file is torn (a crash while Spark wrote it, or a damaged copy). Quarantine it so "
                        f"that Spark plans batch {latest} again: {_repair(stream.name, 'quarantine-offsets')}",
-                       batch_id=latest, file=str(reader.root / "offsets" / str(latest)))
+                       batch_id=latest, file=reader.where("offsets", str(latest)))
         else:
             if len(entry.sources) != stream.checkpoint_sources:
                 report.add(FaultCode.SOURCE_COUNT_MISMATCH, Health.FAIL,
@@ -197,7 +198,7 @@ def _check_source_logs(report: HealthReport, reader: CheckpointReader, stream: S
                        "checkpoint from a backup (python -m sluice repair backup keeps them beside it); without "
                        "one, give the stream a new checkpoint and rebuild its table",
                        source=index, log_offset=offset["logOffset"], missing=missing[:100],
-                       folder=str(reader.root / "sources" / str(index)))
+                       folder=reader.where("sources", str(index)))
 
 
 def _check_sink(report: HealthReport, stream: StreamSpec, roots: Roots, query_id: str | None,

@@ -1,4 +1,4 @@
-"""Plain-file access to Spark's streaming checkpoint layout (no JVM).
+"""Access to Spark's streaming checkpoint layout on any store (:mod:`sluice.storage.store`; no JVM).
 
 Layout (Spark 4): ``metadata`` holds ``{"id": <query id>}``; ``offsets/N`` is written before batch N runs (a
 version line, a batch-metadata JSON line, one line per source); ``commits/N`` after its sink commits;
@@ -10,7 +10,6 @@ checkpoint, writes it. Spark then adopts that id, and the Delta sink uses it as 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -21,18 +20,28 @@ from typing import Any, NamedTuple
 from urllib.parse import unquote, urlsplit
 
 from sluice.errors import SluiceError
+from sluice.storage.store import AlreadyExists, Folder, LocalFolder, folder
 
 
 class CheckpointError(SluiceError):
     """The checkpoint is in a state a run must not start from."""
 
 
-def read_query_id(checkpoint: str | os.PathLike[str]) -> str | None:
+Location = str | os.PathLike[str] | Folder
+
+
+def _folder(checkpoint: Location) -> Folder:
+    return checkpoint if isinstance(checkpoint, Folder) else folder(checkpoint)
+
+
+def read_query_id(checkpoint: Location) -> str | None:
     """The query id recorded in ``metadata``, or None when the checkpoint has none yet."""
-    metadata = Path(checkpoint) / "metadata"
-    if not metadata.exists():
+    root = _folder(checkpoint)
+    metadata = root.where("metadata")
+    try:
+        text = root.read_text("metadata").strip()
+    except (FileNotFoundError, IsADirectoryError):
         return None
-    text = metadata.read_text(encoding="utf-8").strip()
     try:
         query_id = json.loads(text.splitlines()[0])["id"] if text else None
     except (json.JSONDecodeError, KeyError, TypeError, IndexError):
@@ -43,40 +52,45 @@ def read_query_id(checkpoint: str | os.PathLike[str]) -> str | None:
     return query_id
 
 
-def ensure_query_id(checkpoint: str | os.PathLike[str]) -> str:
+def ensure_query_id(checkpoint: Location) -> str:
     """The checkpoint's query id, creating ``metadata`` with a new id for a new checkpoint.
 
     A checkpoint that has offsets but no metadata is refused: Spark would silently start a new query id, and the
     sink would no longer recognise the batches this checkpoint replays.
     """
-    existing = read_query_id(checkpoint)
+    root = _folder(checkpoint)
+    existing = read_query_id(root)
     if existing:
         return existing
-    root = Path(checkpoint)
-    offsets = root / "offsets"
-    if offsets.is_dir() and any(offsets.iterdir()):
+    if root.child("offsets").entries():
         raise CheckpointError(f"checkpoint {root} has offsets but no metadata file: its query id is lost. Restore "
                               "metadata from a backup or re-pin it to the id recorded in the sink before running")
-    root.mkdir(parents=True, exist_ok=True)
     query_id = str(uuid.uuid4())
-    temporary = root / f".metadata.{query_id}.tmp"
-    temporary.write_text(json.dumps({"id": query_id}) + "\n", encoding="utf-8")
-    os.replace(temporary, root / "metadata")
+    try:
+        # Create-if-absent: of two runs pinning a new checkpoint at once, one id wins and both use it.
+        root.create("metadata", (json.dumps({"id": query_id}) + "\n").encode("utf-8"))
+    except AlreadyExists:
+        return read_query_id(root) or query_id
     return query_id
 
 
 def _local_path(uri: str) -> str:
-    """The local path of a ``file:///...`` URI from the source log; the common unescaped case without a parse."""
+    """The local path of a ``file:///...`` URI from the source log (the common unescaped case without a parse); an
+    object-store URI (``s3a://bucket/key``) as it is, unescaped."""
     if uri.startswith("file:///") and "%" not in uri and "?" not in uri and "#" not in uri:
         return uri[7:]
-    return unquote(urlsplit(uri).path)
+    parts = urlsplit(uri)
+    if parts.scheme and parts.scheme != "file":
+        return unquote(uri)
+    return unquote(parts.path)
 
 
-def _log_entries(path: Path) -> list[dict[str, Any]]:
+def _log_entries(log: Folder, name: str) -> list[dict[str, Any]]:
     """The JSON entries of a Spark metadata log file (its first line is the version), parsed in one call: a
     compacted source log holds every file the stream ever read."""
+    path = log.where(name)
     try:
-        lines = [line for line in path.read_text(encoding="utf-8").split("\n")[1:] if line.strip()]
+        lines = [line for line in log.read_text(name).split("\n")[1:] if line.strip()]
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read ({exc})") from exc
     try:
@@ -107,14 +121,12 @@ def log_file_batch(name: str, *, with_checksums: bool = False) -> int | None:
     return int(match.group(2))
 
 
-def _batch_ids(folder: Path) -> list[int]:
+def _batch_ids(log: Folder) -> list[int]:
     """Batch ids of a Spark metadata log folder (``offsets``, ``commits``): numeric names only.
 
     ``.crc`` files, Spark's ``.<id>.<uuid>.tmp`` files and anything else are ignored.
     """
-    if not folder.is_dir():
-        return []
-    return sorted(int(entry.name) for entry in os.scandir(folder) if entry.name.isdigit() and entry.is_file())
+    return sorted(int(entry.name) for entry in log.entries() if entry.name.isdigit() and not entry.is_dir)
 
 
 @dataclass(frozen=True)
@@ -136,20 +148,31 @@ class FileEntry(NamedTuple):
 
 
 class CheckpointReader:
-    """Reads a streaming checkpoint's layout from plain files: newest entries and listings, never the history."""
+    """Reads a streaming checkpoint's layout on any store: newest entries and listings, never the history."""
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = Path(root)
+    def __init__(self, root: Location) -> None:
+        self.folder = _folder(root)
+
+    @property
+    def root(self) -> Path:
+        """The checkpoint's local path (the repair actions move files; they work on local checkpoints)."""
+        if not isinstance(self.folder, LocalFolder):
+            raise CheckpointError(f"{self.folder}: this action works on a local or mounted checkpoint")
+        return self.folder.path
+
+    def where(self, *names: str) -> str:
+        """How a message names a file of the checkpoint."""
+        return "/".join([self.folder.uri.rstrip("/"), *names])
 
     @property
     def exists(self) -> bool:
-        return self.root.is_dir()
+        return self.folder.is_dir()
 
     def offset_ids(self) -> list[int]:
-        return _batch_ids(self.root / "offsets")
+        return _batch_ids(self.folder.child("offsets"))
 
     def commit_ids(self) -> list[int]:
-        return _batch_ids(self.root / "commits")
+        return _batch_ids(self.folder.child("commits"))
 
     def committed_source_offset(self, source: int = 0) -> Any:
         """The offset of ``source`` in ``offsets/<last committed batch>``: where the next run starts. None when
@@ -162,9 +185,9 @@ class CheckpointReader:
 
     def read_offsets(self, batch_id: int) -> OffsetEntry:
         """Parse ``offsets/<batch_id>``; a torn or unreadable file raises :class:`CheckpointError`."""
-        path = self.root / "offsets" / str(batch_id)
+        path = self.where("offsets", str(batch_id))
         try:
-            lines = path.read_text(encoding="utf-8").split("\n")
+            lines = self.folder.child("offsets").read_text(str(batch_id)).split("\n")
         except (OSError, UnicodeDecodeError) as exc:
             raise CheckpointError(f"{path}: cannot read ({exc})") from exc
         if lines and lines[-1] == "":
@@ -182,32 +205,33 @@ class CheckpointReader:
         return OffsetEntry(batch_id, metadata, sources)
 
     def read_commit(self, batch_id: int) -> dict[str, Any]:
-        path = self.root / "commits" / str(batch_id)
+        path = self.where("commits", str(batch_id))
         try:
-            lines = path.read_text(encoding="utf-8").split("\n")
+            lines = self.folder.child("commits").read_text(str(batch_id)).split("\n")
             return json.loads(lines[1]) if len(lines) > 1 and lines[1].strip() else {}
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise CheckpointError(f"{path}: cannot parse ({exc})") from exc
 
     def commit_time(self, batch_id: int) -> float:
         """When ``commits/<batch_id>`` was written (seconds since the epoch)."""
-        return (self.root / "commits" / str(batch_id)).stat().st_mtime
+        entry = self.folder.child("commits").stat(str(batch_id))
+        if entry is None:
+            raise CheckpointError(f"{self.where('commits', str(batch_id))}: not there")
+        return entry.modified
 
     def file_source_log(self, source: int = 0) -> list[int]:
         """Batch ids present in the file source log (``N`` and ``N.compact``)."""
-        folder = self.root / "sources" / str(source)
-        if not folder.is_dir():
-            return []
-        return sorted(batch for entry in os.scandir(folder) if (batch := log_file_batch(entry.name)) is not None)
+        return sorted(batch for entry in self.folder.child("sources", str(source)).entries()
+                      if (batch := log_file_batch(entry.name)) is not None)
 
     def missing_file_source_batches(self, source: int, through: int) -> list[int]:
         """The batches of file source ``source``'s log that Spark needs to resume at log offset ``through`` and that
         are not there: the newest ``.compact`` file at or before it (which holds every earlier batch) and each batch
         after that, or every batch from 0 when nothing was compacted. Spark fails such a run with
         "batch N doesn't exist"."""
-        folder = self.root / "sources" / str(source)
-        present = set(self.file_source_log(source))
-        compacts = [batch for batch in present if batch <= through and (folder / f"{batch}.compact").is_file()]
+        names = {entry.name for entry in self.folder.child("sources", str(source)).entries()}
+        present = {batch for name in names if (batch := log_file_batch(name)) is not None}
+        compacts = [batch for batch in present if batch <= through and f"{batch}.compact" in names]
         first = max(compacts, default=0)
         return [batch for batch in range(first, through + 1) if batch not in present]
 
@@ -218,25 +242,21 @@ class CheckpointReader:
     def file_source_files(self, source: int = 0) -> dict[str, FileEntry]:
         """Every file the file source has recorded, by local path, with its time and the batch that planned it: the
         newest ``.compact`` file (which holds every entry before it) plus the delta files after it."""
-        folder = self.root / "sources" / str(source)
-        ids = self.file_source_log(source)
-        compacts = [i for i in ids if (folder / f"{i}.compact").exists()]
+        log = self.folder.child("sources", str(source))
+        present = {entry.name for entry in log.entries()}
+        ids = sorted(batch for name in present if (batch := log_file_batch(name)) is not None)
+        compacts = [i for i in ids if f"{i}.compact" in present]
         start = max(compacts, default=None)
         names = ([f"{start}.compact"] if start is not None else []) + [
             str(i) for i in ids if start is None or i > start]
         files: dict[str, FileEntry] = {}
         for name in names:
             files.update((_local_path(entry["path"]), FileEntry(entry["timestamp"], entry.get("batchId", -1)))
-                         for entry in _log_entries(folder / name))
+                         for entry in _log_entries(log, name))
         return files
 
     def has_state(self) -> bool:
-        return (self.root / "state").is_dir()
+        return self.folder.child("state").is_dir()
 
     def state_bytes(self) -> int:
-        total = 0
-        for folder, _, files in os.walk(self.root / "state"):
-            for name in files:
-                with contextlib.suppress(OSError):
-                    total += os.stat(os.path.join(folder, name)).st_size
-        return total
+        return self.folder.child("state").total_bytes()

@@ -23,14 +23,18 @@ from urllib.parse import quote, unquote, urlsplit
 
 from sluice.errors import SluiceError
 from sluice.model.stream import StreamSpec
-from sluice.paths import Roots, require_local
+from sluice.paths import Roots
 from sluice.storage.checkpoint import CheckpointReader, FileEntry
+from sluice.storage.store import folder, is_local
 from sluice.times import parse_duration
 
 # Spark's default for the file source's maxFileAge.
 DEFAULT_MAX_FILE_AGE = timedelta(days=7)
 def spark_file_uri(path: str) -> str:
-    """The ``_metadata.file_path`` Spark records for a local file: ``file:`` and the percent-encoded path."""
+    """The ``_metadata.file_path`` Spark records for a file: ``file:`` and the percent-encoded path of a local one;
+    an object-store URI as it is."""
+    if "://" in path:
+        return path
     return "file:" + quote(path, safe="/-_.~!$&'()*+,;=:@")
 
 
@@ -103,10 +107,32 @@ def glob_regex(glob: str) -> re.Pattern[str]:
     return re.compile("".join(out) + r"\Z", re.DOTALL)
 
 
-def _walk_source(stream: StreamSpec, roots: Roots) -> Iterator[tuple[str, bool]]:
-    """Every path Spark's file source would list, each with whether it is a symbolic link (a linked folder is
-    reported, not entered)."""
-    root = os.path.abspath(require_local(stream.source_path(roots), what=f"stream '{stream.name}': source path"))
+def _listed(stream: StreamSpec, roots: Roots) -> Iterator[tuple[str, bool, SourceFile | None]]:
+    """Every path Spark's file source would list, with whether it is a symbolic link, and its size and time when the
+    listing told them (an object store's does; a local one is stat-ed later, and only where needed)."""
+    location = stream.source_path(roots)
+    if is_local(location):
+        for path, is_link in _walk_source(stream, location.removeprefix("file://")):
+            yield path, is_link, None
+        return
+    glob = stream.source.options.get("pathGlobFilter")
+    matches = glob_regex(glob).match if glob else None
+    recursive = str(stream.source.options.get("recursiveFileLookup", "false")).lower() == "true"
+    base = location.rstrip("/")
+    for relative, entry in folder(base).walk():
+        *folders, name = relative.split("/")
+        if any(part.startswith(("_", ".")) for part in relative.split("/")):
+            continue
+        if any(not recursive and "=" not in part for part in folders):
+            continue
+        if matches is None or matches(name):
+            yield f"{base}/{relative}", False, SourceFile(f"{base}/{relative}", entry.size, entry.modified)
+
+
+def _walk_source(stream: StreamSpec, location: str) -> Iterator[tuple[str, bool]]:
+    """Every path Spark's file source would list in a local folder, each with whether it is a symbolic link (a
+    linked folder is reported, not entered)."""
+    root = os.path.abspath(location)
     glob = stream.source.options.get("pathGlobFilter")
     matches = glob_regex(glob).match if glob else None
     recursive = str(stream.source.options.get("recursiveFileLookup", "false")).lower() == "true"
@@ -139,13 +165,13 @@ def iter_source_paths(stream: StreamSpec, roots: Roots) -> Iterator[str]:
 
     Symbolic links are left out: a link in a landing zone lets whoever can upload there make Spark read any file
     the cluster can (see :func:`source_links`)."""
-    return (path for path, is_link in _walk_source(stream, roots) if not is_link)
+    return (path for path, is_link, _ in _listed(stream, roots) if not is_link)
 
 
 def source_links(stream: StreamSpec, roots: Roots) -> list[str]:
     """The symbolic links (to files, or to folders Spark would descend into) among what Spark would list. Spark's
     listing follows them, so a stream must not run while there is one."""
-    return sorted(path for path, is_link in _walk_source(stream, roots) if is_link)
+    return sorted(path for path, is_link, _ in _listed(stream, roots) if is_link)
 
 
 def stat_file(path: str) -> SourceFile | None:
@@ -164,11 +190,14 @@ def list_source_files(stream: StreamSpec, roots: Roots) -> list[SourceFile]:
 
 def list_landing_zone(stream: StreamSpec, roots: Roots) -> tuple[list[SourceFile], list[str]]:
     """One walk of the landing zone: the files of :func:`list_source_files` and the links of :func:`source_links`."""
-    paths: list[str] = []
+    files: list[SourceFile] = []
     links: list[str] = []
-    for path, is_link in _walk_source(stream, roots):
-        (links if is_link else paths).append(path)
-    return [found for found in map(stat_file, sorted(paths)) if found is not None], sorted(links)
+    for path, is_link, known in _listed(stream, roots):
+        if is_link:
+            links.append(path)
+        elif (found := known or stat_file(path)) is not None:
+            files.append(found)
+    return sorted(files, key=lambda found: found.path), sorted(links)
 
 
 @dataclass(frozen=True)
@@ -216,10 +245,10 @@ def unread_files(stream: StreamSpec, roots: Roots, state: SourceState) -> Unread
     done = {key for key, entry in state.recorded.items() if entry.batch_id <= state.last_commit}
     by_name = state.file_name_only
     unread = Unread([])
-    for path in iter_source_paths(stream, roots):
-        if (os.path.basename(path) if by_name else path) in done:
+    for path, is_link, known in _listed(stream, roots):
+        if is_link or (os.path.basename(path) if by_name else path) in done:
             continue
-        found = stat_file(path)
+        found = known or stat_file(path)
         if found is None:
             continue
         if state.will_read(found):

@@ -30,6 +30,7 @@ import tempfile
 import threading
 import time
 import uuid
+from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -270,11 +271,12 @@ def _validated(data: Any, changed: float, now: float) -> LockInfo:
     )
 
 
-class StreamLock:
-    """Held for the length of one run: ``with StreamLock(checkpoint, stream, run_id): ...``."""
+class HeldLock(ABC):
+    """What every stream lock shares, whatever publishes it: its holder's identity and token, the heartbeat thread,
+    how it is lost, and ``with lock: ...``."""
 
-    def __init__(self, checkpoint: str | os.PathLike[str], stream: str, run_id: str, *,
-                 expires_after_seconds: int = DEFAULT_EXPIRY_SECONDS, heartbeat_seconds: float = HEARTBEAT_SECONDS):
+    def __init__(self, where: str, stream: str, run_id: str, *, expires_after_seconds: int = DEFAULT_EXPIRY_SECONDS,
+                 heartbeat_seconds: float = HEARTBEAT_SECONDS):
         if isinstance(expires_after_seconds, bool) or not isinstance(expires_after_seconds, int) \
                 or not 0 < expires_after_seconds <= MAX_EXPIRY_SECONDS:
             raise SluiceError(f"stream '{stream}': the lock's expires_after_seconds must be an integer from 1 to "
@@ -282,7 +284,7 @@ class StreamLock:
         if not 0 < heartbeat_seconds < expires_after_seconds:
             raise SluiceError(f"stream '{stream}': the lock's heartbeat_seconds must be above 0 and below its expiry "
                               f"({expires_after_seconds}s), not {heartbeat_seconds!r}")
-        self.path = lock_path(checkpoint)
+        self.where = where
         self.stream = stream
         self.run_id = run_id
         self.expires_after_seconds = expires_after_seconds
@@ -292,6 +294,46 @@ class StreamLock:
         self._info: LockInfo | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @abstractmethod
+    def acquire(self) -> None: ...
+
+    @abstractmethod
+    def _heartbeat(self) -> None: ...
+
+    @abstractmethod
+    def _release(self) -> None: ...
+
+    def _start_heartbeat(self) -> None:
+        self._thread = threading.Thread(target=self._heartbeat, name=f"sluice-lock-{self.stream}", daemon=True)
+        self._thread.start()
+
+    def _lose(self, why: str) -> None:
+        self.lost = True
+        log.error("stream %s: lost the lock %s: %s", self.stream, self.where, why)
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._release()
+
+    def __enter__(self) -> HeldLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class StreamLock(HeldLock):
+    """Held for the length of one run: ``with StreamLock(checkpoint, stream, run_id): ...``."""
+
+    def __init__(self, checkpoint: str | os.PathLike[str], stream: str, run_id: str, *,
+                 expires_after_seconds: int = DEFAULT_EXPIRY_SECONDS, heartbeat_seconds: float = HEARTBEAT_SECONDS):
+        self.path = lock_path(checkpoint)
+        super().__init__(str(self.path), stream, run_id, expires_after_seconds=expires_after_seconds,
+                         heartbeat_seconds=heartbeat_seconds)
 
     def _write_temporary(self, info: LockInfo) -> Path:
         """A new file beside the lock holding ``info``. Its name is random and it is created exclusively without
@@ -324,9 +366,7 @@ class StreamLock:
                 except FileExistsError:
                     self._take_over_if_stale()
                     continue
-                self._thread = threading.Thread(target=self._heartbeat, name=f"sluice-lock-{self.stream}",
-                                                daemon=True)
-                self._thread.start()
+                self._start_heartbeat()
                 return
         finally:
             temporary.unlink(missing_ok=True)
@@ -372,14 +412,7 @@ class StreamLock:
             except OSError as exc:  # keep trying: a missed beat is harmless until the expiry
                 log.warning("stream %s: lock heartbeat failed: %s", self.stream, exc)
 
-    def _lose(self, why: str) -> None:
-        self.lost = True
-        log.error("stream %s: lost the lock %s: %s", self.stream, self.path, why)
-
-    def release(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+    def _release(self) -> None:
         try:
             current = _read(self.path)
         except LockFileError as exc:
@@ -388,10 +421,3 @@ class StreamLock:
         if current is not None and current.token == self.token:
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
-
-    def __enter__(self) -> StreamLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()

@@ -16,6 +16,7 @@ from sluice.constants import CORRUPT_COLUMN, SOURCE_FILE_COLUMN, FileFormat
 from sluice.kinds.files import FileSource
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.paths import Roots
+from sluice_spark.session import require_hadoop_connector
 
 
 def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | None, trigger: TriggerSpec) -> DataFrame:
@@ -24,6 +25,7 @@ def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | N
     assert isinstance(source, FileSource)
     if path is None:
         path = stream.source_path(roots)
+        require_hadoop_connector(spark, path, f"stream '{stream.name}': landing folder")
         if "://" not in path:
             # A landing zone nobody has written to yet is empty, not an error: the run finds nothing and ends.
             Path(path).mkdir(parents=True, exist_ok=True)

@@ -35,6 +35,7 @@ from sluice.errors import SluiceError
 from sluice.kinds.kafka import KafkaSink, KafkaSource
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.paths import Roots
+from sluice_spark.session import missing_classes
 from sluice_spark.targets import GOOD_ROUTE, ROUTE_COLUMN
 from sluice_spark.writers import BatchRouter, SinkRequest, sink_and_dead_letter, stream_commit_info
 
@@ -63,21 +64,6 @@ def kafka_maven_package() -> str:
 
 def avro_maven_package() -> str:
     return f"org.apache.spark:spark-avro_{SCALA_BINARY}:{_spark_version()}"
-
-
-def missing_classes(spark: SparkSession, names: list[str]) -> list[str]:
-    """The classes of ``names`` that the driver cannot load."""
-    jvm = spark.sparkContext._jvm
-    if jvm is None:
-        return list(names)
-    loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
-    missing = []
-    for name in names:
-        try:
-            jvm.java.lang.Class.forName(name, False, loader)
-        except Exception:  # py4j raises its own error type for ClassNotFoundException
-            missing.append(name)
-    return missing
 
 
 def require_kafka_connector(spark: SparkSession, stream: str) -> None:

@@ -1,0 +1,370 @@
+"""One storage layer for everything Sluice reads or writes outside Spark: a :class:`Folder` on a local disk or under
+an object-store prefix (``s3://``/``s3a://``, ``gs://``, ``abfss://``), with the same calls on both.
+
+Object stores go through obstore (Rust's ``object_store``, the crate delta-rs writes with): listings are paginated
+by the store and read no object, and it has the conditional writes a lock needs (create-if-absent, replace-if-
+unchanged) on S3 (``If-None-Match``/``If-Match``), GCS (generation preconditions) and Azure (ETag conditions).
+
+Credentials never come from the catalog or a param. A store reads them from the environment, as its SDK does
+(``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION``, ``AWS_ENDPOINT_URL``;
+``AZURE_STORAGE_ACCOUNT_NAME``/``_KEY``...; ``GOOGLE_SERVICE_ACCOUNT``...), or from the settings an Airflow
+connection maps to (:func:`sluice.connections.storage.storage_settings`), which the operators put in that
+environment and never in a log, an XCom or a summary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from sluice.errors import SluiceError
+
+# Schemes Sluice reads and writes, and the one obstore knows them by.
+SCHEMES = {"s3": "s3", "s3a": "s3", "gs": "gs", "abfss": "abfss", "az": "az", "file": "file"}
+_URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://([^/]*)/?(.*)$")
+
+
+class StoreError(SluiceError):
+    """A store refused or failed an operation."""
+
+
+class AlreadyExists(StoreError):
+    """A create-if-absent found the object there."""
+
+
+class Changed(StoreError):
+    """A replace-if-unchanged found another version of the object."""
+
+
+class NoConditionalWrites(StoreError):
+    """The store cannot create-if-absent or replace-if-unchanged, so it cannot hold a lock safely."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A file or a subfolder of a folder: its name in the folder, its size and modification time (seconds since the
+    epoch; 0 for a subfolder of an object store, which has none)."""
+
+    name: str
+    size: int
+    modified: float
+    is_dir: bool = False
+
+
+class Folder(ABC):
+    """A folder: a local directory, or every object under a prefix of a bucket or container."""
+
+    uri: str
+
+    @abstractmethod
+    def child(self, *names: str) -> Folder:
+        """The folder at ``names`` under this one."""
+
+    @abstractmethod
+    def entries(self) -> list[Entry]:
+        """The files and subfolders directly in the folder, sorted by name; none when it does not exist."""
+
+    @abstractmethod
+    def stat(self, name: str) -> Entry | None:
+        """A file of the folder, or None."""
+
+    @abstractmethod
+    def read_bytes(self, name: str) -> bytes:
+        """A file's content; :class:`FileNotFoundError` when it is not there."""
+
+    @abstractmethod
+    def write_bytes(self, name: str, data: bytes) -> None:
+        """Write a file whole: readers see the old content or the new one, never a part."""
+
+    @abstractmethod
+    def delete(self, name: str) -> None:
+        """Remove a file; nothing when it is not there."""
+
+    @abstractmethod
+    def versioned(self, name: str) -> tuple[bytes, str] | None:
+        """A file's content and a token of this version of it, or None when it is not there."""
+
+    @abstractmethod
+    def create(self, name: str, data: bytes) -> str:
+        """Write a file only if it does not exist (:class:`AlreadyExists`); the new version's token."""
+
+    @abstractmethod
+    def replace(self, name: str, data: bytes, version: str) -> str:
+        """Overwrite a file only if it is still at ``version`` (:class:`Changed`); the new version's token."""
+
+    @abstractmethod
+    def total_bytes(self) -> int:
+        """The bytes of every file under the folder, at any depth."""
+
+    def is_dir(self) -> bool:
+        return bool(self.entries())
+
+    def walk(self) -> Iterator[tuple[str, Entry]]:
+        """Every file under the folder at any depth, by its path relative to the folder (``a/b/c.json``), from
+        paged listings (no object is read). Subfolders are not reported on their own."""
+        pending = [""]
+        while pending:
+            prefix = pending.pop()
+            place = self.child(*prefix.split("/")) if prefix else self
+            for entry in place.entries():
+                relative = f"{prefix}/{entry.name}" if prefix else entry.name
+                if entry.is_dir:
+                    pending.append(relative)
+                else:
+                    yield relative, entry
+
+    def exists(self, name: str) -> bool:
+        return self.stat(name) is not None
+
+    def read_text(self, name: str) -> str:
+        return self.read_bytes(name).decode("utf-8")
+
+    def where(self, name: str) -> str:
+        """How a message names a file of the folder."""
+        return f"{self.uri.rstrip('/')}/{name}"
+
+    def __str__(self) -> str:
+        return self.uri
+
+
+class LocalFolder(Folder):
+    """A local (or mounted) directory."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.uri = str(self.path)
+
+    def child(self, *names: str) -> LocalFolder:
+        return LocalFolder(self.path.joinpath(*names))
+
+    def entries(self) -> list[Entry]:
+        try:
+            scanned = list(os.scandir(self.path))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        found = []
+        for entry in scanned:
+            with contextlib.suppress(FileNotFoundError):
+                info = entry.stat()
+                found.append(Entry(entry.name, info.st_size, info.st_mtime, entry.is_dir()))
+        return sorted(found, key=lambda entry: entry.name)
+
+    def is_dir(self) -> bool:
+        return self.path.is_dir()
+
+    def stat(self, name: str) -> Entry | None:
+        try:
+            info = (self.path / name).stat()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return Entry(name, info.st_size, info.st_mtime, (self.path / name).is_dir())
+
+    def read_bytes(self, name: str) -> bytes:
+        return (self.path / name).read_bytes()
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        temporary = self.path / f".{name}.{os.getpid()}.tmp"
+        temporary.write_bytes(data)
+        os.replace(temporary, self.path / name)
+
+    def delete(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.path / name).unlink()
+
+    @staticmethod
+    def _token(info: os.stat_result) -> str:
+        return f"{info.st_ino}:{info.st_mtime_ns}:{info.st_size}"
+
+    def versioned(self, name: str) -> tuple[bytes, str] | None:
+        try:
+            with open(self.path / name, "rb") as handle:
+                return handle.read(), self._token(os.fstat(handle.fileno()))
+        except FileNotFoundError:
+            return None
+
+    def create(self, name: str, data: bytes) -> str:
+        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            descriptor = os.open(self.path / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        except FileExistsError:
+            raise AlreadyExists(f"{self.where(name)} exists") from None
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            return self._token(os.fstat(handle.fileno()))
+
+    def replace(self, name: str, data: bytes, version: str) -> str:
+        # Local writers of one checkpoint share a host and its lock (sluice.storage.lock); this compare-then-swap is
+        # for the same calls on every store, not a cross-host guarantee.
+        current = self.versioned(name)
+        if current is None or current[1] != version:
+            raise Changed(f"{self.where(name)} changed since it was read")
+        self.write_bytes(name, data)
+        return self._token((self.path / name).stat())
+
+    def total_bytes(self) -> int:
+        total = 0
+        for folder, _, files in os.walk(self.path):
+            for file in files:
+                with contextlib.suppress(OSError):
+                    total += os.stat(os.path.join(folder, file)).st_size
+        return total
+
+
+class ObjectFolder(Folder):
+    """Every object under ``prefix`` of an object store (obstore)."""
+
+    def __init__(self, store: Any, prefix: str, uri: str) -> None:
+        self.store = store
+        self.prefix = prefix.strip("/")
+        self.uri = uri.rstrip("/")
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def child(self, *names: str) -> ObjectFolder:
+        parts = [part for name in names for part in name.split("/") if part]
+        return ObjectFolder(self.store, "/".join([self.prefix, *parts]) if self.prefix else "/".join(parts),
+                            "/".join([self.uri, *parts]))
+
+    def entries(self) -> list[Entry]:
+        import obstore
+
+        listing = obstore.list_with_delimiter(self.store, f"{self.prefix}/" if self.prefix else None)
+        cut = len(self.prefix) + 1 if self.prefix else 0
+        found = [Entry(meta["path"][cut:], int(meta["size"]), meta["last_modified"].timestamp())
+                 for meta in listing["objects"]]
+        found += [Entry(prefix[cut:].rstrip("/"), 0, 0.0, True) for prefix in listing["common_prefixes"]]
+        return sorted(found, key=lambda entry: entry.name)
+
+    def stat(self, name: str) -> Entry | None:
+        import obstore
+        from obstore.exceptions import NotFoundError
+
+        try:
+            meta = obstore.head(self.store, self._key(name))
+        except (NotFoundError, FileNotFoundError):
+            return None
+        return Entry(name, int(meta["size"]), meta["last_modified"].timestamp())
+
+    def read_bytes(self, name: str) -> bytes:
+        versioned = self.versioned(name)
+        if versioned is None:
+            raise FileNotFoundError(self.where(name))
+        return versioned[0]
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        import obstore
+
+        obstore.put(self.store, self._key(name), data)
+
+    def delete(self, name: str) -> None:
+        import obstore
+        from obstore.exceptions import NotFoundError
+
+        with contextlib.suppress(NotFoundError, FileNotFoundError):
+            obstore.delete(self.store, self._key(name))
+
+    def versioned(self, name: str) -> tuple[bytes, str] | None:
+        import obstore
+        from obstore.exceptions import NotFoundError
+
+        try:
+            result = obstore.get(self.store, self._key(name))
+        except (NotFoundError, FileNotFoundError):
+            return None
+        meta = result.meta
+        return bytes(result.bytes()), str(meta.get("e_tag") or meta.get("version") or "")
+
+    def _put(self, name: str, data: bytes, mode: Any) -> str:
+        import obstore
+        from obstore.exceptions import AlreadyExistsError, NotSupportedError, PreconditionError
+
+        try:
+            result = obstore.put(self.store, self._key(name), data, mode=mode)
+        except AlreadyExistsError:
+            raise AlreadyExists(f"{self.where(name)} exists") from None
+        except PreconditionError:
+            if mode == "create":
+                raise AlreadyExists(f"{self.where(name)} exists") from None
+            raise Changed(f"{self.where(name)} changed since it was read") from None
+        except NotSupportedError as exc:
+            raise NoConditionalWrites(f"{self.uri}: the store has no conditional writes ({exc})") from exc
+        return str(result.get("e_tag") or result.get("version") or "")
+
+    def create(self, name: str, data: bytes) -> str:
+        return self._put(name, data, "create")
+
+    def replace(self, name: str, data: bytes, version: str) -> str:
+        return self._put(name, data, {"e_tag": version})
+
+    def walk(self) -> Iterator[tuple[str, Entry]]:
+        import obstore
+
+        cut = len(self.prefix) + 1 if self.prefix else 0
+        for page in obstore.list(self.store, f"{self.prefix}/" if self.prefix else None):
+            for meta in page:
+                relative = meta["path"][cut:]
+                yield relative, Entry(relative.rsplit("/", 1)[-1], int(meta["size"]),
+                                      meta["last_modified"].timestamp())
+
+    def total_bytes(self) -> int:
+        import obstore
+
+        return sum(int(meta["size"]) for page in obstore.list(self.store, f"{self.prefix}/" if self.prefix else None)
+                   for meta in page)
+
+
+def is_local(uri: str) -> bool:
+    return "://" not in uri or uri.startswith("file://")
+
+
+def scheme_of(uri: str) -> str:
+    """The store a path lives on: ``file`` for a local path, else its scheme (``s3a`` is ``s3``)."""
+    match = _URI.match(uri)
+    if match is None:
+        return "file"
+    scheme = match.group(1).lower()
+    if scheme not in SCHEMES:
+        raise StoreError(f"{uri}: Sluice reads and writes local paths and {', '.join(sorted(set(SCHEMES) - {'file'}))}"
+                         f" URIs, not {scheme}://")
+    return SCHEMES[scheme]
+
+
+def folder(uri: str | os.PathLike[str], settings: Mapping[str, str] | None = None) -> Folder:
+    """The folder at ``uri``: a local path (or ``file://``), or a prefix of a bucket or container. ``settings`` are
+    the store's own (``aws_endpoint``, ``aws_region``...; see :mod:`sluice.connections.storage`); a store reads its
+    credentials from the environment when they are not there."""
+    text = os.fspath(uri)
+    if is_local(text):
+        return LocalFolder(text.removeprefix("file://"))
+    scheme = scheme_of(text)
+    match = _URI.match(text)
+    assert match is not None
+    authority, prefix = match.group(2), match.group(3)
+    root = f"{scheme}://{authority}/"
+    return ObjectFolder(_store(root, tuple(sorted((settings or {}).items()))), prefix, text)
+
+
+@lru_cache(maxsize=32)
+def _store(root: str, settings: tuple[tuple[str, str], ...]) -> Any:
+    """One client per bucket and settings: obstore keeps its connections in it."""
+    from obstore.store import from_url
+
+    config = dict(settings)
+    client = {"allow_http": "true"} if config.pop("allow_http", "") == "true" else None
+    if root.startswith("s3://"):
+        # AWS S3 has honoured If-None-Match and If-Match since 2024; the lock needs both.
+        config.setdefault("aws_conditional_put", "etag")
+    try:
+        return from_url(root, config=config or None, client_options=client)  # type: ignore[arg-type]
+    except Exception as exc:  # obstore raises per-store configuration errors
+        raise StoreError(f"{root}: cannot open the store ({exc})") from exc

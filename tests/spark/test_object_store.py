@@ -1,0 +1,158 @@
+"""Health and lag on S3 give the reports they give on disk: a checkpoint and tables that real Spark runs wrote (run
+locally, then copied up to a real S3-compatible server on 127.0.0.1), checked as they are and after the same damage
+on both copies."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sluice.catalog import Catalog, load_catalog
+from sluice.cli.demo_producer import DemoProducer
+from sluice.lag.observe import observe
+from sluice.operations.health import HealthReport, check_stream
+from sluice.paths import Roots
+from sluice.storage.lock import LOCK_FILE, LockInfo
+from sluice.storage.store import Folder, LocalFolder, folder
+from sluice_spark.runner import run_streams
+from tests.helpers import events_stream, fresh_world, keep_pristine, roots_in, write_catalog
+from tests.object_store import upload, uri
+
+pytestmark = pytest.mark.spark
+
+NOW = dt.datetime(2026, 11, 22, 8, 0, tzinfo=dt.timezone.utc)
+
+
+@pytest.fixture(scope="module")
+def golden(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder_ = tmp_path_factory.mktemp("object-store") / "world"
+    folder_.mkdir()
+    write_catalog(folder_, events_stream(trigger={"max_files_per_trigger": 1}))
+    producer = DemoProducer(folder_ / "landing", seed=7, malformed_rate=0.05)
+    for index in range(2):
+        producer.events_file(lines=20, now=NOW + dt.timedelta(minutes=index))
+    assert run_streams(spark, load_catalog(folder_ / "catalog.yaml"), ["events"], roots_in(folder_)).ok
+    producer.events_file(lines=5, now=NOW + dt.timedelta(minutes=5))  # a backlog for the lag probe
+    return keep_pristine(folder_)
+
+
+def worlds(golden: Path, bucket: str) -> tuple[Catalog, Roots, Roots]:
+    """The local world, and its copy with the lake and the checkpoints on S3 (the landing zone stays where Spark
+    recorded it)."""
+    catalog, local, _ = fresh_world(golden)
+    upload(Path(local.lake), uri(bucket, "lake"))
+    upload(Path(local.checkpoints), uri(bucket, "checkpoints"))
+    remote = Roots(landing=local.landing, lake=uri(bucket, "lake"), checkpoints=uri(bucket, "checkpoints"))
+    return catalog, local, remote
+
+
+def summary(report: HealthReport) -> tuple[Any, ...]:
+    facts = {key: report.facts.get(key) for key in ("query_id", "batches_retained", "latest_offsets_batch",
+                                                    "last_batch_id")}
+    return report.status, report.codes, facts
+
+
+def remove_last_commit(checkpoint: Folder) -> None:
+    last = max(int(entry.name) for entry in checkpoint.child("commits").entries() if entry.name.isdigit())
+    checkpoint.child("commits").delete(str(last))
+    checkpoint.child("commits").delete(f".{last}.crc")
+
+
+def tear_last_offsets(checkpoint: Folder) -> None:
+    last = max(int(entry.name) for entry in checkpoint.child("offsets").entries() if entry.name.isdigit())
+    checkpoint.child("offsets").write_bytes(str(last), b"v1\n{\"batchWatermarkMs\":")
+
+
+def lose_metadata(checkpoint: Folder) -> None:
+    checkpoint.delete("metadata")
+
+
+def held_by_another_run(checkpoint: Folder) -> None:
+    now = time.time()
+    checkpoint.write_bytes(LOCK_FILE, json.dumps(LockInfo("events", "other", "elsewhere", 7, now, now, 300,
+                                                          "t").__dict__).encode())
+
+
+DAMAGES: dict[str, Callable[[Folder], None] | None] = {
+    "healthy": None, "uncommitted batch": remove_last_commit, "torn offsets": tear_last_offsets,
+    "lost metadata": lose_metadata, "locked": held_by_another_run,
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_health_on_s3_is_the_health_on_disk(golden: Path, s3: str, damage: str) -> None:
+    catalog, local, remote = worlds(golden, s3)
+    stream = catalog.get("events")
+    harm = DAMAGES[damage]
+    if harm is not None:
+        harm(LocalFolder(stream.checkpoint_path(local)))
+        harm(folder(stream.checkpoint_path(remote)))
+    on_disk, on_s3 = check_stream(stream, local), check_stream(stream, remote)
+    assert summary(on_s3) == summary(on_disk)
+    assert damage == "healthy" or on_disk.codes, "the damage is seen"
+
+
+def test_lag_on_s3_is_the_lag_on_disk(golden: Path, s3: str) -> None:
+    catalog, local, remote = worlds(golden, s3)
+    stream = catalog.get("events")
+    on_disk, on_s3 = observe(stream, local, now=1.0), observe(stream, remote, now=1.0)
+    assert on_disk.backlog.files == 1 and on_disk.last_batch_id == 1
+    assert (on_s3.backlog, on_s3.last_batch_id) == (on_disk.backlog, on_disk.last_batch_id)
+
+
+@pytest.mark.slow
+def test_a_run_writing_its_tables_on_s3_survives_a_sigkill_mid_commit(tmp_path: Path, s3: str) -> None:
+    """The rs engine on S3: executors write Parquet through delta-rs's object store, the driver commits with a
+    conditional put. Killed between the sink's commit and the dead-letter table's, then rerun: both tables on S3
+    equal the batch oracle over the same files."""
+    from sluice.storage.delta import read_table
+    from tests.helpers import expected_events
+    from tests.spark.test_crash_recovery import bronze, kill_application, submit, wait_for
+
+    catalog_path = write_catalog(tmp_path, events_stream(trigger={"max_files_per_trigger": 1}))
+    stream = load_catalog(catalog_path).get("events")
+    local = roots_in(tmp_path)
+    roots = Roots(landing=local.landing, lake=uri(s3, "lake"), checkpoints=local.checkpoints)
+    producer = DemoProducer(roots.landing, seed=33, malformed_rate=0.08)
+    for index in range(3):
+        producer.events_file(lines=40, now=NOW + dt.timedelta(minutes=index))
+    faults = tmp_path / "faults"
+    faults.mkdir()
+
+    crashed = submit(catalog_path, roots, ("SLUICE_FAULT_POINT", "between_commits:1"),
+                     ("SLUICE_FAULT_DIR", str(faults)))
+    wait_for(faults / "between_commits.reached", crashed)
+    kill_application(crashed, faults / "between_commits.reached")
+    rerun = submit(catalog_path, roots)
+    output, _ = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, output[-3000:]
+
+    expected_good, expected_bad = expected_events(Path(roots.landing) / "events")
+    assert stream.sink_path(roots).startswith("s3://")
+    assert bronze(stream.sink_path(roots)) == expected_good
+    assert read_table(stream.dead_letter_table_path(roots)).num_rows == expected_bad
+    assert not (tmp_path / "lake").exists(), "nothing of the lake is written locally"
+
+
+def test_a_checkpoint_on_s3a_without_hadoop_aws_is_refused_naming_the_jar(spark: Any, tmp_path: Path) -> None:
+    """Spark keeps its checkpoint through Hadoop's s3a connector, which comes from Maven (not on this machine): the
+    run stops before any lock or table, and says which jars to provide."""
+    from sluice.errors import SluiceError
+    from sluice_spark.session import missing_classes
+
+    if not missing_classes(spark, ["org.apache.hadoop.fs.s3a.S3AFileSystem"]):
+        pytest.skip("hadoop-aws is on this classpath; the missing-connector error cannot be provoked")
+    catalog = load_catalog(write_catalog(tmp_path, events_stream()))
+    local = roots_in(tmp_path)
+    on_s3a = Roots(landing=local.landing, lake=local.lake, checkpoints="s3a://nowhere/checkpoints")
+    with pytest.raises(SluiceError, match=r"checkpoint 's3a://nowhere/checkpoints/.*hadoop-aws"):
+        run_streams(spark, catalog, ["events"], on_s3a)
+    with pytest.raises(SluiceError, match="write s3a://"):
+        run_streams(spark, catalog, ["events"], Roots(local.landing, local.lake, "s3://nowhere/checkpoints"))
+    assert not Path(local.lake).exists()
