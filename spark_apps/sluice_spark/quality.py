@@ -12,6 +12,7 @@ from pyspark.sql import functions as F
 
 from sluice.constants import CORRUPT_COLUMN, FileFormat
 from sluice.model.stream import StreamSpec
+from sluice.model.types import dotted, quote
 
 REASON_COLUMN = "_dead_letter_reason"
 RAW_COLUMN = "_dead_letter_raw"
@@ -60,9 +61,23 @@ def dead_letter_reason(stream: StreamSpec) -> Column:
         F.coalesce(*cast_failures, F.lit(f"malformed {kind} record")),
     )
     missing = [
-        F.when(F.col(name).isNull(), F.lit(f"missing required field '{name}'")) for name in schema.required
+        F.when(F.col(quote(name)).isNull(), F.lit(f"missing required field '{name}'")) for name in schema.required
     ]
+    missing += [F.when(_lacks(F.col(quote(path[0])), path[1:]), F.lit(f"missing required field '{dotted(path)}'"))
+                for path in schema.required_fields]
     return F.coalesce(corrupt, *missing) if missing else corrupt
+
+
+def _lacks(parent: Column, rest: tuple[str, ...]) -> Column:
+    """True when ``parent`` is there and lacks the ``not null`` field at ``rest`` (in any of its elements, across an
+    array): Spark's and Delta's meaning of a NOT NULL field in a nullable struct."""
+    step, tail = rest[0], rest[1:]
+    if step == "[]":
+        inner = F.exists(parent, lambda element: _lacks(element, tail))
+    else:
+        child = parent.getField(step)
+        inner = child.isNull() if not tail else _lacks(child, tail)
+    return parent.isNotNull() & F.coalesce(inner, F.lit(False))
 
 
 def flag_dead_letters(frame: DataFrame, stream: StreamSpec) -> DataFrame:

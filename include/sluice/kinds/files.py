@@ -69,6 +69,10 @@ class FilesKind(SourceKind):
                                           f"{', '.join(f.value for f in FORMAT_OPTIONS)}")
         path = section.folder("path")
         schema = declared_schema(section, file_format.value)
+        complex_columns = [column.name for column in schema.columns if column.complex]
+        if file_format is FileFormat.CSV and complex_columns:
+            raise section.error(f"schema.{complex_columns[0]}", "a csv field holds text, not a struct, an array or a "
+                                                                "map; declare it as a string, or read JSON or Parquet")
         options = reader_options(section, FORMAT_OPTIONS[file_format], file_format.value)
         section.done()
         return FileSource(format=file_format, path=path, schema=schema, options=options)
