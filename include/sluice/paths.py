@@ -68,6 +68,8 @@ def path_key(path: str) -> tuple[str, tuple[str, ...]]:
     paths that differ only in case are one folder on a case-insensitive store (macOS, some mounts)."""
     prefix, parts = _split(path)
     storage = "/" if prefix.casefold() == "file:///" else prefix.rstrip("/") or prefix
+    # s3a:// is Hadoop's name for the same buckets as s3://.
+    storage = re.sub(r"^s3a://", "s3://", storage, flags=re.IGNORECASE)
     return storage.casefold(), tuple(part.casefold() for part in parts)
 
 

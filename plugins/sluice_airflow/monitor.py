@@ -58,7 +58,7 @@ class LagMonitorOperator(SluiceOperator):
         from sluice.lag.observe import LagStatus
         from sluice.lag.store import LagStore
 
-        catalog = load_catalog(self.catalog)
+        catalog = self.stream_catalog()  # with the object store's credentials, when a root is on one
         roots = self.resolved_roots()
         reports = monitor_tick(catalog, roots, LagStore.for_roots(roots))
         catch_up: list[str] = []

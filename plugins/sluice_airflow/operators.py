@@ -35,6 +35,31 @@ def resolve_roots(landing: str | None, lake: str | None, checkpoints: str | None
                  checkpoints=checkpoints or defaults.checkpoints)
 
 
+def storage_environment(roots: Roots, conn_id: str, log: Any) -> dict[str, str]:
+    """The object store's credentials from the Airflow connection ``conn_id``, as the environment its readers take;
+    empty when every root is local or the connection is not defined. Each secret is registered with Airflow's masker
+    before anything is logged."""
+    from airflow.sdk.log import mask_secret
+
+    from sluice.connections.storage import connection_environment, described, secrets_of
+    from sluice.errors import SluiceError
+    from sluice.storage.store import is_local
+
+    if all(is_local(root) for root in (roots.landing, roots.lake, roots.checkpoints)):
+        return {}
+    try:
+        env = connection_environment(conn_id)
+    except SluiceError as exc:
+        raise AirflowFailException(f"connection {conn_id!r}: {exc}") from None
+    if env is None:
+        log.info("No connection %r: the object store is reached with this machine's credentials", conn_id)
+        return {}
+    for secret in secrets_of(env):
+        mask_secret(secret)
+    log.info("Object storage through connection %r: %s", conn_id, described(env))
+    return env
+
+
 class SluiceOperator(BaseOperator):
     """Base of every Sluice operator: the catalog and the three roots, templated, the same for all of them, so that a
     backfill's plan, its run, a health check and a repair of one DAG run all see the same deployment.
@@ -64,27 +89,7 @@ class SluiceOperator(BaseOperator):
         every root is local or the connection is not defined. Read in the worker at run time; each secret is
         registered with Airflow's masker before anything is logged."""
         if self._storage_env is None:
-            from airflow.sdk.log import mask_secret
-
-            from sluice.connections.storage import connection_environment, described, secrets_of
-            from sluice.errors import SluiceError
-            from sluice.storage.store import is_local
-
-            roots = self.resolved_roots()
-            env: dict[str, str] | None = {}
-            if not all(is_local(root) for root in (roots.landing, roots.lake, roots.checkpoints)):
-                try:
-                    env = connection_environment(self.storage_conn_id)
-                except SluiceError as exc:
-                    raise AirflowFailException(f"connection {self.storage_conn_id!r}: {exc}") from None
-                if env is None:
-                    self.log.info("No connection %r: the object store is reached with this machine's credentials",
-                                  self.storage_conn_id)
-                for secret in secrets_of(env or {}):
-                    mask_secret(secret)
-                if env:
-                    self.log.info("Object storage through connection %r: %s", self.storage_conn_id, described(env))
-            self._storage_env = env or {}
+            self._storage_env = storage_environment(self.resolved_roots(), self.storage_conn_id, self.log)
         return self._storage_env
 
     def resolved_roots(self) -> Roots:

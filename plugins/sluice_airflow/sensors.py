@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowSensorTimeout
 
-from sluice_airflow.operators import resolve_roots
+from sluice_airflow.operators import resolve_roots, storage_environment
 from sluice_airflow.triggers import StreamLagTrigger
 
 if TYPE_CHECKING:
@@ -36,6 +37,8 @@ class StreamLagSensor(BaseSensorOperator):
     :param landing_root: as for the other Sluice operators (templated)
     :param lake_root: (templated)
     :param checkpoint_root: (templated)
+    :param storage_conn_id: the object store's credentials, as for the other Sluice operators (checks in the worker;
+        the triggerer reaches the store with its own environment)
     """
 
     template_fields: Sequence[str] = ("stream", "catalog", "landing_root", "lake_root", "checkpoint_root")
@@ -44,7 +47,7 @@ class StreamLagSensor(BaseSensorOperator):
     def __init__(self, *, stream: str, max_status: str = "OK", catalog: str | None = None,
                  deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
                  landing_root: str | None = None, lake_root: str | None = None, checkpoint_root: str | None = None,
-                 **kwargs: Any) -> None:
+                 storage_conn_id: str = "sluice_storage", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if max_status not in LAG_STATUSES:
             raise ValueError(f"max_status: expected one of {', '.join(LAG_STATUSES)}, got {max_status!r}")
@@ -55,12 +58,14 @@ class StreamLagSensor(BaseSensorOperator):
         self.landing_root = landing_root
         self.lake_root = lake_root
         self.checkpoint_root = checkpoint_root
+        self.storage_conn_id = storage_conn_id
 
     def _report(self) -> LagReport:
         from sluice.catalog import load_catalog
         from sluice.lag.store import check_against_history
 
         roots = resolve_roots(self.landing_root, self.lake_root, self.checkpoint_root)
+        os.environ.update(storage_environment(roots, self.storage_conn_id, self.log))
         return check_against_history(load_catalog(self.catalog).get(self.stream), roots)
 
     def _caught_up(self, report: LagReport) -> bool:

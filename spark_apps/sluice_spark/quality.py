@@ -20,7 +20,7 @@ _MAX_VALUE_IN_REASON = 120
 
 
 def _string_schema(stream: StreamSpec) -> str:
-    columns = ", ".join(f"`{name}` STRING" for name in stream.source.schema.names)
+    columns = ", ".join(f"{quote(name)} STRING" for name in stream.source.schema.names)
     return f"{columns}, `{CORRUPT_COLUMN}` STRING"
 
 

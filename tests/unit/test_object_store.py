@@ -202,3 +202,37 @@ def test_the_landing_zone_on_s3_is_listed_as_spark_would_and_its_backlog_measure
     # nested/ (not a partition folder, no recursiveFileLookup): not listed by Spark.
     assert on_disk == (["day=1/b.json", "day=2/c.json"], ["day=1/a.json", "day=1/b.json", "day=2/c.json"], [], 2, 36)
     assert on_s3 == on_disk
+
+
+def test_a_heartbeat_whose_reply_was_lost_keeps_the_lock(s3: str) -> None:
+    """The store took the beat but the reply never came: the next beat finds another version, holding this run's
+    token, and adopts it instead of stopping the run."""
+    checkpoint = uri(s3, "checkpoints", "events")
+    lock = ObjectLock(folder(checkpoint), "events", "mine", expires_after_seconds=60, heartbeat_seconds=0.05)
+    lock.acquire()
+    try:
+        mine = folder(checkpoint).versioned(LOCK_FILE)
+        assert mine is not None
+        folder(checkpoint).write_bytes(LOCK_FILE, mine[0])  # a new version of our own lock
+        beat = read_lock_at(checkpoint).heartbeat_at
+        deadline = time.monotonic() + 10
+        while read_lock_at(checkpoint).heartbeat_at == beat and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not lock.lost and read_lock_at(checkpoint).heartbeat_at > beat
+    finally:
+        lock.release()
+    assert read_lock_at(checkpoint) is None
+
+
+def test_repair_and_backfill_planning_refuse_an_object_store_checkpoint_with_a_message(tmp_path: Path) -> None:
+    from sluice.catalog import parse_catalog
+    from sluice.errors import CatalogError
+    from sluice.operations.repair import backup
+    from sluice.paths import Roots, resolved_key
+    from tests.helpers import events_stream
+
+    stream = parse_catalog({"streams": [events_stream()]}).get("events")
+    roots = Roots(landing=str(tmp_path / "landing"), lake="s3://bucket/lake", checkpoints="s3a://bucket/checkpoints")
+    with pytest.raises(CatalogError, match=r"checkpoint to repair 's3a://bucket/checkpoints/.*local or mounted"):
+        backup(stream, roots)
+    assert resolved_key("s3://b/lake", "t1") == resolved_key("s3a://b/lake", "t1"), "s3a:// and s3:// are one store"

@@ -56,6 +56,10 @@ def test_complex_types_nest_to_any_depth(text: str, sql: str, nullable: bool) ->
     ("struct<a: varchar>", "unknown type 'varchar'"),
     ("decimal(39,2)", "decimal precision must be 1..38"),
     ("array<int> not", "expected 'null' after 'not'"),
+    # What Spark would get wrong later is refused now.
+    ("map<string, struct<x: int not null>>", "a 'not null' inside a map's keys or values is not checked"),
+    ("struct<`[]`: int>", "a field name cannot be '[]'"),
+    ("struct<id: int, ID: int>", "field 'ID' is declared twice (names are case-insensitive)"),
 ])
 def test_a_bad_type_is_refused_pointing_at_the_bad_part(text: str, message: str) -> None:
     with pytest.raises(TypeSyntaxError) as raised:
@@ -106,3 +110,4 @@ def test_validate_checks_the_bundled_catalog() -> None:
     from sluice.catalog.__main__ import main
 
     assert main(["validate"]) == 0
+

@@ -1,8 +1,10 @@
 """Object-storage credentials from an Airflow connection, as the environment every reader of the store takes.
 
-Sluice's own reads (obstore), delta-rs in the driver and the executors, and Hadoop's connectors in Spark all read
-the standard variables of their cloud: so one mapping serves them all, and the operators put it in the environment
-of spark-submit (never on its command line, in a log or in XCom) and of the worker's own checks. The connection is
+Sluice's own reads (obstore) and delta-rs, in the driver and the executors, read the standard variables of their
+cloud, and so does Hadoop's s3a connector (``AWS_ACCESS_KEY_ID``...); the operators put them in the environment of
+spark-submit (never on its command line, in a log or in XCom) and of the worker's own checks. Hadoop's Azure and
+GCS connectors take their credentials from Spark's configuration instead (``fs.azure.account.key.*``,
+``google.cloud.auth.*``): give them to the cluster, not through this connection. The connection is
 ``sluice_storage`` unless the operator names another; without it, whatever the machine already has (instance
 roles, workload identity, exported variables) is used.
 

@@ -105,8 +105,9 @@ def parse_schema(raw: object, *, stream: str | None, field: str = "source.schema
         if name.startswith("_"):
             raise CatalogError(f"column name {name!r} starts with '_', which is reserved for Sluice's metadata "
                                "columns", stream=stream, field=field)
-        if name in (column.name for column in columns):
-            raise CatalogError(f"column {name!r} is declared twice", stream=stream, field=field)
+        if name.casefold() in (column.name.casefold() for column in columns):
+            raise CatalogError(f"column {name!r} is declared twice (names are case-insensitive)", stream=stream,
+                               field=field)
         data_type, nullable = parse_type(spec, stream=stream, field=f"{field}.{name}")
         # sql_type is what Spark reads and casts to; nested NOT NULLs are checked by the dead-letter split.
         columns.append(Column(name, data_type.sql(nullable_only=True), nullable, data_type))

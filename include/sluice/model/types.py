@@ -168,6 +168,9 @@ class _Parser:
             self.expect(",", "between a map's key type and its value type")
             value = self.type()
             self.expect(">", "to close map<...>")
+            if key.required_fields(()) or value.required_fields(()):
+                raise self.fail("a 'not null' inside a map's keys or values is not checked; declare the field "
+                                "nullable")
             return MapType(key, value)
         if word == "struct":
             self.expect("<", "after struct")
@@ -175,9 +178,10 @@ class _Parser:
             names: set[str] = set()
             while True:
                 field = self.field()
-                if field.name in names:
-                    raise self.fail(f"field {field.name!r} is declared twice")
-                names.add(field.name)
+                # Spark resolves names case-insensitively: `id` and `ID` would be one field to it.
+                if field.name.casefold() in names:
+                    raise self.fail(f"field {field.name!r} is declared twice (names are case-insensitive)")
+                names.add(field.name.casefold())
                 fields.append(field)
                 found = self.peek()
                 if found == ("symbol", ","):
@@ -203,8 +207,8 @@ class _Parser:
             raise self.fail("expected a field name (quote one that is not a plain identifier with backticks)")
         self.take()
         name = found[1][1:-1].replace("``", "`") if found[0] == "quoted" else found[1]
-        if not name:
-            raise self.fail("a field name cannot be empty")
+        if not name or name == "[]":
+            raise self.fail(f"a field name cannot be {name!r}")
         if self.peek() == ("symbol", ":"):
             self.take()
         data_type = self.type()

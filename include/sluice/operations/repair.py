@@ -29,7 +29,7 @@ from sluice.constants import (
 )
 from sluice.errors import SluiceError
 from sluice.model.stream import StreamSpec
-from sluice.paths import Roots
+from sluice.paths import Roots, require_local
 from sluice.storage.checkpoint import CheckpointError, CheckpointReader, log_file_batch, read_query_id
 from sluice.storage.lock import LOCK_FILE, LockHeld, StreamLock
 
@@ -46,6 +46,11 @@ class RepairError(SluiceError):
 
 def _stamp() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{time.time_ns() % 1_000_000:06d}"
+
+
+def _local_checkpoint(stream: StreamSpec, roots: Roots) -> Path:
+    """Repair moves checkpoint files: on a local or mounted checkpoint only, for now."""
+    return Path(require_local(stream.checkpoint_path(roots), what=f"stream '{stream.name}': checkpoint to repair"))
 
 
 @contextlib.contextmanager
@@ -74,7 +79,7 @@ def _sink_batch(stream: StreamSpec, roots: Roots, query_id: str | None) -> int |
 
 def backup(stream: StreamSpec, roots: Roots) -> dict[str, Any]:
     """Copy the whole checkpoint to ``<checkpoint>.backup-<time>`` beside it."""
-    checkpoint = Path(stream.checkpoint_path(roots))
+    checkpoint = _local_checkpoint(stream, roots)
     if not checkpoint.is_dir():
         raise RepairError(f"stream '{stream.name}' has no checkpoint at {checkpoint}")
     with _exclusive(checkpoint, stream.name):
@@ -89,7 +94,7 @@ def _copy(checkpoint: Path) -> Path:
 
 def quarantine_offsets(stream: StreamSpec, roots: Roots) -> dict[str, Any]:
     """Move the latest ``offsets/N`` aside when batch N was never committed anywhere, so that Spark plans it again."""
-    checkpoint = Path(stream.checkpoint_path(roots))
+    checkpoint = _local_checkpoint(stream, roots)
     with _exclusive(checkpoint, stream.name):
         return _quarantine_offsets(stream, roots, checkpoint)
 
@@ -131,7 +136,7 @@ def repin_query_id(stream: StreamSpec, roots: Roots) -> dict[str, Any]:
     Only for a checkpoint that lost its metadata and nothing else: its offsets must reach the sink's newest batch
     of that query. Re-pinning a lost or foreign checkpoint would make the sink skip new batches as replays.
     """
-    checkpoint = Path(stream.checkpoint_path(roots))
+    checkpoint = _local_checkpoint(stream, roots)
     with _exclusive(checkpoint, stream.name):
         return _repin_query_id(stream, roots, checkpoint)
 
@@ -197,7 +202,7 @@ def reset_to_version(stream: StreamSpec, roots: Roots, version: int) -> dict[str
     """
     if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= MAX_DELTA_VERSION:
         raise RepairError(f"version: expected a Delta version number from 0 to {MAX_DELTA_VERSION}, got {version!r}")
-    checkpoint = Path(stream.checkpoint_path(roots))
+    checkpoint = _local_checkpoint(stream, roots)
     with _exclusive(checkpoint, stream.name):
         return _reset(stream, roots, checkpoint, version)
 

@@ -16,6 +16,7 @@ The check is made once per bucket and process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -70,11 +71,12 @@ def require_conditional_writes(checkpoint: Folder) -> None:
         except AlreadyExists:
             _checked.add(root)
             return
-        raise NoConditionalWrites(why)
     except NoConditionalWrites as exc:
         raise NoConditionalWrites(f"{why} ({exc})") from exc
     finally:
-        probe.delete(name)
+        with contextlib.suppress(Exception):
+            probe.delete(name)
+    raise NoConditionalWrites(why)
 
 
 class ObjectLock(HeldLock):
@@ -132,14 +134,27 @@ class ObjectLock(HeldLock):
             try:
                 self._version = self.checkpoint.replace(LOCK_FILE, self._payload(), self._version)
             except Changed:
-                self._lose("another run replaced it")
-                return
+                # A beat whose reply was lost changed the version under us: the lock is still ours if it holds our
+                # token, and then its version is adopted.
+                mine = self._own_version()
+                if mine is None:
+                    self._lose("another run replaced it")
+                    return
+                self._version = mine
             except Exception as exc:  # keep trying: a missed beat is harmless until the expiry
                 log.warning("stream %s: lock heartbeat failed: %s", self.stream, exc)
 
-    def _release(self) -> None:
+    def _own_version(self) -> str | None:
+        """The lock's current version if it holds this run's token, else None."""
         found = self.checkpoint.versioned(LOCK_FILE)
-        if found is not None and found[1] == self._version:
+        if found is None:
+            return None
+        entry = self.checkpoint.stat(LOCK_FILE)
+        holder = _parse(found[0], entry.modified if entry is not None else time.time())
+        return found[1] if holder.token == self.token else None
+
+    def _release(self) -> None:
+        if self._own_version() is not None:
             self.checkpoint.delete(LOCK_FILE)
 
 

@@ -7,9 +7,9 @@ unchanged) on S3 (``If-None-Match``/``If-Match``), GCS (generation preconditions
 
 Credentials never come from the catalog or a param. A store reads them from the environment, as its SDK does
 (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION``, ``AWS_ENDPOINT_URL``;
-``AZURE_STORAGE_ACCOUNT_NAME``/``_KEY``...; ``GOOGLE_SERVICE_ACCOUNT``...), or from the settings an Airflow
-connection maps to (:func:`sluice.connections.storage.storage_settings`), which the operators put in that
-environment and never in a log, an XCom or a summary.
+``AZURE_STORAGE_ACCOUNT_NAME``/``_KEY``...; ``GOOGLE_SERVICE_ACCOUNT``...), which the operators fill from an
+Airflow connection (:func:`sluice.connections.storage.storage_environment`), never in a log, an XCom or a
+summary.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -191,15 +192,21 @@ class LocalFolder(Folder):
             return None
 
     def create(self, name: str, data: bytes) -> str:
+        # Written aside, then linked into place: link() fails if the file exists, and a reader never sees it
+        # empty or half-written (a crash between the two leaves only the temporary file).
         self.path.mkdir(parents=True, exist_ok=True)
+        descriptor, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=self.path)
         try:
-            descriptor = os.open(self.path / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        except FileExistsError:
-            raise AlreadyExists(f"{self.where(name)} exists") from None
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            return self._token(os.fstat(handle.fileno()))
+            with os.fdopen(descriptor, "wb") as handle:
+                handle.write(data)
+            try:
+                os.link(temporary, self.path / name)
+            except FileExistsError:
+                raise AlreadyExists(f"{self.where(name)} exists") from None
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+        return self._token((self.path / name).stat())
 
     def replace(self, name: str, data: bytes, version: str) -> str:
         # Local writers of one checkpoint share a host and its lock (sluice.storage.lock); this compare-then-swap is
@@ -281,30 +288,34 @@ class ObjectFolder(Folder):
             result = obstore.get(self.store, self._key(name))
         except (NotFoundError, FileNotFoundError):
             return None
-        meta = result.meta
-        return bytes(result.bytes()), str(meta.get("e_tag") or meta.get("version") or "")
+        return bytes(result.bytes()), _token(result.meta)
 
     def _put(self, name: str, data: bytes, mode: Any) -> str:
         import obstore
-        from obstore.exceptions import AlreadyExistsError, NotSupportedError, PreconditionError
+        from obstore.exceptions import AlreadyExistsError, NotFoundError, NotSupportedError, PreconditionError
 
         try:
             result = obstore.put(self.store, self._key(name), data, mode=mode)
         except AlreadyExistsError:
             raise AlreadyExists(f"{self.where(name)} exists") from None
+        except (NotFoundError, FileNotFoundError):  # replaced a version that was deleted meanwhile
+            raise Changed(f"{self.where(name)} is gone since it was read") from None
         except PreconditionError:
             if mode == "create":
                 raise AlreadyExists(f"{self.where(name)} exists") from None
             raise Changed(f"{self.where(name)} changed since it was read") from None
         except NotSupportedError as exc:
             raise NoConditionalWrites(f"{self.uri}: the store has no conditional writes ({exc})") from exc
-        return str(result.get("e_tag") or result.get("version") or "")
+        return _token(result)
 
     def create(self, name: str, data: bytes) -> str:
         return self._put(name, data, "create")
 
     def replace(self, name: str, data: bytes, version: str) -> str:
-        return self._put(name, data, {"e_tag": version})
+        # S3 and Azure match the ETag; GCS matches the generation, which object_store calls the version.
+        e_tag, _, generation = version.partition("\n")
+        condition = {key: value for key, value in (("e_tag", e_tag), ("version", generation)) if value}
+        return self._put(name, data, condition)
 
     def walk(self) -> Iterator[tuple[str, Entry]]:
         import obstore
@@ -321,6 +332,12 @@ class ObjectFolder(Folder):
 
         return sum(int(meta["size"]) for page in obstore.list(self.store, f"{self.prefix}/" if self.prefix else None)
                    for meta in page)
+
+
+def _token(meta: Mapping[str, Any]) -> str:
+    """A version token for a conditional replace: the ETag and the version (a GCS generation), either may be
+    empty."""
+    return f"{meta.get('e_tag') or ''}\n{meta.get('version') or ''}"
 
 
 def is_local(uri: str) -> bool:
