@@ -15,6 +15,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from sluice.arguments import option_args
 from sluice.catalog import DEFAULT_CATALOG
+from sluice.connections.storage import DEFAULT_CONNECTION as STORAGE_CONNECTION
 from sluice.constants import RunStatus
 from sluice.paths import Roots
 
@@ -75,7 +76,7 @@ class SluiceOperator(BaseOperator):
     template_fields: Sequence[str] = ("catalog", "landing_root", "lake_root", "checkpoint_root")
 
     def __init__(self, *, catalog: str | None = None, landing_root: str | None = None, lake_root: str | None = None,
-                 checkpoint_root: str | None = None, storage_conn_id: str = "sluice_storage", **kwargs: Any) -> None:
+                 checkpoint_root: str | None = None, storage_conn_id: str = STORAGE_CONNECTION, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.catalog = catalog
         self.landing_root = landing_root

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowSensorTimeout
 
+from sluice.connections.storage import DEFAULT_CONNECTION as STORAGE_CONNECTION
 from sluice_airflow.operators import resolve_roots, storage_environment
 from sluice_airflow.triggers import StreamLagTrigger
 
@@ -47,7 +48,7 @@ class StreamLagSensor(BaseSensorOperator):
     def __init__(self, *, stream: str, max_status: str = "OK", catalog: str | None = None,
                  deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
                  landing_root: str | None = None, lake_root: str | None = None, checkpoint_root: str | None = None,
-                 storage_conn_id: str = "sluice_storage", **kwargs: Any) -> None:
+                 storage_conn_id: str = STORAGE_CONNECTION, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if max_status not in LAG_STATUSES:
             raise ValueError(f"max_status: expected one of {', '.join(LAG_STATUSES)}, got {max_status!r}")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from typing import Any
 
 from sluice.constants import FaultCode, Severity
@@ -21,6 +20,7 @@ from sluice.paths import Roots
 from sluice.storage.checkpoint import CheckpointError, CheckpointReader, OffsetEntry, read_query_id
 from sluice.storage.lock import LockFileError
 from sluice.storage.object_lock import read_lock_at
+from sluice.times import iso_utc
 
 # A finding's weight; the name the checks and their callers have always used.
 Health = Severity
@@ -102,7 +102,7 @@ def check_stream(stream: StreamSpec, roots: Roots, *, now: float | None = None) 
     if commits:
         last_commit = reader.commit_time(commits[-1])
         age = now - last_commit
-        report.facts["last_commit_time"] = datetime.fromtimestamp(last_commit, timezone.utc).isoformat()
+        report.facts["last_commit_time"] = iso_utc(last_commit)
         report.facts["seconds_since_last_commit"] = round(age)
         stale_after = stream.alerts.stale_after_seconds
         if stale_after is not None and age > stale_after:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
 from sluice.constants import (
@@ -13,6 +12,7 @@ from sluice.constants import (
     CommitInfo,
 )
 from sluice.errors import SluiceError
+from sluice.times import iso_utc
 
 
 class DeltaSchemaMismatch(SluiceError):
@@ -266,7 +266,7 @@ def table_history(path: str, *, limit: int = 50) -> list[dict[str, Any]]:
         commit, reset = _batch_commit(info), _reset_of(info)
         rows.append({
             "version": int(info["version"]),
-            "time": datetime.fromtimestamp(int(info["timestamp"]) / 1000, timezone.utc).isoformat(),
+            "time": iso_utc(int(info["timestamp"]) / 1000),
             "operation": info.get("operation"),
             "stream": commit.stream if commit else None,
             "query_id": commit.query_id if commit else (reset[0] if reset else None),

@@ -356,10 +356,9 @@ def scheme_of(uri: str) -> str:
     return SCHEMES[scheme]
 
 
-def folder(uri: str | os.PathLike[str], settings: Mapping[str, str] | None = None) -> Folder:
-    """The folder at ``uri``: a local path (or ``file://``), or a prefix of a bucket or container. ``settings`` are
-    the store's own (``aws_endpoint``, ``aws_region``...; see :mod:`sluice.connections.storage`); a store reads its
-    credentials from the environment when they are not there."""
+def folder(uri: str | os.PathLike[str]) -> Folder:
+    """The folder at ``uri``: a local path (or ``file://``), or a prefix of a bucket or container, whose store reads
+    its endpoint and credentials from the environment (:mod:`sluice.connections.storage`)."""
     text = os.fspath(uri)
     if is_local(text):
         return LocalFolder(text.removeprefix("file://"))
@@ -368,20 +367,17 @@ def folder(uri: str | os.PathLike[str], settings: Mapping[str, str] | None = Non
     assert match is not None
     authority, prefix = match.group(2), match.group(3)
     root = f"{scheme}://{authority}/"
-    return ObjectFolder(_store(root, tuple(sorted((settings or {}).items()))), prefix, text)
+    return ObjectFolder(_store(root), prefix, text)
 
 
 @lru_cache(maxsize=32)
-def _store(root: str, settings: tuple[tuple[str, str], ...]) -> Any:
-    """One client per bucket and settings: obstore keeps its connections in it."""
+def _store(root: str) -> Any:
+    """One client per bucket: obstore keeps its connections in it."""
     from obstore.store import from_url
 
-    config = dict(settings)
-    client = {"allow_http": "true"} if config.pop("allow_http", "") == "true" else None
-    if root.startswith("s3://"):
-        # AWS S3 has honoured If-None-Match and If-Match since 2024; the lock needs both.
-        config.setdefault("aws_conditional_put", "etag")
+    # AWS S3 has honoured If-None-Match and If-Match since 2024; the lock needs both.
+    config = {"aws_conditional_put": "etag"} if root.startswith("s3://") else None
     try:
-        return from_url(root, config=config or None, client_options=client)  # type: ignore[arg-type]
+        return from_url(root, config=config)  # type: ignore[arg-type]
     except Exception as exc:  # obstore raises per-store configuration errors
         raise StoreError(f"{root}: cannot open the store ({exc})") from exc
