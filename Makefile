@@ -104,8 +104,9 @@ lint: $(STAMP)  ## ruff, mypy and the import layers (import-linter)
 	$(BIN)/lint-imports
 
 .PHONY: bench
-bench: $(STAMP)  ## benchmarks: ingest (Delta sink vs Parquet sink, BENCH_ROWS=1000000), health check, lag check, MERGE vs append
+bench: $(STAMP)  ## benchmarks: ingest (Delta sink vs Parquet sink, BENCH_ROWS=1000000), health check, lag check, MERGE vs append, expectations and a SQL transform vs none
 	$(BIN)/python bench/bench_ingest.py --rows $${BENCH_ROWS:-1000000}
+	$(BIN)/python bench/bench_rules.py --rows $${BENCH_ROWS:-1000000}
 	$(BIN)/python bench/bench_health.py
 	$(BIN)/python bench/bench_lag.py
 	$(BIN)/python bench/bench_merge.py

@@ -27,6 +27,7 @@ import time
 import uuid
 from pathlib import Path
 
+from harness import best_of_rounds, local_spark
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -35,7 +36,6 @@ from sluice.cli.demo_producer import EVENT_SCHEMA
 from sluice.model.schema import parse_schema
 from sluice.paths import Roots
 from sluice_spark.runner import build_routed_frame, run_streams
-from sluice_spark.session import configure_sluice, register_data_sources
 
 
 def write_events(folder: Path, rows: int, files: int) -> None:
@@ -119,29 +119,22 @@ def main() -> None:
         started = time.perf_counter()
         write_events(landing, args.rows, args.files)
         print(f"wrote {args.rows:,} JSON rows in {args.files} files in {time.perf_counter() - started:.1f}s")
-        spark = configure_sluice(SparkSession.builder).master("local[2]").config("spark.ui.enabled", "false") \
-            .getOrCreate()
-        spark.sparkContext.setLogLevel("ERROR")
-        register_data_sources(spark)
+        spark = local_spark()
         # Warm the JIT and the Python workers for every side before anything is timed.
         run_parquet(spark, landing, work / "warmup-plain", plain=True)
         run_parquet(spark, landing, work / "warmup-parquet", plain=False)
         run_sluice(spark, landing, work / "warmup-sluice")
 
-        times: dict[str, list[float]] = {"plain": [], "parquet": [], "sluice": []}
-        for round_index in range(args.rounds):
-            order = list(times) if round_index % 2 == 0 else list(reversed(times))
-            for side in order:
-                out = work / f"{side}-{round_index}"
-                if side == "sluice":
-                    elapsed, rows = run_sluice(spark, landing, out)
-                    if rows != args.rows // args.files * args.files:
-                        raise SystemExit(f"Sluice wrote {rows} rows, expected {args.rows}")
-                else:
-                    elapsed = run_parquet(spark, landing, out, plain=side == "plain")
-                times[side].append(elapsed)
-            print(f"round {round_index + 1}: " + ", ".join(f"{side} {times[side][-1]:.2f}s" for side in times))
-        best = {side: min(values) for side, values in times.items()}
+        def timed(side: str, round_index: int) -> float:
+            out = work / f"{side}-{round_index}"
+            if side != "sluice":
+                return run_parquet(spark, landing, out, plain=side == "plain")
+            elapsed, rows = run_sluice(spark, landing, out)
+            if rows != args.rows // args.files * args.files:
+                raise SystemExit(f"Sluice wrote {rows} rows, expected {args.rows}")
+            return elapsed
+
+        best = best_of_rounds(["plain", "parquet", "sluice"], args.rounds, timed)
         ratio = best["sluice"] / best["parquet"]
         print(json.dumps({"rows": args.rows, "best_seconds": {k: round(v, 2) for k, v in best.items()},
                           "ratio_sluice_delta_vs_parquet_sink": round(ratio, 3),

@@ -13,6 +13,22 @@ import yaml
 from sluice.cli.demo_producer import EVENT_SCHEMA
 from sluice.paths import Roots
 
+# A schema whose user_id may be NULL, and the four expectations of the rules issue's example.
+RULES_SCHEMA = {
+    "event_id": "string not null",
+    "event_type": "string not null",
+    "user_id": "string",
+    "amount": "decimal(12,2)",
+    "currency": "string",
+    "event_time": "timestamp not null",
+}
+EXAMPLE_RULES = {
+    "valid_amount": {"check": "amount IS NULL OR amount >= 0", "on_violation": "quarantine"},
+    "known_currency": {"check": "currency IN ('EUR', 'USD', 'GBP')", "on_violation": "warn"},
+    "not_from_the_future": {"check": "event_time <= current_timestamp() + INTERVAL 1 HOUR", "on_violation": "drop"},
+    "has_user": {"check": "user_id IS NOT NULL", "on_violation": "fail"},
+}
+
 
 def events_stream(name: str = "events", **overrides: Any) -> dict[str, Any]:
     stream: dict[str, Any] = {

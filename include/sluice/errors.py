@@ -27,3 +27,8 @@ class CatalogError(SluiceError):
 
 class StreamRunError(SluiceError):
     """A stream run failed: Spark failed, or a run could not produce its summary."""
+
+
+class ExpectationFailed(SluiceError):
+    """Rows of a micro-batch broke an expectation whose action is ``fail``: the batch committed nowhere, and every
+    run stops at it until the rule or the data changes."""

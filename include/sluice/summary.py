@@ -18,7 +18,7 @@ from sluice.errors import StreamRunError
 @dataclass
 class StreamRunSummary:
     """The numbers of one stream's run. ``input_rows`` counts the rows read from the stream's sources (both sides
-    of a join). For a row-wise stream, rows in always equal rows out plus dead-letter rows."""
+    of a join). For a row-wise stream, rows in always equal rows out plus dropped rows plus dead-letter rows."""
 
     stream: str
     query_id: str | None = None
@@ -42,6 +42,10 @@ class StreamRunSummary:
     late_rows: int = 0
     duplicate_rows: int = 0
     state_rows: int = 0
+    # Rows an expectation dropped (counted, written nowhere): rows in = written + dropped + dead-lettered.
+    dropped_rows: int = 0
+    # Per expectation: {"rule", "on_violation", "checked", "violated"}, in catalog order.
+    expectations: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass

@@ -40,6 +40,7 @@ from sluice.paths import Roots, join, require_local
 from sluice.storage.checkpoint import ensure_query_id
 from sluice.storage.delta import table_version
 from sluice.storage.lock import LockHeld, StreamLock
+from sluice_spark.quality import expectation_counts
 from sluice_spark.runner import (
     await_query,
     build_routed_frame,
@@ -48,7 +49,7 @@ from sluice_spark.runner import (
     sink_targets,
 )
 from sluice_spark.session import activate, resolve_engine
-from sluice_spark.targets import DEAD_LETTER_ROUTE, GOOD_ROUTE, ROUTE_COLUMN
+from sluice_spark.targets import DEAD_LETTER_ROUTE, GOOD_ROUTE, RAW_COLUMN, ROUTE_COLUMN
 from sluice_spark.writers import BatchRouter
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,9 @@ class BackfillSummary:
     rows_replaced: int = 0
     dead_letter_rows: int = 0
     dead_letter_rows_replaced: int = 0
+    # Rows an expectation dropped (read, counted, written nowhere), and the counts per expectation.
+    rows_dropped: int = 0
+    expectations: list[dict[str, Any]] = field(default_factory=list)
     replayed_batches: list[int] = field(default_factory=list)
     delta_version_before: int | None = None
     delta_version_after: int | None = None
@@ -235,7 +239,7 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
                          commit_info=lambda batch_id, _route: {**metadata, CommitInfo.BACKFILL_BATCH: batch_id},
                          staging=scratch,
                          replace={GOOD_ROUTE: plan.sink_filter, DEAD_LETTER_ROUTE: plan.dead_letter_filter},
-                         before=count)
+                         before=count, example_column=RAW_COLUMN)
     query = (routed.withColumn(IN_RANGE_COLUMN, in_range).writeStream.foreachBatch(router)
              .queryName(f"backfill-{stream.name}").option("checkpointLocation", checkpoint)
              .trigger(availableNow=True).start())
@@ -249,6 +253,8 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
         else:
             shutil.rmtree(own / "staging", ignore_errors=True)
     summary.replayed_batches = list(router.replayed)
+    summary.expectations, summary.rows_dropped = expectation_counts(query.recentProgress, stream)
+    summary.input_rows += summary.rows_dropped
     error = query.exception()
     if lock.lost:
         summary.status, summary.error = RunStatus.FAILED, "lost the stream's lock to another run during the backfill"

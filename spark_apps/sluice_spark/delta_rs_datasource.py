@@ -24,7 +24,8 @@ DATA_SOURCE_NAME = "sluice_delta"
 
 class DeltaRsDataSource(DataSource):
     """``df.writeStream.format("sluice_delta")``. Options: ``targets`` (JSON), ``routeColumn``, ``queryId``,
-    ``stream``; ``commitInfo`` (JSON object) is added to every commit's metadata.
+    ``stream``; ``commitInfo`` (JSON object) is added to every commit's metadata. With ``failedColumn``, a batch whose
+    rows name a broken ``fail`` expectation there commits nothing; ``exampleColumn`` is what its error shows.
 
     ``spark.readStream.format("sluice_delta").load(path)`` reads a table's new versions
     (:mod:`sluice_spark.delta_rs_source`)."""
@@ -64,4 +65,6 @@ class DeltaRsDataSource(DataSource):
             app_id=lowered["queryid"],
             stream=lowered.get("stream", ""),
             commit_info=json.loads(lowered.get("commitinfo", "{}")),
+            failed_column=lowered.get("failedcolumn"),
+            example_column=lowered.get("examplecolumn"),
         )

@@ -31,7 +31,7 @@ from sluice.constants import (
 from sluice.storage.delta import commit_metadata, holds_batch
 from sluice_spark import faults
 from sluice_spark.delta_rs_stats import file_stats, partition_string
-from sluice_spark.targets import TableTarget
+from sluice_spark.targets import TableTarget, expectation_failure, tally_failures
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -57,14 +57,20 @@ class AddedFile:
 @dataclass
 class DeltaCommitMessage(WriterCommitMessage):
     files: list[AddedFile] = field(default_factory=list)
+    # Rows per ``fail`` expectation this task saw broken, and the first such row: the driver commits nothing then.
+    failed: dict[str, int] = field(default_factory=dict)
+    example: str | None = None
 
 
 class DeltaRsStreamWriter(DataSourceStreamArrowWriter):
     """Writes Parquet on executors; commits one Delta transaction per table and batch on the driver."""
 
     def __init__(self, targets: list[TableTarget], route_column: str, app_id: str, stream: str,
-                 commit_info: dict[str, Any]) -> None:
+                 commit_info: dict[str, Any], failed_column: str | None = None,
+                 example_column: str | None = None) -> None:
         self.targets = targets
+        self.failed_column = failed_column
+        self.example_column = example_column
         self.route_column = route_column
         self.app_id = app_id
         self.stream = stream
@@ -76,10 +82,13 @@ class DeltaRsStreamWriter(DataSourceStreamArrowWriter):
         import pyarrow.compute as pc
 
         writers: dict[tuple[int, tuple[str | None, ...]], _PartitionFile] = {}
+        message = DeltaCommitMessage()
         try:
             for batch in iterator:
                 if batch.num_rows == 0:
                     continue
+                if self.failed_column is not None:
+                    self._count_failed(batch, message)
                 routes = batch.column(self.route_column)
                 for index, target in enumerate(self.targets):
                     mask = target.selects(routes, batch.column(target.flag) if target.flag else None)
@@ -88,13 +97,25 @@ class DeltaRsStreamWriter(DataSourceStreamArrowWriter):
                         self._write_rows(index, target, batch, writers)
                     elif selected_rows:
                         self._write_rows(index, target, batch.filter(mask), writers)
-            files = [writer.close() for writer in writers.values()]
+            message.files = [writer.close() for writer in writers.values()]
         except BaseException:
             for writer in writers.values():
                 writer.discard()
             raise
         faults.reach("executor_written")
-        return DeltaCommitMessage(files=files)
+        return message
+
+    def _count_failed(self, batch: pa.RecordBatch, message: DeltaCommitMessage) -> None:
+        import pyarrow.compute as pc
+
+        names = batch.column(self.failed_column)
+        if names.null_count == len(names):
+            return
+        counts = pc.value_counts(names.drop_null())
+        tally_failures({item["values"]: item["counts"] for item in counts.to_pylist()}, message.failed)
+        if message.example is None and self.example_column is not None:
+            first = pc.index(pc.is_valid(names), True).as_py()
+            message.example = batch.column(self.example_column)[first].as_py()
 
     def _write_rows(self, index: int, target: TableTarget, rows: pa.RecordBatch,
                     writers: dict[tuple[int, tuple[str | None, ...]], _PartitionFile]) -> None:
@@ -133,7 +154,15 @@ class DeltaRsStreamWriter(DataSourceStreamArrowWriter):
         from deltalake import CommitProperties, DeltaTable, Transaction
         from deltalake.transaction import AddAction, PostCommitHookProperties, RemoveAction
 
-        files = [f for message in messages if isinstance(message, DeltaCommitMessage) for f in message.files]
+        ours = [message for message in messages if isinstance(message, DeltaCommitMessage)]
+        files = [f for message in ours for f in message.files]
+        failed: dict[str, int] = {}
+        for message in ours:
+            for name, rows in message.failed.items():
+                failed[name] = failed.get(name, 0) + rows
+        if failed:
+            self.abort(messages, batchId)
+            raise expectation_failure(batchId, failed, next((m.example for m in ours if m.example), None))
         faults.reach("before_commit", batchId)
         for index, target in enumerate(self.targets):
             table_files = [f for f in files if f.table == index]

@@ -1,22 +1,45 @@
-"""The quality split: every parsed record is either good or dead-lettered with a reason. Nothing is dropped.
+"""The quality split: every parsed record is good, dead-lettered with a reason, or dropped by a rule and counted.
 
-A record goes to the dead-letter table when the reader could not parse it (``_corrupt_record`` is set) or when a
-column declared ``not null`` is missing. The reason names the first offending field and its raw value, computed
-with column expressions only (no Python UDF), so the split costs no extra pass over the data.
+Two steps, in this order around the transform:
+
+1. :func:`flag_dead_letters`, before the transform: a record goes to the dead-letter table when the reader could
+   not parse it (``_corrupt_record`` is set) or when a field declared ``not null`` is missing. The reason names the
+   first offending field and its raw value.
+2. :func:`check_expectations`, after the transform and before the stateful steps: the stream's rules
+   (:mod:`sluice.model.expectations`) judge the rows step 1 kept. A quarantined row joins the dead letters with
+   every rule it broke in its reason; a dropped row leaves the frame; a row that broke a ``fail`` rule is marked
+   for the writers, which refuse to commit its batch (:func:`sluice_spark.targets.expectation_failure`).
+
+Both are column expressions (no Python UDF), so they cost no extra pass over the data. The counts per rule travel
+in Spark's observed metrics (:data:`EXPECTATIONS_METRIC`), one row per micro-batch in its progress report.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.streaming.listener import StreamingQueryProgress
 
 from sluice.constants import CORRUPT_COLUMN, FileFormat
+from sluice.errors import CatalogError
+from sluice.model.expectations import QUARANTINE_REASON, NullResult, Violation
 from sluice.model.stream import StreamSpec
 from sluice.model.types import dotted, quote
+from sluice_spark.targets import FAILED_COLUMN, RAW_COLUMN, REASON_COLUMN
 
-REASON_COLUMN = "_dead_letter_reason"
-RAW_COLUMN = "_dead_letter_raw"
 _MAX_VALUE_IN_REASON = 120
+#: The name of the observed metrics that count, per micro-batch, the rows the rules judged (``checked``), the rows
+#: each rule caught (``broke_<rule>``) and the rows dropped (``dropped``).
+EXPECTATIONS_METRIC = "sluice_expectations"
+CHECKED_METRIC = "checked"
+DROPPED_METRIC = "dropped"
+
+
+def broke_metric(rule: str) -> str:
+    return f"broke_{rule}"
 
 
 def _string_schema(stream: StreamSpec) -> str:
@@ -94,3 +117,82 @@ def _raw_record(stream: StreamSpec) -> Column:
     """The record as it arrived when the reader kept it, else the parsed fields as JSON."""
     fields = F.struct(*[F.col(name) for name in stream.source.schema.names])
     return F.coalesce(F.col(CORRUPT_COLUMN), F.to_json(fields))
+
+
+def check_expectations(frame: DataFrame, stream: StreamSpec, data_columns: list[str]) -> DataFrame:
+    """Judge the good rows of a transformed frame by the stream's rules (see the module's docstring).
+
+    ``data_columns`` are the row's columns as the rules see them: a quarantined row's raw record is those, as JSON.
+    """
+    rules = stream.expectations
+    if not rules:
+        return frame
+    judged = F.col(REASON_COLUMN).isNull()
+    broke: dict[str, Column] = {}
+    for rule in rules:
+        check = F.expr(rule.check)
+        kind = frame.select(check).schema.fields[0].dataType.simpleString()
+        if kind != "boolean":
+            raise CatalogError(f"the check {rule.check!r} gives {kind}, not a boolean", stream=stream.name,
+                               field=f"expectations.{rule.name}.check")
+        broke[rule.name] = judged & ~F.coalesce(check, F.lit(rule.on_null is NullResult.PASSES))
+    flags = {_JUDGED: judged, **{_flag(name): condition for name, condition in broke.items()}}
+    flagged = frame.withColumns(flags)
+
+    def any_broke(action: Violation) -> Column:
+        return _any([F.col(_flag(rule.name)) for rule in rules if rule.on_violation is action])
+
+    def names(selected: list[str]) -> Column:
+        return F.concat_ws(", ", *[F.when(F.col(_flag(name)), F.lit(name)) for name in selected])
+
+    failed, quarantined = any_broke(Violation.FAIL), any_broke(Violation.QUARANTINE)
+    dead = failed | quarantined
+    dropped = any_broke(Violation.DROP) & ~dead
+    row = F.to_json(F.struct(*[F.col(quote(name)) for name in data_columns]))
+    fail_rules = [rule.name for rule in rules if rule.on_violation is Violation.FAIL]
+    judged_frame = flagged.withColumns({
+        REASON_COLUMN: F.when(dead, F.concat(F.lit(QUARANTINE_REASON), names([rule.name for rule in rules])))
+        .otherwise(F.col(REASON_COLUMN)),
+        RAW_COLUMN: F.when(dead, F.coalesce(F.col(RAW_COLUMN), row)).otherwise(F.col(RAW_COLUMN)),
+        **({FAILED_COLUMN: F.when(failed, names(fail_rules))} if fail_rules else {}),
+    })
+    metrics = [F.count_if(F.col(_JUDGED)).alias(CHECKED_METRIC), F.count_if(dropped).alias(DROPPED_METRIC),
+               *[F.count_if(F.col(_flag(rule.name))).alias(broke_metric(rule.name)) for rule in rules]]
+    observed = judged_frame.observe(EXPECTATIONS_METRIC, *metrics)
+    return observed.where(~dropped).drop(*flags)
+
+
+_JUDGED = "_sluice_judged"
+
+
+def _flag(rule: str) -> str:
+    return f"_sluice_broke_{rule}"
+
+
+def _any(conditions: list[Column]) -> Column:
+    if not conditions:
+        return F.lit(False)
+    result = conditions[0]
+    for condition in conditions[1:]:
+        result = result | condition
+    return result
+
+
+def expectation_counts(progress: Iterable[StreamingQueryProgress],
+                       stream: StreamSpec) -> tuple[list[dict[str, Any]], int]:
+    """Per rule, the rows checked and the rows that broke it, and the rows dropped, over the executed batches of a
+    query's progress reports (a report without ``addBatch`` is an idle trigger)."""
+    checked = dropped = 0
+    broke = dict.fromkeys((rule.name for rule in stream.expectations), 0)
+    for report in progress:
+        metrics = report.observedMetrics.get(EXPECTATIONS_METRIC) if "addBatch" in report.durationMs else None
+        if metrics is None:
+            continue
+        values = metrics.asDict()
+        checked += int(values[CHECKED_METRIC])
+        dropped += int(values[DROPPED_METRIC])
+        for name in broke:
+            broke[name] += int(values[broke_metric(name)])
+    counts = [{"rule": rule.name, "on_violation": rule.on_violation.value, "checked": checked,
+               "violated": broke[rule.name]} for rule in stream.expectations]
+    return counts, dropped

@@ -33,6 +33,7 @@ from sluice.constants import (
 )
 from sluice.errors import SluiceError
 from sluice.kinds.delta import DeltaSink
+from sluice.model.expectations import Violation
 from sluice.model.patterns import LookupSpec
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.paths import Roots
@@ -45,10 +46,19 @@ from sluice_spark import kinds
 from sluice_spark import patterns as steps
 from sluice_spark.kinds import read_stream
 from sluice_spark.patterns import with_watermark
-from sluice_spark.quality import RAW_COLUMN, REASON_COLUMN, flag_dead_letters
+from sluice_spark.quality import check_expectations, expectation_counts, flag_dead_letters
 from sluice_spark.session import activate, require_hadoop_connector, resolve_engine
-from sluice_spark.targets import DEAD_LETTER_ROUTE, GOOD_ROUTE, ROUTE_COLUMN, TableTarget
-from sluice_spark.transforms import get_transform
+from sluice_spark.targets import (
+    DEAD_LETTER_ROUTE,
+    FAILED_COLUMN,
+    FAILED_ROUTE,
+    GOOD_ROUTE,
+    RAW_COLUMN,
+    REASON_COLUMN,
+    ROUTE_COLUMN,
+    TableTarget,
+)
+from sluice_spark.transforms import apply_transform
 from sluice_spark.writers import SinkRequest, sink_and_dead_letter
 
 log = logging.getLogger(__name__)
@@ -61,7 +71,7 @@ _DEAD_LETTER_FIELDS = (
     (_STREAM_COLUMN, "stream"),
     (INGEST_TIME_COLUMN, "ingested_at"),
 )
-_INTERNAL_COLUMNS = {CORRUPT_COLUMN, REASON_COLUMN, RAW_COLUMN, ROUTE_COLUMN, _STREAM_COLUMN}
+_INTERNAL_COLUMNS = {CORRUPT_COLUMN, REASON_COLUMN, RAW_COLUMN, ROUTE_COLUMN, _STREAM_COLUMN, FAILED_COLUMN}
 
 
 @dataclass
@@ -89,14 +99,9 @@ def build_routed_frame(spark: SparkSession, stream: StreamSpec, roots: Roots, *,
     ``engine`` reads lookup tables.
     """
     parsed = flag_dead_letters(read_stream(spark, stream, roots, path=path, trigger=trigger), stream)
-    before = set(parsed.columns)
-    transformed = get_transform(stream.transform)(parsed)
-    lost = sorted(before - set(transformed.columns))
-    if lost:
-        raise SluiceError(
-            f"stream '{stream.name}': transform '{stream.transform}' dropped column(s) {', '.join(lost)}; transforms "
-            "of file streams must keep every column so that bad records still reach the dead-letter table"
-        )
+    transformed = apply_transform(parsed, stream)
+    transformed = check_expectations(transformed, stream,
+                                     [name for name in transformed.columns if name not in _INTERNAL_COLUMNS])
     dimensions = [(spec, steps.read_dimension(spark, spec, roots, engine)) for spec in stream.patterns.lookup]
     if stream.patterns.stateful:
         return _route_stateful(spark, stream, roots, transformed, dimensions)
@@ -105,7 +110,7 @@ def build_routed_frame(spark: SparkSession, stream: StreamSpec, roots: Roots, *,
     data_columns = [name for name in transformed.columns if name not in _INTERNAL_COLUMNS]
     rejected = F.col(REASON_COLUMN).isNotNull()
     route = F.when(rejected, F.lit(DEAD_LETTER_ROUTE)).otherwise(F.lit(GOOD_ROUTE))
-    routed = _route(transformed, [F.col(c) for c in data_columns], route, _fan_out_flags(stream), stream=stream.name)
+    routed = _route(transformed, [F.col(c) for c in data_columns], route, _fan_out_flags(stream), stream=stream)
     return routed, [*data_columns, INGEST_TIME_COLUMN]
 
 
@@ -139,23 +144,30 @@ def _route_stateful(spark: SparkSession, stream: StreamSpec, roots: Roots, trans
     lineage = [] if SOURCE_FILE_COLUMN in data_columns else [SOURCE_FILE_COLUMN]
     empty = {name: F.lit(None).cast("string") for name in (*lineage, RAW_COLUMN, REASON_COLUMN)}
     routed = _route(good.withColumns(empty), [F.col(c) for c in (*data_columns, *lineage)], F.lit(GOOD_ROUTE),
-                    _fan_out_flags(stream), stream=stream.name)
+                    _fan_out_flags(stream), stream=stream)
     no_fan_out = [F.lit(False).alias(_fan_out_column(index)) for index, _ in enumerate(patterns.fan_out)]
     for bad in dead:
         nulls = [F.lit(None).cast(types[name]).alias(name) for name in data_columns]
         routed = routed.unionByName(_route(bad, [*nulls, *map(F.col, lineage)], F.lit(DEAD_LETTER_ROUTE), no_fan_out,
-                                           stream=stream.name))
+                                           stream=stream))
     return routed, [*data_columns, INGEST_TIME_COLUMN]
 
 
-def _route(frame: DataFrame, data: list[Column], route: Column, fan_out: list[Column], *, stream: str) -> DataFrame:
+def _route(frame: DataFrame, data: list[Column], route: Column, fan_out: list[Column], *,
+           stream: StreamSpec) -> DataFrame:
     """The routed frame's columns: the data, the ingest time, the route, the dead-letter columns (NULL on good rows)
     and one flag per fan-out table. Only what some table keeps crosses to the sink: the corrupt-record text is
-    already in the raw record."""
+    already in the raw record. A stream with ``fail`` rules also carries the rules each row broke; such a row takes
+    the failed route, which no table takes."""
     rejected = F.col(REASON_COLUMN).isNotNull()
+    failing: list[Column] = []
+    if any(rule.on_violation is Violation.FAIL for rule in stream.expectations):
+        failed = F.col(FAILED_COLUMN) if FAILED_COLUMN in frame.columns else F.lit(None).cast("string")
+        route = F.when(failed.isNotNull(), F.lit(FAILED_ROUTE)).otherwise(route)
+        failing.append(failed.alias(FAILED_COLUMN))
     return frame.select(*data, F.current_timestamp().alias(INGEST_TIME_COLUMN),
                         route.cast("tinyint").alias(ROUTE_COLUMN), RAW_COLUMN, REASON_COLUMN,
-                        F.when(rejected, F.lit(stream)).alias(_STREAM_COLUMN), *fan_out)
+                        F.when(rejected, F.lit(stream.name)).alias(_STREAM_COLUMN), *fan_out, *failing)
 
 
 def _fan_out_column(index: int) -> str:
@@ -279,6 +291,7 @@ def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: floa
     summary.batches = len(input_rows)
     summary.input_rows = sum(input_rows.values())
     summary.late_rows, summary.duplicate_rows, summary.state_rows = _state_counts(query)
+    summary.expectations, summary.dropped_rows = expectation_counts(query.recentProgress, prepared.spec)
     data, dead = sink_and_dead_letter(prepared.targets)
     summary.delta_version_after = None if data is None else table_version(data.path)
     summary.dead_letter_version_after = table_version(dead.path)
@@ -295,14 +308,16 @@ def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: floa
         summary.status = RunStatus.FAILED
         summary.error = error_message(error)
         summary.retryable = not is_permanent_failure(summary.error)
-    elif not prepared.spec.patterns.stateful and summary.input_rows != summary.output_rows + summary.dead_letter_rows:
+    elif (not prepared.spec.patterns.stateful
+          and summary.input_rows != summary.output_rows + summary.dropped_rows + summary.dead_letter_rows):
         # A stateful stream drops late rows and duplicates, and an aggregate turns rows into groups: there the
         # counts are reported, not reconciled.
         summary.status = RunStatus.FAILED
         summary.retryable = False
         summary.error = (
             f"row reconciliation failed: read {summary.input_rows} rows but committed {summary.output_rows} good "
-            f"and {summary.dead_letter_rows} dead-letter rows in batches {summary.batch_ids}"
+            f"and {summary.dead_letter_rows} dead-letter rows, and dropped {summary.dropped_rows}, in batches "
+            f"{summary.batch_ids}"
         )
     else:
         summary.status = RunStatus.SUCCEEDED
@@ -313,13 +328,16 @@ def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: floa
 # restores or resets the checkpoint, so Airflow must not retry it.
 _PERMANENT_FAILURES = re.compile(
     r"batch \d+ doesn't exist|Unable to find batch|Error reading (?:delta|snapshot) file .* of HDFSStateStoreProvider|"
-    r"STATE_STORE_\w*(?:NOT_FOUND|CORRUPT)|CANNOT_LOAD_STATE_STORE"
+    r"STATE_STORE_\w*(?:NOT_FOUND|CORRUPT)|CANNOT_LOAD_STATE_STORE|expectation\(s\) failed in batch"
 )
 
 
 def is_permanent_failure(message: str) -> bool:
     """True for a query error that a rerun of the same checkpoint cannot get past."""
     return _PERMANENT_FAILURES.search(message) is not None
+
+
+_PYTHON_EXCEPTION = re.compile(r"^(?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Failed|Exit|Interrupt)(?::|$)")
 
 
 def error_message(error: BaseException) -> str:
@@ -329,15 +347,20 @@ def error_message(error: BaseException) -> str:
         if not text:
             return repr(exc)
         lines = [line.strip() for line in text.splitlines() if line.strip()]
-        # A Python error raised in foreachBatch arrives as a traceback: its last line says what happened.
-        return f"{lines[0]} {lines[-1]}" if "Traceback (most recent call last)" in text else lines[0]
+        if "Traceback (most recent call last)" not in text:
+            return lines[0]
+        # A Python error raised in foreachBatch or a Python data source arrives as a traceback, with Spark's plan
+        # after it: the line that names the Python exception says what happened.
+        raised = next((line for line in lines[1:] if _PYTHON_EXCEPTION.match(line)), lines[-1])
+        return f"{lines[0]} {raised}"
 
     message, root, seen = first_line(error), error, 0
     # pyspark keeps the JVM cause chain on captured exceptions as ``_cause``.
     while getattr(root, "_cause", None) is not None and seen < 20:
         root, seen = root._cause, seen + 1  # type: ignore[attr-defined]
-    if root is not error:
-        message = f"{message} Caused by: {first_line(root)}"
+    cause = first_line(root)
+    if root is not error and cause[-200:] not in message:  # a Python error repeats in its JVM wrapper
+        message = f"{message} Caused by: {cause}"
     return message[:2000]
 
 

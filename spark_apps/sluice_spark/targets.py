@@ -8,11 +8,39 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.constants import SinkMode
+from sluice.errors import ExpectationFailed
 
 # The routed frame's column that says where a row goes, and its values.
 ROUTE_COLUMN = "_sluice_route"
 GOOD_ROUTE = 0
 DEAD_LETTER_ROUTE = 1
+# Why a row is rejected (NULL on good rows), and the record it came from: the dead-letter table's reason and raw
+# record.
+REASON_COLUMN = "_dead_letter_reason"
+RAW_COLUMN = "_dead_letter_raw"
+# A row that broke an expectation whose action is ``fail``: no table takes it, and its batch commits nowhere.
+FAILED_ROUTE = 2
+# The names of the ``fail`` rules such a row broke (NULL on every other row); only streams with such rules have it.
+FAILED_COLUMN = "_sluice_failed"
+_MAX_EXAMPLE = 500
+
+
+def tally_failures(counted: Mapping[str | None, int], into: dict[str, int]) -> dict[str, int]:
+    """Add rows per ``fail`` rule, from rows counted per value of :data:`FAILED_COLUMN` (``"a, b"`` counts under
+    both), to ``into``."""
+    for names, rows in counted.items():
+        for name in (names or "").split(", "):
+            if name:
+                into[name] = into.get(name, 0) + rows
+    return into
+
+
+def expectation_failure(batch_id: int, failed: Mapping[str, int], example: str | None) -> ExpectationFailed:
+    """The error that stops a batch with rows that broke a ``fail`` rule, before it commits anywhere."""
+    rules = ", ".join(f"'{name}' ({rows} row{'s' if rows != 1 else ''})" for name, rows in sorted(failed.items()))
+    shown = (example or "")[:_MAX_EXAMPLE]
+    return ExpectationFailed(f"expectation(s) failed in batch {batch_id}: {rules}; nothing of this batch was "
+                             f"committed. First such row: {shown}")
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,24 @@
-"""Transform implementations, keyed by the names in :data:`sluice.model.transforms.TRANSFORMS`.
+"""The row transform of a stream: its SQL, or the Python implementation of a name in
+:data:`sluice.model.transforms.TRANSFORMS`.
 
-A transform is a pure function ``DataFrame -> DataFrame``, testable without a source or a sink. Transforms of file
-streams are row-wise: they add or rewrite columns and keep every row and every column they were given, because the
-dead-letter split and the row reconciliation happen around them.
+A transform is row-wise: one row out per row in, because the dead-letter split and the row reconciliation happen
+around it. A SQL transform (:mod:`sluice.model.sql`, checked when the catalog loaded) selects what it likes; Sluice's
+own columns (the dead-letter flags, the lineage) ride along beside its select list. A Python transform is a pure
+function ``DataFrame -> DataFrame`` that must keep every column it was given.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+
+from sluice.errors import SluiceError
+from sluice.model.sql import SqlTransform, spark_select
+from sluice.model.stream import StreamSpec
+from sluice.model.transforms import TRANSFORMS
 
 Transform = Callable[[DataFrame], DataFrame]
 
@@ -25,15 +33,32 @@ def bronze_events(frame: DataFrame) -> DataFrame:
     )
 
 
-TRANSFORMS: dict[str, Transform] = {
-    "identity": identity,
-    "bronze_events": bronze_events,
-}
-
-
 def get_transform(name: str) -> Transform:
-    try:
-        return TRANSFORMS[name]
-    except KeyError:
-        raise KeyError(f"no Spark implementation for transform {name!r}; known: {', '.join(sorted(TRANSFORMS))}") \
-            from None
+    """The implementation of a Python transform the catalog declares (:data:`sluice.model.transforms.TRANSFORMS`)."""
+    spec = TRANSFORMS.get(name)
+    if spec is None:
+        raise SluiceError(f"no Python transform {name!r}; declared: {', '.join(sorted(TRANSFORMS))}")
+    module, function = spec.target
+    implementation = getattr(importlib.import_module(module), function, None)
+    if not callable(implementation):
+        raise SluiceError(f"transform {name!r}: {module} has no function {function!r}")
+    return implementation
+
+
+def apply_transform(frame: DataFrame, stream: StreamSpec) -> DataFrame:
+    """The stream's transform over its parsed frame (good rows and flagged dead letters alike)."""
+    transform = stream.transform
+    if isinstance(transform, SqlTransform):
+        produced = {name.casefold() for name in transform.names}
+        declared = {name.casefold() for name in stream.source.schema.names}
+        carried = [name for name in frame.columns if name.casefold() not in produced | declared]
+        return frame.sparkSession.sql(spark_select(transform, carried), source=frame)
+    before = set(frame.columns)
+    transformed = get_transform(transform)(frame)
+    lost = sorted(before - set(transformed.columns))
+    if lost:
+        raise SluiceError(
+            f"stream '{stream.name}': transform '{transform}' dropped column(s) {', '.join(lost)}; a Python "
+            "transform must keep every column so that bad records still reach the dead-letter table"
+        )
+    return transformed

@@ -36,7 +36,14 @@ from sluice.model.predicates import DATAFUSION, SPARK_SQL, RowFilter, render
 from sluice.model.stream import StreamSpec
 from sluice.storage.delta import commit_metadata, holds_batch
 from sluice_spark import faults
-from sluice_spark.targets import DEAD_LETTER_ROUTE, GOOD_ROUTE, TableTarget
+from sluice_spark.targets import (
+    DEAD_LETTER_ROUTE,
+    FAILED_COLUMN,
+    GOOD_ROUTE,
+    TableTarget,
+    expectation_failure,
+    tally_failures,
+)
 
 log = logging.getLogger(__name__)
 
@@ -230,13 +237,17 @@ class BatchRouter:
     ``before`` sees the persisted batch first (the Kafka sink sends its good rows, the backfill counts); when it
     returns False the batch writes nothing (a dry run). ``replace`` maps a route to the rows its table gives up in
     the same commit. ``commit_info`` gives each commit's metadata by batch id and route (see
-    :func:`stream_commit_info`). Batches a table already held are listed in ``replayed``.
+    :func:`stream_commit_info`). Batches a table already held are listed in ``replayed``. A batch with rows that
+    broke a ``fail`` expectation (:data:`~sluice_spark.targets.FAILED_COLUMN`) raises before anything is written;
+    ``example_column`` holds what the error shows of the first such row.
     """
 
     def __init__(self, targets: Sequence[TableTarget], *, engine: DeltaEngine, route_column: str, query_id: str,
                  commit_info: CommitInfoOf, replace: Mapping[int, RowFilter | None] | None = None,
-                 staging: Path | None = None, before: Callable[[DataFrame, int], bool] | None = None) -> None:
+                 staging: Path | None = None, before: Callable[[DataFrame, int], bool] | None = None,
+                 example_column: str | None = None) -> None:
         self.targets = list(targets)
+        self.example_column = example_column
         self.writer = table_writer(engine)
         self.route_column = route_column
         self.query_id = query_id
@@ -253,9 +264,19 @@ class BatchRouter:
             selected = selected & F.col(target.flag)
         return batch.where(selected).select(*[F.col(source).alias(name) for source, name in target.columns])
 
+    def refuse_failed(self, batch: DataFrame, batch_id: int) -> None:
+        """Raise when rows of the batch broke a ``fail`` expectation: it must commit nowhere."""
+        failed = batch.where(F.col(FAILED_COLUMN).isNotNull())
+        counted = {row[0]: int(row[1]) for row in failed.groupBy(FAILED_COLUMN).count().collect()}
+        if counted:
+            example = failed.select(self.example_column).first() if self.example_column else None
+            raise expectation_failure(batch_id, tally_failures(counted, {}), example[0] if example else None)
+
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         batch.persist()
         try:
+            if FAILED_COLUMN in batch.columns:
+                self.refuse_failed(batch, batch_id)
             if self.before is not None and not self.before(batch, batch_id):
                 return
             replayed = False

@@ -66,6 +66,22 @@ def kill_application(process: subprocess.Popen, marker: Path) -> None:
     process.wait(timeout=60)
 
 
+def kill_at_then_rerun(catalog: Path, roots: Roots, fault: str, faults: Path,
+                       summary: Path | None = None) -> str:
+    """Run until the crash point ``fault`` (``name[:batch]``), SIGKILL the application there, rerun it cleanly;
+    the rerun's output."""
+    point = fault.split(":")[0]
+    faults.mkdir(exist_ok=True)
+    crashed = submit(catalog, roots, ("SLUICE_FAULT_POINT", fault), ("SLUICE_FAULT_DIR", str(faults)))
+    wait_for(faults / f"{point}.reached", crashed)
+    kill_application(crashed, faults / f"{point}.reached")
+    assert crashed.returncode == -signal.SIGKILL
+    rerun = submit(catalog, roots, summary=summary)
+    output, _ = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, output[-3000:]
+    return output
+
+
 def bronze(path: str) -> list[tuple[Any, ...]]:
     columns = ["event_id", "event_type", "user_id", "amount", "event_date"]
     return [(*row[:4], row[4].isoformat()) for row in table_rows(path, columns)]
@@ -87,19 +103,8 @@ def test_sigkill_then_rerun_gives_the_exact_table(tmp_path: Path, fault: str) ->
     producer = DemoProducer(roots.landing, seed=21, malformed_rate=0.08)
     for index in range(3):
         producer.events_file(lines=60, now=NOW + dt.timedelta(minutes=index))
-    faults = tmp_path / "faults"
-    faults.mkdir()
-    point = fault.split(":")[0]
-
-    crashed = submit(catalog_path, roots, ("SLUICE_FAULT_POINT", fault), ("SLUICE_FAULT_DIR", str(faults)))
-    wait_for(faults / f"{point}.reached", crashed)
-    kill_application(crashed, faults / f"{point}.reached")
-    assert crashed.returncode == -signal.SIGKILL
-
     summary_file = tmp_path / "summary.json"
-    rerun = submit(catalog_path, roots, summary=summary_file)
-    output, _ = rerun.communicate(timeout=300)
-    assert rerun.returncode == 0, output[-3000:]
+    output = kill_at_then_rerun(catalog_path, roots, fault, tmp_path / "faults", summary=summary_file)
     assert "SLUICE_RUN_SUMMARY " in output and summary_file.exists()
 
     expected_good, expected_bad = expected_events(Path(roots.landing) / "events")
@@ -144,3 +149,26 @@ def test_second_run_of_a_locked_stream_refuses_and_changes_nothing(tmp_path: Pat
     output, _ = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, output[-3000:]
     assert bronze(stream.sink_path(roots)) == expected_events(Path(roots.landing) / "events")[0]
+
+
+def test_sigkill_between_commits_with_quarantined_rows_then_rerun(tmp_path: Path) -> None:
+    """Batch 1 holds rows an expectation quarantines: the kill lands after its bronze commit and before its
+    dead-letter commit. The rerun must leave both tables exact: every quarantined row once, nothing else lost."""
+    rule = {"small_amount": {"check": "amount IS NULL OR amount < 100", "on_violation": "quarantine"}}
+    catalog_path = write_catalog(tmp_path, events_stream(trigger={"max_files_per_trigger": 1}, expectations=rule))
+    stream = load_catalog(catalog_path).get("events")
+    roots = roots_in(tmp_path)
+    producer = DemoProducer(roots.landing, seed=5, malformed_rate=0.05)
+    for index in range(3):
+        producer.events_file(lines=60, now=NOW + dt.timedelta(minutes=index))
+    kill_at_then_rerun(catalog_path, roots, "between_commits:1", tmp_path / "faults")
+
+    good, bad = expected_events(Path(roots.landing) / "events")
+    kept = [row for row in good if row[3] is None or row[3] < 100]
+    files = sorted((Path(roots.landing) / "events").rglob("*.json"))
+    assert all(any(row[3] is not None and row[3] >= 100 for row in expected_events(files[0], files=[path])[0])
+               for path in files)  # every batch quarantines, the killed one too
+    assert bronze(stream.sink_path(roots)) == kept
+    reasons = [row["reason"] for row in read_table(stream.dead_letter_table_path(roots), ["reason"]).to_pylist()]
+    assert reasons.count("broke expectation(s): small_amount") == len(good) - len(kept)
+    assert len(reasons) == bad + len(good) - len(kept)

@@ -232,7 +232,7 @@ def test_transform_that_drops_columns_is_refused(spark: Any, tmp_path: Path, eve
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     from sluice_spark import transforms
 
-    monkeypatch.setitem(transforms.TRANSFORMS, "bronze_events", lambda frame: frame.select("event_id"))
+    monkeypatch.setattr(transforms, "bronze_events", lambda frame: frame.select("event_id"))
     with pytest.raises(SluiceError, match="dropped column"):
         run_streams(spark, events_catalog, ["events"], roots_in(tmp_path))
 

@@ -113,7 +113,7 @@ def test_a_run_writing_its_tables_on_s3_survives_a_sigkill_mid_commit(tmp_path: 
     equal the batch oracle over the same files."""
     from sluice.storage.delta import read_table
     from tests.helpers import expected_events
-    from tests.spark.test_crash_recovery import bronze, kill_application, submit, wait_for
+    from tests.spark.test_crash_recovery import bronze, kill_at_then_rerun
 
     catalog_path = write_catalog(tmp_path, events_stream(trigger={"max_files_per_trigger": 1}))
     stream = load_catalog(catalog_path).get("events")
@@ -122,16 +122,7 @@ def test_a_run_writing_its_tables_on_s3_survives_a_sigkill_mid_commit(tmp_path: 
     producer = DemoProducer(roots.landing, seed=33, malformed_rate=0.08)
     for index in range(3):
         producer.events_file(lines=40, now=NOW + dt.timedelta(minutes=index))
-    faults = tmp_path / "faults"
-    faults.mkdir()
-
-    crashed = submit(catalog_path, roots, ("SLUICE_FAULT_POINT", "between_commits:1"),
-                     ("SLUICE_FAULT_DIR", str(faults)))
-    wait_for(faults / "between_commits.reached", crashed)
-    kill_application(crashed, faults / "between_commits.reached")
-    rerun = submit(catalog_path, roots)
-    output, _ = rerun.communicate(timeout=300)
-    assert rerun.returncode == 0, output[-3000:]
+    kill_at_then_rerun(catalog_path, roots, "between_commits:1", tmp_path / "faults")
 
     expected_good, expected_bad = expected_events(Path(roots.landing) / "events")
     assert stream.sink_path(roots).startswith("s3://")

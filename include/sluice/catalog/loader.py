@@ -18,6 +18,7 @@ from pathlib import Path
 from croniter import croniter
 
 from sluice.catalog.patterns import check_patterns, parse_patterns
+from sluice.catalog.rules import read_expectations, read_transform
 from sluice.catalog.streams import Catalog, Claims
 from sluice.catalog.yaml_loader import load_yaml
 from sluice.errors import CatalogError
@@ -37,7 +38,6 @@ from sluice.limits import (
 from sluice.model.section import Section
 from sluice.model.sources import SourceSpec
 from sluice.model.stream import AlertSpec, BackfillSpec, StreamSpec, TriggerSpec, WrittenPath
-from sluice.model.transforms import TRANSFORMS
 from sluice.paths import is_absolute, path_key
 
 DEFAULT_CATALOG = Path(__file__).parent.parent / "streams.yaml"
@@ -102,19 +102,6 @@ def _parse_backfill(section: Section, source: SourceSpec) -> BackfillSpec:
     return spec
 
 
-def _check_transform(stream: str, name: str, source: SourceSpec) -> list[str]:
-    """The columns the row transform hands on: the source's, plus those it adds."""
-    spec = TRANSFORMS.get(name)
-    if spec is None:
-        raise CatalogError(f"unknown transform {name!r}; known transforms: {', '.join(sorted(TRANSFORMS))}",
-                           stream=stream, field="transform")
-    missing = [column for column in spec.required_columns if column not in source.schema.names]
-    if missing:
-        raise CatalogError(f"transform {name!r} needs column(s) {', '.join(missing)}, which the source schema "
-                           "does not declare", stream=stream, field="transform")
-    return [*source.schema.names, *(column for column in spec.adds_columns if column not in source.schema.names)]
-
-
 def parse_stream(raw: object, *, index: int) -> StreamSpec:
     """Validate one catalog entry."""
     if not isinstance(raw, Mapping):
@@ -128,11 +115,12 @@ def parse_stream(raw: object, *, index: int) -> StreamSpec:
     description = top.get("description", str, "")
     source = parse_source(top.section("source", required=True))
     kind = source_kind(source)
-    transform = top.get("transform", str, "identity")
+    transform, columns = read_transform(top, source)
+    expectations = read_expectations(top, columns)
     sink = parse_sink(top.section("sink", required=True))
     patterns = parse_patterns(top)
-    output_columns = check_patterns(name, patterns, _check_transform(name, transform, source), source, sink,
-                                    required=set(source.schema.required))
+    data_columns = [column for column in columns if column not in source.lineage]
+    output_columns = check_patterns(name, patterns, data_columns, source, sink, required=set(source.schema.required))
     sink_kind(sink).check_output(sink, output_columns, stream=name)
     if sink.table is None and patterns.fan_out:
         raise CatalogError(f"a {sink.format.value} sink takes no fan_out: fan-out tables are cut from the batch a "
@@ -173,6 +161,7 @@ def parse_stream(raw: object, *, index: int) -> StreamSpec:
         backfill=backfill,
         patterns=patterns,
         output_columns=tuple(output_columns),
+        expectations=expectations,
     )
     for written in stream.written_paths:
         _check_own_name(written)

@@ -19,7 +19,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from sluice.connections.kafka import DEFAULT_CONNECTION, client_config, connection_fields, is_connection_setting
-from sluice.constants import DeltaEngine, FileFormat, SinkFormat, SinkMode, SourceType
+from sluice.constants import (
+    KAFKA_KEY_COLUMN,
+    KAFKA_TIMESTAMP_COLUMN,
+    SOURCE_FILE_COLUMN,
+    DeltaEngine,
+    FileFormat,
+    SinkFormat,
+    SinkMode,
+    SourceType,
+)
 from sluice.errors import CatalogError, SluiceError
 from sluice.kinds.base import Backlog, SinkKind, SourceKind
 from sluice.limits import KAFKA_MAX_OFFSETS_PER_TRIGGER
@@ -41,6 +50,8 @@ class KafkaSource(SourceSpec):
     writer's ``value_schema``)."""
 
     type: ClassVar[SourceType] = SourceType.KAFKA
+    lineage: ClassVar[Mapping[str, str]] = {SOURCE_FILE_COLUMN: "STRING", KAFKA_KEY_COLUMN: "STRING",
+                                            KAFKA_TIMESTAMP_COLUMN: "TIMESTAMP"}
     connection: str = DEFAULT_CONNECTION
     value_schema: str | None = None
 

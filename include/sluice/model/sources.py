@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from sluice.constants import FileFormat, SourceType
+from sluice.constants import SOURCE_FILE_COLUMN, FileFormat, SourceType
 from sluice.model.schema import Schema
 from sluice.paths import Roots
 
@@ -17,6 +17,9 @@ class SourceSpec:
     reader ``options`` its kind accepts. Each kind (:mod:`sluice.kinds`) subclasses it with what it adds."""
 
     type: ClassVar[SourceType]
+    #: The columns Sluice adds to every record it reads (its lineage), by name, with their Spark SQL types: a
+    #: transform and an expectation may name them, and they ride along to the table.
+    lineage: ClassVar[Mapping[str, str]] = {SOURCE_FILE_COLUMN: "STRING"}
     #: How many sources one read of it puts in Spark's checkpoint (``offsets/N`` lists one offset per source).
     checkpoint_sources: ClassVar[int] = 1
     format: FileFormat
@@ -26,6 +29,11 @@ class SourceSpec:
     def location(self, roots: Roots) -> str | None:
         """The resolved folder or table the source reads; None for a source without a path (Kafka)."""
         return None
+
+    @property
+    def columns(self) -> dict[str, str]:
+        """What a record holds once read: the declared columns and the lineage, with their Spark SQL types."""
+        return {**{column.name: column.data_type.sql() for column in self.schema.columns}, **self.lineage}
 
     @property
     def record_options(self) -> Mapping[str, str]:

@@ -7,9 +7,11 @@ from dataclasses import dataclass, field
 
 from sluice.constants import TableRole
 from sluice.errors import CatalogError, SluiceError
+from sluice.model.expectations import Expectation
 from sluice.model.patterns import Patterns
 from sluice.model.sinks import SinkSpec
 from sluice.model.sources import SourceSpec
+from sluice.model.sql import SqlTransform
 from sluice.paths import Roots, join
 
 
@@ -66,7 +68,8 @@ class StreamSpec:
     name: str
     description: str
     source: SourceSpec
-    transform: str
+    # A Python transform's name (:mod:`sluice.model.transforms`), or a transform in Spark SQL.
+    transform: str | SqlTransform
     sink: SinkSpec
     dead_letter_path: str
     checkpoint: str
@@ -82,6 +85,13 @@ class StreamSpec:
     patterns: Patterns = field(default_factory=Patterns)
     # The columns the stream's table receives, before Sluice's metadata columns.
     output_columns: tuple[str, ...] = ()
+    # Row rules checked after the transform, before the stateful steps.
+    expectations: tuple[Expectation, ...] = ()
+
+    @property
+    def transform_name(self) -> str:
+        """How messages name the transform: a Python transform's name, or ``sql``."""
+        return self.transform if isinstance(self.transform, str) else "sql"
 
     def tables(self, roots: Roots) -> list[StreamTable]:
         """Every Delta table the stream's batches commit to, resolved under the lake root: its sink (a Delta sink

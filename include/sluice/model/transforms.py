@@ -1,7 +1,9 @@
-"""The transform contract: every transform the catalog may name, and what it needs from its input.
+"""The Python transforms: every one the catalog may name, declared once, with what it needs from its input.
 
-The implementations live on the Spark side (``sluice_spark.transforms``); this registry is what the catalog is
-validated against, without importing pyspark. A test keeps the two in step.
+Most transforms are a few SQL expressions and belong in the catalog (``transform: {sql: ...}``,
+:mod:`sluice.model.sql`). A Python transform is for what SQL cannot say. It is declared here, where the catalog is
+validated without pyspark; its code is the function :attr:`TransformSpec.implementation` names, which the Spark side
+imports when a stream runs (``sluice_spark.transforms.get_transform``). A test imports every one.
 """
 
 from __future__ import annotations
@@ -19,6 +21,15 @@ class TransformSpec:
     adds_columns: tuple[str, ...] = ()
     # Stateful transforms (aggregations, deduplication, stream joins) keep state in the checkpoint's state/ folder.
     stateful: bool = False
+    # ``module:function`` of the implementation, a ``DataFrame -> DataFrame`` function; by default the function of
+    # the transform's name in ``sluice_spark.transforms``.
+    implementation: str = ""
+
+    @property
+    def target(self) -> tuple[str, str]:
+        """The module and the function that implement the transform."""
+        module, _, function = (self.implementation or f"sluice_spark.transforms:{self.name}").partition(":")
+        return module, function
 
 
 TRANSFORMS: dict[str, TransformSpec] = {

@@ -111,7 +111,7 @@ def check_stream(stream: StreamSpec, roots: Roots, *, now: float | None = None) 
                        "scheduled and unpaused, and that the source still receives data",
                        last_batch_id=commits[-1], seconds_since_last_commit=round(age))
     report.facts["state_bytes"] = reader.state_bytes()
-    spec = TRANSFORMS.get(stream.transform)
+    spec = TRANSFORMS.get(stream.transform) if isinstance(stream.transform, str) else None
     stateful = stream.patterns.stateful or (spec is not None and spec.stateful)
     if stateful and commits and not reader.has_state():
         report.add(FaultCode.STATE_MISSING, Health.FAIL,

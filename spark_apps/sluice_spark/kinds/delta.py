@@ -25,7 +25,7 @@ from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.paths import Roots
 from sluice_spark.delta_rs_datasource import DATA_SOURCE_NAME
 from sluice_spark.session import resolve_engine
-from sluice_spark.targets import ROUTE_COLUMN, encode_targets
+from sluice_spark.targets import FAILED_COLUMN, RAW_COLUMN, ROUTE_COLUMN, encode_targets
 from sluice_spark.writers import BatchRouter, SinkRequest, stream_commit_info
 
 
@@ -61,9 +61,12 @@ OUTPUT_MODES = {SinkMode.APPEND: "append", SinkMode.MERGE: "update", SinkMode.CO
 def sink_writer(request: SinkRequest) -> DataStreamWriter:
     """A ``DataStreamWriter`` (without trigger or checkpoint) that routes the stream's frame into its tables."""
     mode, targets = request.stream.sink.mode, request.targets
+    failing = {"failedColumn": FAILED_COLUMN, "exampleColumn": RAW_COLUMN} \
+        if FAILED_COLUMN in request.frame.columns else {}
     if request.engine is DeltaEngine.RS and all(target.mode is SinkMode.APPEND for target in targets):
         return (
             request.frame.writeStream.format(DATA_SOURCE_NAME)
+            .options(**failing)
             .outputMode(OUTPUT_MODES[mode])
             .option("targets", encode_targets(targets))
             .option("routeColumn", ROUTE_COLUMN)
@@ -74,5 +77,6 @@ def sink_writer(request: SinkRequest) -> DataStreamWriter:
 
     router = BatchRouter(targets, engine=request.engine, route_column=ROUTE_COLUMN, query_id=request.query_id,
                          commit_info=stream_commit_info(request.commit_info, stream=request.stream.name,
-                                                        query_id=request.query_id))
+                                                        query_id=request.query_id),
+                         example_column=RAW_COLUMN)
     return request.frame.writeStream.foreachBatch(router).outputMode(OUTPUT_MODES[mode])

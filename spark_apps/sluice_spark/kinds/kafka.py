@@ -36,7 +36,7 @@ from sluice.kinds.kafka import KafkaSink, KafkaSource
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.paths import Roots
 from sluice_spark.session import missing_classes
-from sluice_spark.targets import GOOD_ROUTE, ROUTE_COLUMN
+from sluice_spark.targets import GOOD_ROUTE, RAW_COLUMN, ROUTE_COLUMN
 from sluice_spark.writers import BatchRouter, SinkRequest, sink_and_dead_letter, stream_commit_info
 
 # A class of each jar the connector needs, and the jar's name.
@@ -197,5 +197,5 @@ def sink_writer(request: SinkRequest) -> DataStreamWriter:
                          query_id=request.query_id,
                          commit_info=stream_commit_info(request.commit_info, stream=stream.name,
                                                         query_id=request.query_id),
-                         before=send)
+                         before=send, example_column=RAW_COLUMN)
     return request.frame.writeStream.foreachBatch(router)

@@ -1,0 +1,283 @@
+"""Spark SQL in the catalog, read without Spark: the checks of expectations and the SQL transforms.
+
+Both are parsed with sqlglot's Spark dialect when the catalog loads, so that a typo, a column that does not exist or
+a check that is not a boolean fails in the scheduler with the rule or transform named, not in a Spark run hours
+later. Column types come from the declared schema; sqlglot infers the type of each expression from them. Where it
+cannot (a function it does not type, a column a Python transform adds), Spark checks at the start of the run.
+
+A SQL transform is one ``SELECT`` of expressions over ``source``, the parsed good rows: every row in gives exactly
+one row out, because the row reconciliation and the dead-letter split depend on it. Filters, aggregates, joins,
+set operations, generators and windows are refused with the reason and where each belongs instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import OptimizeError, ParseError, SqlglotError
+from sqlglot.optimizer.annotate_types import annotate_types
+from sqlglot.optimizer.qualify import qualify
+
+from sluice.model.types import quote
+
+DIALECT = "spark"
+SOURCE_TABLE = "source"
+# The type a schema entry gets when nobody knows it (a column a Python transform adds).
+_UNKNOWN = "UNKNOWN"
+
+#: Name -> Spark SQL type (None when unknown): the columns an expression may name.
+Columns = Mapping[str, str | None]
+
+
+class SqlError(ValueError):
+    """SQL the catalog cannot accept; the message says why and where."""
+
+
+@dataclass(frozen=True)
+class Projection:
+    """One item of a SQL transform's select list: the user's text, and the column it produces (None for a star,
+    which keeps the input's columns but those in ``excluded``)."""
+
+    text: str
+    name: str | None = None
+    excluded: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SqlTransform:
+    """A row transform in Spark SQL, checked: what it selects and the columns (with types, when known) it gives."""
+
+    sql: str
+    alias: str
+    projections: tuple[Projection, ...]
+    columns: tuple[tuple[str, str | None], ...]
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name, _ in self.columns]
+
+
+def _parse(text: str, what: str) -> exp.Expr:
+    """One statement or expression, or the parser's first complaint with its position."""
+    try:
+        parsed = [statement for statement in sqlglot.parse(text, read=DIALECT) if statement is not None]
+    except ParseError as exc:
+        first = exc.errors[0] if exc.errors else {}
+        where = f" at line {first.get('line')}, column {first.get('col')}" if first.get("line") else ""
+        near = f" near {first.get('highlight')!r}" if first.get("highlight") else ""
+        raise SqlError(f"{what} is not valid Spark SQL: {first.get('description', exc)}{where}{near}") from None
+    except SqlglotError as exc:
+        raise SqlError(f"{what} is not valid Spark SQL: {exc}") from None
+    if len(parsed) != 1:
+        raise SqlError(f"{what} must be one {'statement' if what == 'the transform' else 'expression'}, "
+                       f"found {len(parsed)}")
+    return parsed[0]
+
+
+def _row_wise(node: exp.Expr, what: str, *, filters: str) -> None:
+    """Refuse what turns several rows into one or one into several, anywhere in ``node``."""
+    for found in node.walk():
+        if isinstance(found, exp.AggFunc):
+            raise SqlError(f"{what} uses the aggregate {found.sql(DIALECT)!r}; {filters} sees one row at a time "
+                           "(aggregate in the stream's aggregate section)")
+        if isinstance(found, exp.Window):
+            raise SqlError(f"{what} uses the window function {found.sql(DIALECT)!r}, which a stream cannot run")
+        if isinstance(found, exp.UDTF):
+            raise SqlError(f"{what} uses the generator {found.sql(DIALECT)!r}, which turns a row into several; "
+                           f"{filters} must keep one row per input row")
+        if found is not node and isinstance(found, exp.Query):
+            raise SqlError(f"{what} has a subquery; {filters} reads only its own row")
+
+
+def _lambda_names(column: exp.Column) -> set[str]:
+    """The variables of the higher-order functions around a column (``x`` in ``exists(items, x -> x.ok)``)."""
+    names: set[str] = set()
+    parent = column.parent
+    while parent is not None:
+        if isinstance(parent, exp.Lambda):
+            names |= {variable.name.casefold() for variable in parent.expressions}
+        parent = parent.parent
+    return names
+
+
+def _check_columns(node: exp.Expr, columns: Columns, what: str, qualifiers: set[str]) -> None:
+    """Every column ``node`` names exists (Spark compares names without case); a struct's field is reached through
+    its column."""
+    known = {name.casefold() for name in columns}
+    for column in node.find_all(exp.Column):
+        if isinstance(column.this, exp.Star):
+            continue
+        parts = [part.name for part in column.parts]
+        if parts[0].casefold() in _lambda_names(column):
+            continue
+        if len(parts) > 1 and parts[0].casefold() in qualifiers and parts[0].casefold() not in known:
+            parts = parts[1:]
+        elif len(parts) > 1 and parts[0].casefold() == SOURCE_TABLE and parts[0].casefold() not in known:
+            raise SqlError(f"{what} names {column.sql(DIALECT)}: name the column without {SOURCE_TABLE}.")
+        if parts[0].casefold() not in known:
+            raise SqlError(f"{what} names the column {parts[0]!r}, which does not exist here; the columns are: "
+                           f"{', '.join(columns)}")
+
+
+def _typed(select: exp.Select, columns: Columns) -> exp.Select:
+    """The select with every expression's type inferred from the column types."""
+    schema: dict[str, object] = {SOURCE_TABLE: {quote(name): kind or _UNKNOWN for name, kind in columns.items()}}
+    try:
+        qualified = qualify(select.copy(), schema=schema, dialect=DIALECT, validate_qualify_columns=False,
+                            expand_stars=False, quote_identifiers=False)
+        return annotate_types(qualified, schema=schema, dialect=DIALECT)
+    except (OptimizeError, SqlglotError, ValueError, KeyError):
+        return select  # the names were checked already; Spark types what sqlglot could not
+
+
+def _type_of(node: exp.Expr) -> str | None:
+    kind = node.type
+    if kind is None or kind.is_type(exp.DataType.Type.UNKNOWN, exp.DataType.Type.NULL):
+        return None
+    return kind.sql(DIALECT)
+
+
+def check_expression(text: str, columns: Columns, *, what: str) -> None:
+    """Refuse a check that is not one boolean expression over one row of ``columns``."""
+    if not isinstance(text, str) or not text.strip():
+        raise SqlError(f"{what} must be a non-empty Spark SQL expression")
+    node = _parse(text, what)
+    if isinstance(node, (exp.Query, exp.Command, exp.DDL, exp.DML)) or not isinstance(node, exp.Expr):
+        raise SqlError(f"{what} must be an expression over the row, not a statement")
+    _row_wise(node, what, filters="an expectation")
+    _check_columns(node, columns, what, qualifiers=set())
+    select = exp.select(node.copy().as_("_check")).from_(SOURCE_TABLE)
+    kind = _type_of(_typed(select, columns).selects[0])
+    if kind is not None and kind.upper() != "BOOLEAN":
+        raise SqlError(f"{what} is not a boolean expression: {text.strip()!r} gives {kind}")
+
+
+_CLAUSES = {
+    "where": "a WHERE clause drops rows; drop them with an expectation (on_violation: drop), which counts them",
+    "group": "GROUP BY makes one row of many; aggregate in the stream's aggregate section",
+    "having": "HAVING filters groups; aggregate in the stream's aggregate section",
+    "qualify": "QUALIFY filters rows",
+    "order": "ORDER BY has no meaning for the rows of a micro-batch",
+    "limit": "LIMIT drops rows",
+    "offset": "OFFSET drops rows",
+    "distinct": "DISTINCT drops rows; deduplicate in the stream's dedupe section",
+    "joins": "a join changes the number of rows; join in the stream's join or lookup section",
+    "laterals": "LATERAL VIEW turns a row into several",
+    "with_": "a WITH clause is not needed: select from source",
+    "windows": "a WINDOW clause is not needed",
+}
+
+
+def parse_transform(text: str, columns: Columns) -> SqlTransform:
+    """Check a SQL transform against its input ``columns``; return what it produces."""
+    what = "the transform"
+    if not isinstance(text, str) or not text.strip():
+        raise SqlError(f"{what} must be a non-empty SELECT ... FROM {SOURCE_TABLE}")
+    statement = _parse(text, what)
+    if isinstance(statement, exp.SetOperation):
+        raise SqlError(f"{what} is a set operation ({type(statement).__name__.upper()}); it must be one SELECT that "
+                       "keeps one row per input row")
+    if not isinstance(statement, exp.Select):
+        raise SqlError(f"{what} must be SELECT ... FROM {SOURCE_TABLE}, got {statement.key.upper()}")
+    for clause, reason in _CLAUSES.items():
+        if statement.args.get(clause):
+            raise SqlError(f"{what} has {clause.rstrip('_s').upper()}: {reason}")
+    source = statement.args.get("from_")
+    table = source.this if source is not None else None
+    if not isinstance(table, exp.Table) or table.name.casefold() != SOURCE_TABLE or table.args.get("db"):
+        shown = source.sql(DIALECT) if source is not None else "no FROM clause"
+        raise SqlError(f"{what} must read FROM {SOURCE_TABLE} (the stream's parsed rows), got {shown}")
+    alias = table.alias_or_name.casefold()
+    _row_wise(statement, what, filters="a row transform")
+    _check_columns(statement, columns, what, qualifiers={SOURCE_TABLE, alias})
+    typed = _typed(statement, columns)
+    projections, produced = _projections(text, statement, typed, columns, alias)
+    return SqlTransform(sql=text, alias=alias, projections=tuple(projections), columns=tuple(produced))
+
+
+def _projections(text: str, statement: exp.Select, typed: exp.Select, columns: Columns,
+                 alias: str) -> tuple[list[Projection], list[tuple[str, str | None]]]:
+    texts = _select_list(text)
+    if len(texts) != len(statement.expressions):
+        raise SqlError("the transform's select list could not be split into its items")
+    by_folded = {name.casefold(): name for name in columns}
+    projections: list[Projection] = []
+    produced: list[tuple[str, str | None]] = []
+    for item, typed_item, item_text in zip(statement.expressions, typed.expressions, texts, strict=True):
+        star = item if isinstance(item, exp.Star) else item.this if isinstance(item, exp.Column) else None
+        if isinstance(star, exp.Star):
+            if isinstance(item, exp.Column) and item.table.casefold() not in {alias, SOURCE_TABLE}:
+                raise SqlError(f"the transform selects {item.sql(DIALECT)}, but the only table is {alias}")
+            excluded = [column.name for column in star.args.get("except_") or []]
+            unknown = [name for name in excluded if name.casefold() not in by_folded]
+            if unknown:
+                raise SqlError(f"the transform's * EXCEPT names {', '.join(unknown)}, which the input lacks")
+            if star.args.get("replace") or star.args.get("rename"):
+                raise SqlError("the transform's * REPLACE and * RENAME are not Spark SQL; select * EXCEPT (c), then "
+                               "<expression> AS c")
+            dropped = {name.casefold() for name in excluded}
+            produced += [(name, kind) for name, kind in columns.items() if name.casefold() not in dropped]
+            projections.append(Projection(item_text, None, tuple(by_folded[name.casefold()] for name in excluded)))
+            continue
+        if isinstance(item, exp.Alias):
+            name = item.alias
+        elif isinstance(item, exp.Column):
+            name = item.name
+        else:
+            raise SqlError(f"the transform's {item_text.strip()!r} needs a name: add AS <column>")
+        produced.append((name, _type_of(typed_item)))
+        projections.append(Projection(item_text, name))
+    seen: dict[str, str] = {}
+    for name, _ in produced:
+        if name.casefold() in seen:
+            raise SqlError(f"the transform produces the column {name!r} twice; to rewrite an input column, select "
+                           f"* EXCEPT ({name}) and then the new expression AS {name}")
+        seen[name.casefold()] = name
+    return projections, produced
+
+
+def _select_list(text: str) -> list[str]:
+    """The user's text of each item of the top-level select list, split at the commas between them."""
+    tokens = sqlglot.Dialect.get_or_raise(DIALECT).tokenize(text)
+    Type = sqlglot.TokenType
+    depth, start, previous_end, items, begun = 0, None, 0, [], False
+    for token in tokens:
+        if not begun:
+            begun = token.token_type is Type.SELECT
+            continue
+        if token.token_type in (Type.L_PAREN, Type.L_BRACKET):
+            depth += 1
+        elif token.token_type in (Type.R_PAREN, Type.R_BRACKET):
+            depth -= 1
+        if depth == 0 and token.token_type in (Type.COMMA, Type.FROM):
+            if start is not None:
+                items.append(text[start:previous_end + 1])
+            start = None
+            if token.token_type is Type.FROM:
+                break
+            continue
+        if start is None:
+            start = token.start
+        previous_end = token.end
+    return items
+
+
+def spark_select(transform: SqlTransform, carried: Sequence[str], *, placeholder: str = "{source}") -> str:
+    """The SQL Spark runs for a transform: the user's select items, each star widened to leave out the
+    ``carried`` columns (Sluice's own, which ride along unchanged after the user's), over ``placeholder``.
+
+    Braces in the user's text are doubled: the result is a :meth:`str.format` template, as pyspark's
+    ``spark.sql(query, source=frame)`` takes it.
+    """
+    items = []
+    for projection in transform.projections:
+        if projection.name is None:
+            hidden = ", ".join(quote(name) for name in (*carried, *projection.excluded))
+            items.append(f"* EXCEPT ({hidden})" if hidden else "*")
+        else:
+            items.append(projection.text.replace("{", "{{").replace("}", "}}"))
+    items += [quote(name) for name in carried]
+    return f"SELECT {', '.join(items)} FROM {placeholder} AS {quote(transform.alias)}"
