@@ -86,7 +86,8 @@ test: $(STAMP)  ## every tier: the whole suite on SQLite, then the Airflow end-t
 	@$(MAKE) --no-print-directory test-postgres
 
 .PHONY: test-sqlite
-test-sqlite: $(STAMP)  ## the whole suite (unit, Spark, Airflow end-to-end) with Airflow's metadata in SQLite
+test-sqlite: $(STAMP)  ## the whole suite (unit, Spark, Airflow end-to-end, the browser) with Airflow's metadata in SQLite
+	@bash tests/chromium.sh
 	SLUICE_TEST_AIRFLOW_DB= $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 .PHONY: test-postgres

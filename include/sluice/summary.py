@@ -29,6 +29,9 @@ class StreamRunSummary:
     output_rows: int = 0
     dead_letter_rows: int = 0
     duration_seconds: float = 0.0
+    # When the stream's query started and ended, ISO 8601 in UTC.
+    started_at: str | None = None
+    ended_at: str | None = None
     delta_version_before: int | None = None
     delta_version_after: int | None = None
     dead_letter_version_before: int | None = None

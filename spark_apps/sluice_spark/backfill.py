@@ -37,16 +37,20 @@ from sluice.constants import (
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.operations.backfill import BackfillError, BackfillPlan, BackfillRequest, plan_backfill
 from sluice.paths import Roots, join, require_local
+from sluice.storage import runlog
 from sluice.storage.checkpoint import ensure_query_id
 from sluice.storage.delta import table_version
 from sluice.storage.lock import LockHeld, StreamLock
+from sluice.times import iso_utc
 from sluice_spark.quality import expectation_counts
 from sluice_spark.runner import (
     await_query,
+    batch_rows,
     build_routed_frame,
     create_tables,
     error_message,
     sink_targets,
+    write_run_log,
 )
 from sluice_spark.session import activate, resolve_engine
 from sluice_spark.targets import DEAD_LETTER_ROUTE, GOOD_ROUTE, RAW_COLUMN, ROUTE_COLUMN
@@ -174,7 +178,7 @@ def run_backfill(spark: SparkSession, catalog: Catalog, request: BackfillRequest
     summary = BackfillSummary(stream=stream.name, run_id=request.run_id, mode=request.mode,
                               select_by=request.select_by, start=request.start.isoformat(),
                               end=request.end.isoformat(), dry_run=request.dry_run, reason=request.reason)
-    started = time.monotonic()
+    started, started_at = time.monotonic(), time.time()
     live = require_local(stream.checkpoint_path(roots), what=f"stream '{stream.name}': checkpoint")
     own = Path(require_local(backfill_checkpoint(stream, roots, request), what="backfill checkpoint"))
     with _stream_lock(live, stream.name, f"backfill/{request.run_id}", lock_wait_seconds) as lock:
@@ -188,19 +192,28 @@ def run_backfill(spark: SparkSession, catalog: Catalog, request: BackfillRequest
         summary.delta_version_before = summary.delta_version_after = table_version(stream.sink_path(roots))
         summary.dead_letter_version_before = table_version(stream.dead_letter_table_path(roots))
         summary.dead_letter_version_after = summary.dead_letter_version_before
+        batches: list[dict[str, Any]] = []
         if plan.files:
-            _run_query(spark, stream, roots, request, plan, summary, own, lock, engine)
+            batches = _run_query(spark, stream, roots, request, plan, summary, own, lock, engine)
         else:
             summary.status = RunStatus.SUCCEEDED
             summary.notes.append("no file to read: nothing to do")
-    summary.delta_version_after = table_version(stream.sink_path(roots))
-    summary.dead_letter_version_after = table_version(stream.dead_letter_table_path(roots))
-    summary.duration_seconds = round(time.monotonic() - started, 3)
+        summary.delta_version_after = table_version(stream.sink_path(roots))
+        summary.dead_letter_version_after = table_version(stream.dead_letter_table_path(roots))
+        summary.duration_seconds = round(time.monotonic() - started, 3)
+        if not request.dry_run:
+            run_id = f"backfill/{request.run_id}"
+            row = runlog.run_row(summary, kind="backfill", run_id=run_id, output_rows=summary.rows_written,
+                                 dropped_rows=summary.rows_dropped, started_at=iso_utc(started_at),
+                                 ended_at=iso_utc(time.time()))
+            write_run_log(roots, [row], [{**batch, "run_id": run_id} for batch in batches])
     return summary
 
 
 def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: BackfillRequest, plan: BackfillPlan,
-               summary: BackfillSummary, own: Path, lock: StreamLock, engine: DeltaEngine | None) -> None:
+               summary: BackfillSummary, own: Path, lock: StreamLock,
+               engine: DeltaEngine | None) -> list[dict[str, Any]]:
+    """Run the backfill's query; its batches, as the run log keeps them."""
     routed, data_columns = build_routed_frame(
         spark, stream, roots, path=hadoop_glob([f.path for f in plan.files]),
         trigger=TriggerSpec(max_files_per_trigger=request.max_files_per_trigger),
@@ -262,3 +275,4 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
         summary.status, summary.error = RunStatus.FAILED, error_message(error)
     else:
         summary.status = RunStatus.SUCCEEDED
+    return batch_rows(stream.name, request.run_id, query)

@@ -8,11 +8,14 @@ committed; a mismatch fails the run, so nothing is dropped silently.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import logging
+import math
 import re
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -37,11 +40,13 @@ from sluice.model.expectations import Violation
 from sluice.model.patterns import LookupSpec
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.paths import Roots
+from sluice.storage import runlog
 from sluice.storage.checkpoint import ensure_query_id
 from sluice.storage.delta import batch_commits, ensure_table, table_version
 from sluice.storage.lock import HeldLock
 from sluice.storage.object_lock import lock_for
 from sluice.summary import RunSummary, StreamRunSummary
+from sluice.times import iso_utc
 from sluice_spark import kinds
 from sluice_spark import patterns as steps
 from sluice_spark.kinds import read_stream
@@ -286,6 +291,7 @@ def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: floa
     """Fill the summary once the query has ended; reconcile rows read with rows committed."""
     summary = prepared.summary
     summary.duration_seconds = round(time.monotonic() - started, 3)
+    summary.ended_at = iso_utc(time.time())
     input_rows = _progress_rows(query, scans=2 if prepared.spec.patterns.stateful else 1)
     summary.batch_ids = sorted(input_rows)
     summary.batches = len(input_rows)
@@ -379,7 +385,7 @@ def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: 
             held[stream.name] = lock = lock_for(checkpoint, stream.name, run_id)
             locks.enter_context(lock)
         prepared = [prepare_stream(spark, stream, roots, run_id=run_id, engine=engine) for stream in streams]
-        started = time.monotonic()
+        started, started_at = time.monotonic(), time.time()
         running: list[tuple[PreparedStream, StreamingQuery]] = []
         try:
             for item in prepared:
@@ -393,10 +399,51 @@ def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: 
                     query.stop()
         summaries = [finish_stream(item, query, started) for item, query in running]
         for summary in summaries:
+            summary.started_at = iso_utc(started_at)
             if held[summary.stream].lost:  # the cause, whatever else the stopped query reported
                 summary.status, summary.retryable = RunStatus.FAILED, True
                 summary.error = "lost the stream's lock to another run during this run; it was stopped"
+        write_run_log(roots, [runlog.run_row(summary) for summary in summaries],
+                      [row for item, query in running for row in batch_rows(item.spec.name, run_id, query)])
     return RunSummary(app_id=spark.sparkContext.applicationId, streams=summaries)
+
+
+def write_run_log(roots: Roots, runs: list[dict[str, Any]], batches: list[dict[str, Any]]) -> None:
+    """Record runs and their batches in the run log (:mod:`sluice.storage.runlog`) while the streams' locks are
+    held. The tables are committed already: a run log that cannot be written is logged, not a failed run."""
+    try:
+        runlog.record_batches(roots.lake, batches)
+        runlog.record_runs(roots.lake, runs)
+    except Exception as exc:
+        log.error("could not write the run log under %s: %s", roots.lake, exc)
+
+
+def batch_rows(stream: str, run_id: str, query: StreamingQuery) -> list[dict[str, Any]]:
+    """The run log's rows of a query's executed batches, from Spark's progress reports."""
+    rows = []
+    for progress in query.recentProgress:
+        if "addBatch" not in progress.durationMs:
+            continue  # an idle trigger: no batch ran
+        operators = progress.stateOperators
+        rows.append({
+            "stream": stream, "run_id": run_id, "query_id": str(progress.id), "batch_id": int(progress.batchId),
+            "timestamp": dt.datetime.fromisoformat(progress.timestamp.replace("Z", "+00:00")),
+            "duration_ms": int(progress.batchDuration), "phases_ms": runlog.json_text(dict(progress.durationMs)),
+            "input_rows": int(progress.numInputRows),
+            "input_rows_per_second": _finite(progress.inputRowsPerSecond),
+            "processed_rows_per_second": _finite(progress.processedRowsPerSecond),
+            "state_rows": runlog.total(op.numRowsTotal for op in operators),
+            "state_memory_bytes": runlog.total(op.memoryUsedBytes for op in operators),
+            "watermark": progress.eventTime.get("watermark"),
+            "sources": runlog.json_text([{"description": source.description, "start": source.startOffset,
+                                          "end": source.endOffset, "input_rows": source.numInputRows}
+                                         for source in progress.sources]),
+        })
+    return rows
+
+
+def _finite(value: float | None) -> float | None:
+    return None if value is None or math.isnan(value) or math.isinf(value) else float(value)
 
 
 def await_sources(query: StreamingQuery, timeout: float = 120.0) -> None:

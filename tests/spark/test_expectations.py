@@ -198,3 +198,10 @@ def test_a_backfill_judges_its_range_by_the_current_rules(spark: Any, tmp_path: 
         len(records), len(kept), len(dropped), len(quarantined))
     assert {rule["rule"]: rule["violated"] for rule in summary.expectations} == {
         "small_amount": len(quarantined), "has_currency": sum(item["currency"] is None for item in records)}
+    from sluice.storage import runlog
+
+    logged = {row["kind"]: row for row in runlog.runs(roots.lake, "events")}
+    assert logged["backfill"]["run_id"] == "backfill/rejudge"
+    assert (logged["backfill"]["output_rows"], logged["backfill"]["dropped_rows"],
+            logged["backfill"]["dead_letter_rows"]) == (len(kept), len(dropped), len(quarantined))
+    assert json.loads(logged["backfill"]["expectations"]) == summary.expectations

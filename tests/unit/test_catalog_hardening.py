@@ -211,11 +211,12 @@ def test_check_roots_refuses_a_shared_root_that_makes_a_checkpoint_a_table(tmp_p
     ({"sink": {"path": "{data}"}}, "sink.path", "is or contains the landing root"),
     ({"checkpoint": "{checkpoints}/_backfill/events/run"}, "checkpoint", "lies in _backfill/"),
     ({"dead_letter": {"path": "{checkpoints}/_sluice"}}, "dead_letter.path", "lies in _sluice/"),
+    ({"sink": {"path": "{lake}/_sluice/runs"}}, "sink.path", "lies in _sluice/ under the lake root"),
     ({"sink": {"path": "{landing}/events/table"}}, "source.path", "the stream would read Delta's own files"),
 ])
 def test_check_roots_refusals(tmp_path: Path, overrides: dict[str, Any], field: str, fragment: str) -> None:
     roots = roots_in(tmp_path)
-    values = {"checkpoints": roots.checkpoints, "landing": roots.landing, "data": str(tmp_path)}
+    values = {"checkpoints": roots.checkpoints, "landing": roots.landing, "lake": roots.lake, "data": str(tmp_path)}
     resolved = yaml.safe_load(yaml.safe_dump(overrides).format(**values))
     if "sink" in resolved:
         resolved["sink"]["partition_by"] = ["event_date"]

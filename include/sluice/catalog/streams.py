@@ -61,15 +61,14 @@ class Catalog:
 
         Loading compares relative paths under one root, and absolute paths with each other. Here every checkpoint
         and table is resolved (links included, for local paths) and must not: be or contain a root; lie in Sluice's
-        own folders under the checkpoint root (``_backfill``, ``_sluice``); be, contain or lie inside another
+        own folders under the checkpoint and lake roots (``_backfill``, ``_sluice``); be, contain or lie inside another
         stream's checkpoint or table (an absolute ``/data/lake/bronze/events`` and a relative ``bronze/events`` under
         the lake root ``/data/lake`` are one table), or a file source's landing folder (the stream would read Delta's
         files as its input).
         """
         root_keys = {name: resolved_key(getattr(roots, name), ".") for name in ("landing", "lake", "checkpoints")}
-        checkpoint_root = root_keys["checkpoints"]
-        reserved = [(folder, (checkpoint_root[0], (*checkpoint_root[1], folder.casefold())))
-                    for folder in RESERVED_ROOT_FOLDERS]
+        reserved = [(f"{folder}/ under the {name} root", (root_keys[name][0], (*root_keys[name][1], folder.casefold())))
+                    for name in ("checkpoints", "lake") for folder in RESERVED_ROOT_FOLDERS]
         claims = Claims()
         for stream in self:
             for written in stream.written_paths:
@@ -81,8 +80,8 @@ class Catalog:
                                             f"{getattr(roots, name)!r}, which holds every stream's data")
                 for folder, folder_key in reserved:
                     if _inside(folder_key, key):
-                        raise written.error(f"{written.what} {shown} lies in {folder}/ under the checkpoint root, a "
-                                            "folder Sluice keeps for itself")
+                        raise written.error(f"{written.what} {shown} lies in {folder}, a folder Sluice keeps for "
+                                            "itself (the run log, backfill checkpoints, the lag history)")
                 claims.claim(key, written, shown=shown)
         for stream in self:
             if stream.source.landing is None:

@@ -1,0 +1,57 @@
+"""The Streams page of the Airflow UI and its JSON routes, mounted under ``/sluice`` by :mod:`sluice_plugin`.
+
+- ``GET /sluice/api/streams``: every catalog stream the caller may see
+  (:func:`sluice.operations.streams_view.overview`);
+- ``GET /sluice/api/streams/{name}?days=30``: one stream's history
+  (:func:`sluice.operations.streams_view.detail`);
+- ``GET /sluice/streams``: the page, which reads the two routes; the UI's navigation embeds it.
+
+The routes take Airflow's own login (the UI's session cookie, or a bearer token from ``POST /auth/token``): no
+token, no data. A stream is visible to whoever may read its DAG (``ingest_<stream>``). Nothing here starts Spark.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Annotated, Any
+
+from airflow.api_fastapi.app import get_auth_manager
+from airflow.api_fastapi.core_api.security import get_user
+from fastapi import Depends, FastAPI, HTTPException, Query
+from fastapi.responses import HTMLResponse
+
+from sluice.catalog import load_catalog
+from sluice.operations import streams_view
+from sluice.paths import Roots
+from sluice_airflow.dag_factory import ingest_dag_id
+
+app = FastAPI(title="Sluice streams", description=__doc__)
+# The caller, from the UI's session cookie or a bearer token; 401 without either.
+User = Annotated[Any, Depends(get_user)]
+
+
+def _visible(user: Any, names: list[str]) -> list[str]:
+    """The streams whose DAG ``user`` may read."""
+    by_dag = {ingest_dag_id(name): name for name in names}
+    allowed = get_auth_manager().filter_authorized_dag_ids(dag_ids=set(by_dag), user=user, method="GET")
+    return [name for name in names if ingest_dag_id(name) in allowed]
+
+
+@app.get("/api/streams")
+def list_streams(user: User) -> dict[str, Any]:
+    catalog = load_catalog()
+    visible = _visible(user, [stream.name for stream in catalog])
+    return {"streams": streams_view.overview(catalog, Roots.from_env(), visible)}
+
+
+@app.get("/api/streams/{name}")
+def stream_history(name: str, user: User, days: Annotated[float, Query(gt=0, le=366)] = 30) -> dict[str, Any]:
+    catalog = load_catalog()
+    if name not in catalog.streams or not _visible(user, [name]):
+        raise HTTPException(status_code=404, detail=f"no stream {name!r} that you may see")
+    return streams_view.detail(catalog.get(name), Roots.from_env(), days=days)
+
+
+@app.get("/streams", response_class=HTMLResponse)
+def page() -> str:
+    return resources.files("sluice_airflow").joinpath("streams_page.html").read_text(encoding="utf-8")
