@@ -105,12 +105,13 @@ lint: $(STAMP)  ## ruff, mypy and the import layers (import-linter)
 	$(BIN)/lint-imports
 
 .PHONY: bench
-bench: $(STAMP)  ## benchmarks: ingest (Delta sink vs Parquet sink, BENCH_ROWS=1000000), health check, lag check, MERGE vs append, expectations and a SQL transform vs none
+bench: $(STAMP)  ## benchmarks: ingest (Delta sink vs Parquet sink, BENCH_ROWS=1000000), health check, lag check, MERGE vs append, expectations and a SQL transform vs none, the Streams page
 	$(BIN)/python bench/bench_ingest.py --rows $${BENCH_ROWS:-1000000}
 	$(BIN)/python bench/bench_rules.py --rows $${BENCH_ROWS:-1000000}
 	$(BIN)/python bench/bench_health.py
 	$(BIN)/python bench/bench_lag.py
 	$(BIN)/python bench/bench_merge.py
+	$(BIN)/python bench/bench_streams_page.py
 
 .PHONY: freeze
 freeze: $(STAMP)  ## rewrite requirements.txt from the environment after an upgrade

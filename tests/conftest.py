@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,8 @@ os.environ.update(
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": AIRFLOW_DB,
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
+        # The key the API server signs its tokens with: one per test run, shared by every process it starts.
+        "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(48),
         "SLUICE_DATA_ROOT": str(_AIRFLOW_HOME / "data"),
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,

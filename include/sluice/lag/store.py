@@ -2,7 +2,7 @@
 
 A small SQLite file, by default ``<checkpoint root>/_sluice/lag.sqlite`` or ``SLUICE_LAG_DB``, with SQLite's
 rollback journal (WAL needs shared memory, which a shared volume does not give). Observations older than the
-retention (default 14 days, ``SLUICE_LAG_RETENTION_DAYS``) are deleted as new ones are recorded. The STALLED rule
+retention (default 31 days, ``SLUICE_LAG_RETENTION_DAYS``) are deleted as new ones are recorded. The STALLED rule
 reads the last observations back; the status view and the monitor show the trend.
 """
 
@@ -21,7 +21,8 @@ from sluice.model.stream import StreamSpec
 from sluice.paths import Roots
 from sluice.storage.store import is_local
 
-DEFAULT_RETENTION_DAYS = 14.0
+# The Streams page charts 30 days.
+DEFAULT_RETENTION_DAYS = 31.0
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS observations (
     stream TEXT NOT NULL,

@@ -76,10 +76,7 @@ def overview(catalog: Catalog, roots: Roots, streams: Iterable[str] | None = Non
     now = now or time.time()
     wanted = set(streams) if streams is not None else None
     store = _store(roots)
-    last_runs: dict[str, dict[str, Any]] = {}
-    for row in runlog.runs(roots.lake):
-        if row["kind"] == "run":
-            last_runs[row["stream"]] = row
+    last_runs = runlog.latest_runs(roots.lake)
     entries = []
     for stream in catalog:
         if wanted is not None and stream.name not in wanted:
@@ -124,8 +121,7 @@ def detail(stream: StreamSpec, roots: Roots, *, days: float = 30, now: float | N
     history = [seen for seen in (store.history(stream.name, limit=int(days * 24 * 12) + 1) if store else [])
                if seen.observation.observed_at >= since]
     current = _report(stream, roots, history[-TREND_POINTS:], now)
-    runs = [row for row in runlog.runs(roots.lake, stream.name)
-            if row["started_at"] is None or row["started_at"].timestamp() >= since]
+    runs = runlog.runs(roots.lake, stream.name, since=since)
     return {
         "stream": stream.name, "description": stream.description, "status": current.to_dict(),
         "backlog": [{"at": iso_utc(seen.observation.observed_at), "status": seen.status.value,

@@ -40,6 +40,7 @@ RUN_COLUMNS: dict[str, str] = {
     "dead_letter_version_before": "int64", "dead_letter_version_after": "int64", "expectations": "string",
 }
 RUN_KEY = ("stream", "run_id")
+RUN_KINDS = ("run", "backfill", "repair")
 
 #: Column -> Arrow type name of ``_sluice/batches``: Spark's progress report of one micro-batch. ``phases_ms`` is
 #: its ``durationMs`` and ``sources`` its sources' offsets, as JSON.
@@ -102,18 +103,38 @@ def record_batches(lake_root: str, rows: Sequence[Mapping[str, Any]]) -> None:
     _upsert(lake_root, BATCHES_TABLE, BATCH_COLUMNS, BATCH_KEY, rows, name="sluice_batches")
 
 
-def _read(lake_root: str, table: str, where: Mapping[str, str], order: str) -> list[dict[str, Any]]:
+def _read(lake_root: str, table: str, where: Mapping[str, str], order: str, *,
+          since: tuple[str, float] | None = None) -> list[dict[str, Any]]:
+    """Rows whose columns equal ``where`` (and whose time column ``since[0]`` is at or after ``since[1]``, seconds
+    since the epoch), in ``order``."""
     from sluice.storage.delta import query
 
-    conditions = " AND ".join(f"{column} = '{value.replace(chr(39), chr(39) * 2)}'" for column, value in where.items())
-    rows = query(join(lake_root, table), f"SELECT * FROM t {'WHERE ' + conditions if conditions else ''} "
-                                         f"ORDER BY {order}")
+    conditions = [f"{column} = '{value.replace(chr(39), chr(39) * 2)}'" for column, value in where.items()]
+    if since is not None:
+        conditions.append(f"{since[0]} >= to_timestamp_micros({int(since[1] * 1_000_000)})")
+    clause = f"WHERE {' AND '.join(conditions)} " if conditions else ""
+    rows = query(join(lake_root, table), f"SELECT * FROM t {clause}ORDER BY {order}")
     return [] if rows is None else rows.to_pylist()
 
 
-def runs(lake_root: str, stream: str | None = None) -> list[dict[str, Any]]:
-    """The run log's rows (of one stream, or all), oldest first; empty before the first run."""
-    return _read(lake_root, RUNS_TABLE, {"stream": stream} if stream else {}, "started_at, stream")
+def runs(lake_root: str, stream: str | None = None, *, since: float | None = None) -> list[dict[str, Any]]:
+    """The run log's rows (of one stream, or all; started at or after ``since``), oldest first; empty before the
+    first run."""
+    return _read(lake_root, RUNS_TABLE, {"stream": stream} if stream else {}, "started_at, stream",
+                 since=None if since is None else ("started_at", since))
+
+
+def latest_runs(lake_root: str, kind: str = "run") -> dict[str, dict[str, Any]]:
+    """Each stream's latest run of ``kind``, by stream."""
+    from sluice.storage.delta import query
+
+    if kind not in RUN_KINDS:
+        raise ValueError(f"unknown run kind {kind!r}; one of {', '.join(RUN_KINDS)}")
+    rows = query(join(lake_root, RUNS_TABLE),
+                 "SELECT t.* FROM t JOIN (SELECT stream, max(started_at) AS started_at FROM t "
+                 f"WHERE kind = '{kind}' GROUP BY stream) latest ON t.stream = latest.stream "
+                 f"AND t.started_at = latest.started_at WHERE t.kind = '{kind}'")
+    return {} if rows is None else {row["stream"]: row for row in rows.to_pylist()}
 
 
 def batches(lake_root: str, stream: str, run_id: str | None = None) -> list[dict[str, Any]]:
