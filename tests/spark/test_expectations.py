@@ -205,3 +205,30 @@ def test_a_backfill_judges_its_range_by_the_current_rules(spark: Any, tmp_path: 
     assert (logged["backfill"]["output_rows"], logged["backfill"]["dropped_rows"],
             logged["backfill"]["dead_letter_rows"]) == (len(kept), len(dropped), len(quarantined))
     assert json.loads(logged["backfill"]["expectations"]) == summary.expectations
+
+
+def test_rules_and_a_sql_transform_on_a_delta_source(spark: Any, tmp_path: Path) -> None:
+    """A silver stream reading a Delta table: the rules judge its rows as they judge a file's."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    roots = roots_in(tmp_path)
+    upstream = Path(roots.lake, "bronze", "payments")
+    amounts = [5.0, -1.0, 12.5, None, -3.0, 40.0]
+    write_deltalake(str(upstream), pa.table({"id": pa.array(range(len(amounts)), pa.int64()),
+                                             "amount": pa.array(amounts, pa.float64())}))
+    stream = {"name": "payments", "source": {"type": "delta", "path": "bronze/payments",
+                                             "schema": {"id": "bigint not null", "amount": "double"}},
+              "transform": {"sql": "SELECT *, amount * 100 AS cents FROM source"},
+              "expectations": {"not_negative": {"check": "amount >= 0", "on_violation": "quarantine",
+                                                "on_null": "passes"}},
+              "sink": {"path": "silver/payments", "engine": "rs"}, "schedule": "*/5 * * * *"}
+    catalog = load_catalog(write_catalog(tmp_path, stream))
+    [run] = run_streams(spark, catalog, ["payments"], roots).streams
+    assert run.status == "succeeded", run.error
+    spec = catalog.get("payments")
+    kept = read_table(spec.sink_path(roots), ["id", "cents"]).to_pylist()
+    assert sorted((row["id"], row["cents"]) for row in kept) == [(0, 500.0), (2, 1250.0), (3, None), (5, 4000.0)]
+    dead = read_table(spec.dead_letter_table_path(roots), ["reason", "raw_record"]).to_pylist()
+    assert sorted(json.loads(row["raw_record"])["id"] for row in dead) == [1, 4]
+    assert run.expectations == [{"rule": "not_negative", "on_violation": "quarantine", "checked": 6, "violated": 2}]
