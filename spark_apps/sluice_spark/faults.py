@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 
-POINTS = ("executor_written", "before_commit", "between_commits", "after_commit")
+POINTS = ("executor_written", "before_commit", "between_commits", "after_commit", "run_logged")
 
 
 def reach(point: str, batch_id: int | None = None) -> None:

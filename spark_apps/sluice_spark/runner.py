@@ -47,7 +47,7 @@ from sluice.storage.lock import HeldLock
 from sluice.storage.object_lock import lock_for
 from sluice.summary import RunSummary, StreamRunSummary
 from sluice.times import iso_utc
-from sluice_spark import kinds
+from sluice_spark import faults, kinds
 from sluice_spark import patterns as steps
 from sluice_spark.kinds import read_stream
 from sluice_spark.patterns import with_watermark
@@ -405,6 +405,7 @@ def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: 
                 summary.error = "lost the stream's lock to another run during this run; it was stopped"
         write_run_log(roots, [runlog.run_row(summary) for summary in summaries],
                       [row for item, query in running for row in batch_rows(item.spec.name, run_id, query)])
+        faults.reach("run_logged")
     return RunSummary(app_id=spark.sparkContext.applicationId, streams=summaries)
 
 

@@ -34,13 +34,16 @@ RUNNER = PROJECT / "spark_apps" / "stream_runner.py"
 NOW = dt.datetime(2026, 11, 22, 8, 0, tzinfo=dt.timezone.utc)
 
 
-def submit(catalog: Path, roots: Roots, *extra_env: tuple[str, str], summary: Path | None = None) -> subprocess.Popen:
+def submit(catalog: Path, roots: Roots, *extra_env: tuple[str, str], summary: Path | None = None,
+           run_id: str | None = None) -> subprocess.Popen:
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, **dict(extra_env)}
     command = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
                "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
                str(RUNNER), "--catalog", str(catalog), "--stream", "events", *roots.as_args()]
     if summary is not None:
         command += ["--summary-file", str(summary)]
+    if run_id is not None:
+        command += ["--run-id", run_id]
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
 
@@ -67,16 +70,17 @@ def kill_application(process: subprocess.Popen, marker: Path) -> None:
 
 
 def kill_at_then_rerun(catalog: Path, roots: Roots, fault: str, faults: Path,
-                       summary: Path | None = None) -> str:
+                       summary: Path | None = None, run_id: str | None = None) -> str:
     """Run until the crash point ``fault`` (``name[:batch]``), SIGKILL the application there, rerun it cleanly;
     the rerun's output."""
     point = fault.split(":")[0]
     faults.mkdir(exist_ok=True)
-    crashed = submit(catalog, roots, ("SLUICE_FAULT_POINT", fault), ("SLUICE_FAULT_DIR", str(faults)))
+    crashed = submit(catalog, roots, ("SLUICE_FAULT_POINT", fault), ("SLUICE_FAULT_DIR", str(faults)),
+                     run_id=run_id)
     wait_for(faults / f"{point}.reached", crashed)
     kill_application(crashed, faults / f"{point}.reached")
     assert crashed.returncode == -signal.SIGKILL
-    rerun = submit(catalog, roots, summary=summary)
+    rerun = submit(catalog, roots, summary=summary, run_id=run_id)
     output, _ = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, output[-3000:]
     return output
@@ -172,3 +176,21 @@ def test_sigkill_between_commits_with_quarantined_rows_then_rerun(tmp_path: Path
     reasons = [row["reason"] for row in read_table(stream.dead_letter_table_path(roots), ["reason"]).to_pylist()]
     assert reasons.count("broke expectation(s): small_amount") == len(good) - len(kept)
     assert len(reasons) == bad + len(good) - len(kept)
+
+
+def test_a_run_retried_after_a_sigkill_keeps_one_row_in_the_run_log(tmp_path: Path) -> None:
+    """Killed after its run log row is written, retried under the same run id (Airflow's retry keeps it): one row
+    for the run, with the retry's numbers, and the batches of the first attempt."""
+    from sluice.storage import runlog
+
+    catalog_path = write_catalog(tmp_path, events_stream())
+    roots = roots_in(tmp_path)
+    DemoProducer(roots.landing, seed=9, malformed_rate=0.1).events_file(lines=40, now=NOW)
+    run_id = "ingest_events/manual__retried/run_stream"
+    kill_at_then_rerun(catalog_path, roots, "run_logged", tmp_path / "faults", run_id=run_id)
+
+    [row] = [row for row in runlog.runs(roots.lake, "events") if row["run_id"] == run_id]
+    assert row["status"] == "succeeded" and row["batches"] == 0  # the retry found the batch committed
+    [batch] = runlog.batches(roots.lake, "events", run_id)
+    good, bad = expected_events(Path(roots.landing) / "events")
+    assert batch["batch_id"] == 0 and batch["input_rows"] == len(good) + bad
