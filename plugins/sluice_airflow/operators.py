@@ -312,13 +312,13 @@ class CheckpointRepairOperator(SluiceOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         from sluice.errors import SluiceError
-        from sluice.operations.repair import READ_ONLY_ACTIONS, run_action
+        from sluice.operations.repair import READ_ONLY_ACTIONS, run_and_log
 
         if self.action not in READ_ONLY_ACTIONS and str(self.confirm).strip().lower() not in {"true", "1", "yes"}:
             raise AirflowFailException("confirm: set it to true to run a repair; nothing was changed")
         try:
-            result = run_action(self.action, self.stream_catalog().get(self.stream), self.resolved_roots(),
-                                version=self._version())
+            result = run_and_log(self.action, self.stream_catalog().get(self.stream), self.resolved_roots(),
+                                 run_id=f"{self.dag_id}/{context['run_id']}/{self.task_id}", version=self._version())
         except SluiceError as exc:
             raise AirflowFailException(f"repair refused, nothing was changed: {exc}") from exc
         self.log.info("Repair %s of stream %s: %s", self.action, self.stream, json.dumps(result, default=str))

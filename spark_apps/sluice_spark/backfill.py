@@ -205,7 +205,10 @@ def run_backfill(spark: SparkSession, catalog: Catalog, request: BackfillRequest
             run_id = f"backfill/{request.run_id}"
             row = runlog.run_row(summary, kind="backfill", run_id=run_id, output_rows=summary.rows_written,
                                  dropped_rows=summary.rows_dropped, started_at=iso_utc(started_at),
-                                 ended_at=iso_utc(time.time()))
+                                 ended_at=iso_utc(time.time()),
+                                 note=runlog.json_text({"mode": summary.mode, "select_by": summary.select_by,
+                                                        "start": summary.start, "end": summary.end,
+                                                        "reason": summary.reason, "files": summary.files}))
             write_run_log(roots, [row], [{**batch, "run_id": run_id} for batch in batches])
     return summary
 

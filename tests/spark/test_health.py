@@ -285,6 +285,25 @@ def test_backup_copies_everything_but_the_lock(world: tuple[Catalog, Roots, Path
     assert not list(copy.glob(".sluice-lock*"))
 
 
+def test_a_repair_leaves_a_row_in_the_run_log(world: tuple[Catalog, Roots, Path]) -> None:
+    from sluice.operations.repair import run_and_log
+    from sluice.storage import runlog
+
+    catalog, roots, _ = world
+    stream = catalog.get("events")
+    result = run_and_log("backup", stream, roots, run_id="repair/manual__1/repair")
+    with pytest.raises(RepairError, match="reset needs the Delta version"):
+        run_and_log("reset", stream, roots, run_id="repair/manual__2/repair")
+    run_and_log("history", stream, roots, run_id="repair/manual__3/repair")  # reads only: no row
+
+    rows = {row["run_id"]: row for row in runlog.runs(roots.lake, "events") if row["kind"] == "repair"}
+    assert sorted(rows) == ["repair/manual__1/repair", "repair/manual__2/repair"]
+    done, refused = rows["repair/manual__1/repair"], rows["repair/manual__2/repair"]
+    assert (done["status"], done["dag_id"]) == ("succeeded", "repair")
+    assert json.loads(done["note"]) == {"action": "backup", "version": None, **result}
+    assert refused["status"] == "failed" and "reset needs the Delta version" in refused["error"]
+
+
 def test_run_that_loses_its_lock_stops_and_fails(spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import functools
     import threading

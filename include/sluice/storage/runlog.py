@@ -30,7 +30,7 @@ BATCHES_TABLE = "_sluice/batches"
 _COMMIT_ATTEMPTS = 8
 
 #: Column -> Arrow type name of ``_sluice/runs``. ``kind`` is run, backfill or repair; ``expectations`` the
-#: per-rule counts as JSON; times are UTC.
+#: per-rule counts as JSON; ``note`` what a backfill or a repair was asked (JSON); times are UTC.
 RUN_COLUMNS: dict[str, str] = {
     "stream": "string", "run_id": "string", "kind": "string", "dag_id": "string", "dag_run_id": "string",
     "query_id": "string", "engine": "string", "started_at": "timestamp", "ended_at": "timestamp",
@@ -38,6 +38,7 @@ RUN_COLUMNS: dict[str, str] = {
     "dead_letter_rows": "int64", "dropped_rows": "int64", "late_rows": "int64", "duplicate_rows": "int64",
     "state_rows": "int64", "delta_version_before": "int64", "delta_version_after": "int64",
     "dead_letter_version_before": "int64", "dead_letter_version_after": "int64", "expectations": "string",
+    "note": "string",
 }
 RUN_KEY = ("stream", "run_id")
 RUN_KINDS = ("run", "backfill", "repair")
@@ -148,6 +149,7 @@ def run_row(summary: StreamRunSummary | Any, *, kind: str = "run", **overrides: 
     such as a backfill's, with ``overrides`` for what it names otherwise)."""
     values = {column: getattr(summary, column, None) for column in RUN_COLUMNS}
     values.update(overrides)
+    values.setdefault("expectations", None)
     dag_id, dag_run_id = split_run_id(values["run_id"] or "")
     values.update(kind=kind, dag_id=values.get("dag_id") or dag_id, dag_run_id=values.get("dag_run_id") or dag_run_id,
                   started_at=_time(values["started_at"]), ended_at=_time(values["ended_at"]),
