@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 RUNS_TABLE = "_sluice/runs"
 BATCHES_TABLE = "_sluice/batches"
 _COMMIT_ATTEMPTS = 8
+# Each write adds a small file; past this many, the table is compacted (and files removed over a week ago are
+# vacuumed), so the log of a stream that runs every five minutes stays a few files.
+COMPACT_AFTER_FILES = 64
+VACUUM_RETENTION_HOURS = 168
 
 #: Column -> Arrow type name of ``_sluice/runs``. ``kind`` is run, backfill or repair; ``expectations`` the
 #: per-rule counts as JSON; ``note`` what a backfill or a repair was asked (JSON); times are UTC.
@@ -87,11 +91,31 @@ def _upsert(lake_root: str, table: str, columns: Mapping[str, str], key: Sequenc
         try:
             (DeltaTable(path).merge(data, condition, source_alias="s", target_alias="t")
              .when_matched_update_all().when_not_matched_insert_all().execute())
-            return
+            break
         except CommitFailedError:
             if attempt == _COMMIT_ATTEMPTS - 1:
                 raise
             time.sleep(0.05 * 2**attempt)  # another run committed first: merge again on its version
+    keep_small(path)
+
+
+def keep_small(path: str) -> bool:
+    """Compact a run log table past :data:`COMPACT_AFTER_FILES` files and vacuum what was removed over a week ago
+    (no reader keeps a version that long). True when it compacted. A run that loses this race to another leaves
+    the work to the next one."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import CommitFailedError
+
+    table = DeltaTable(path)
+    if len(table.file_uris()) <= COMPACT_AFTER_FILES:
+        return False
+    try:
+        table.optimize.compact()
+        table.vacuum(retention_hours=VACUUM_RETENTION_HOURS, dry_run=False)
+    except CommitFailedError as exc:
+        log.info("the run log %s was compacted by another run: %s", path, exc)
+        return False
+    return True
 
 
 def record_runs(lake_root: str, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -121,7 +145,7 @@ def _read(lake_root: str, table: str, where: Mapping[str, str], order: str, *,
 def runs(lake_root: str, stream: str | None = None, *, since: float | None = None) -> list[dict[str, Any]]:
     """The run log's rows (of one stream, or all; started at or after ``since``), oldest first; empty before the
     first run."""
-    return _read(lake_root, RUNS_TABLE, {"stream": stream} if stream else {}, "started_at, stream",
+    return _read(lake_root, RUNS_TABLE, {"stream": stream} if stream else {}, "started_at, stream, run_id",
                  since=None if since is None else ("started_at", since))
 
 
