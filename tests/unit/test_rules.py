@@ -70,6 +70,8 @@ def test_partition_columns_are_checked_against_the_transform_output() -> None:
     ({"check": "amount > 0; DROP TABLE x"}, "must be one expression, found 2"),
     ({"check": "SELECT 1"}, "must be an expression over the row, not a statement"),
     ({"check": "amount > (SELECT max(amount) FROM source)"}, "has a subquery"),
+    ({"check": "currency = '${env:AWS_SECRET_ACCESS_KEY}'"}, "Spark substitutes ${...}"),
+    ({"check": "reflect('java.lang.System', 'exit', '1') IS NULL"}, "calls reflect(), which runs JVM code"),
     ({"check": "amount > 0", "on_violation": "explode"}, "expectations.bad.on_violation: unknown value 'explode'; "
                                                          "expected one of warn, drop, quarantine, fail"),
     ({"check": "amount > 0", "on_null": "maybe"}, "expectations.bad.on_null: unknown value 'maybe'"),
@@ -102,11 +104,21 @@ def test_a_rule_name_must_be_an_identifier() -> None:
     ("SELECT lower(event_type AS e FROM source", "is not valid Spark SQL: Expecting )"),
     ("DELETE FROM source", "must be SELECT ... FROM source"),
     ("SELECT * EXCEPT (nope) FROM source", "names the column 'nope'"),
+    ("SELECT *, CAST(NULL AS STRING) AS _dead_letter_reason FROM source", "names that start with '_' are Sluice's"),
+    ("SELECT *, '${env:HOME}' AS home FROM source", "Spark substitutes ${...}"),
+    ("SELECT *, java_method('java.lang.Math', 'random') AS r FROM source", "calls java_method()"),
 ])
 def test_bad_transforms_are_refused_with_the_reason(sql: str, expected: str) -> None:
     message = refused(transform={"sql": sql}, expectations={})
     assert message.startswith("stream 'events': transform.sql: the transform")
     assert expected in message
+
+
+def test_a_lineage_column_may_be_selected_by_name() -> None:
+    stream = load(transform={"sql": "SELECT event_id, event_time, _source_file FROM source"}, expectations={},
+                  sink={"path": "bronze/events", "engine": "rs"})
+    assert isinstance(stream.transform, SqlTransform)
+    assert stream.transform.names == ["event_id", "event_time", "_source_file"]
 
 
 def test_unknown_python_transform_points_at_sql() -> None:

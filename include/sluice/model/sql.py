@@ -62,6 +62,9 @@ class SqlTransform:
 
 def _parse(text: str, what: str) -> exp.Expr:
     """One statement or expression, or the parser's first complaint with its position."""
+    if "${" in text:
+        raise SqlError(f"{what} holds '${{': Spark substitutes ${{...}} (environment variables, Spark settings, "
+                       "credentials among them) into SQL before it runs it; write the value itself")
     try:
         parsed = [statement for statement in sqlglot.parse(text, read=DIALECT) if statement is not None]
     except ParseError as exc:
@@ -88,8 +91,19 @@ def _row_wise(node: exp.Expr, what: str, *, filters: str) -> None:
         if isinstance(found, exp.UDTF):
             raise SqlError(f"{what} uses the generator {found.sql(DIALECT)!r}, which turns a row into several; "
                            f"{filters} must keep one row per input row")
+        if isinstance(found, exp.Func) and _function_name(found) in _FORBIDDEN_FUNCTIONS:
+            raise SqlError(f"{what} calls {_function_name(found)}(), which runs JVM code; Sluice's SQL is row "
+                           "expressions only")
         if found is not node and isinstance(found, exp.Query):
             raise SqlError(f"{what} has a subquery; {filters} reads only its own row")
+
+
+# Functions that call arbitrary JVM methods.
+_FORBIDDEN_FUNCTIONS = frozenset({"reflect", "java_method", "try_reflect"})
+
+
+def _function_name(function: exp.Func) -> str:
+    return (function.name if isinstance(function, exp.Anonymous) else function.sql_name()).lower()
 
 
 def _lambda_names(column: exp.Column) -> set[str]:
@@ -228,6 +242,10 @@ def _projections(text: str, statement: exp.Select, typed: exp.Select, columns: C
             name = item.name
         else:
             raise SqlError(f"the transform's {item_text.strip()!r} needs a name: add AS <column>")
+        passed_through = isinstance(item, exp.Column) and item.name.casefold() in by_folded
+        if name.startswith("_") and not passed_through:
+            raise SqlError(f"the transform produces {name!r}: names that start with '_' are Sluice's own columns "
+                           "(the dead-letter flags, the lineage); choose another name")
         produced.append((name, _type_of(typed_item)))
         projections.append(Projection(item_text, name))
     seen: dict[str, str] = {}
@@ -280,4 +298,5 @@ def spark_select(transform: SqlTransform, carried: Sequence[str], *, placeholder
         else:
             items.append(projection.text.replace("{", "{{").replace("}", "}}"))
     items += [quote(name) for name in carried]
-    return f"SELECT {', '.join(items)} FROM {placeholder} AS {quote(transform.alias)}"
+    alias = quote(transform.alias).replace("{", "{{").replace("}", "}}")
+    return f"SELECT {', '.join(items)} FROM {placeholder} AS {alias}"
