@@ -3,6 +3,7 @@
     python -m sluice status [--record] [--json]              lag, health and trend of every stream
     python -m sluice health [--stream NAME ...] [--json]     the checkpoint health gate, without running
     python -m sluice repair ACTION --stream NAME             history, backup, quarantine-offsets, repin-query-id, reset
+    python -m sluice maintain [--stream NAME ...]            compact, vacuum and checkpoint the Delta tables
     python -m sluice demo                                    the demo: files in, one run, the tables printed
     python -m sluice demo-producer --landing-root DIR ...    demo events into a landing zone or a Kafka topic
 
@@ -15,7 +16,7 @@ import importlib
 import sys
 
 COMMANDS = {"status": "sluice.cli.status", "health": "sluice.cli.health", "repair": "sluice.cli.repair",
-            "demo": "sluice.cli.demo", "demo-producer": "sluice.cli.demo_producer"}
+            "maintain": "sluice.cli.maintain", "demo": "sluice.cli.demo", "demo-producer": "sluice.cli.demo_producer"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -127,6 +127,8 @@ class CommitInfo(Word):
     BACKFILL_RANGE = "sluice.backfill.range"
     BACKFILL_REASON = "sluice.backfill.reason"
     BACKFILL_BATCH = "sluice.backfill.batchId"
+    # A maintenance's commits (compaction, vacuum): its run.
+    MAINTENANCE = "sluice.maintenance.runId"
 
 DEFAULT_CHECKPOINT_INTERVAL = 10
 

@@ -18,8 +18,6 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -40,7 +38,8 @@ from sluice.paths import Roots, join, require_local
 from sluice.storage import runlog
 from sluice.storage.checkpoint import ensure_query_id
 from sluice.storage.delta import table_version
-from sluice.storage.lock import LockHeld, StreamLock
+from sluice.storage.lock import HeldLock
+from sluice.storage.object_lock import waiting_lock
 from sluice.times import iso_utc
 from sluice_spark.quality import expectation_counts
 from sluice_spark.runner import (
@@ -132,26 +131,6 @@ def hadoop_glob(paths: list[str]) -> str:
     return f"{escape(base).rstrip('/')}/{{{','.join(escape(path) for path in relative)}}}"
 
 
-@contextmanager
-def _stream_lock(checkpoint: str, stream: str, run_id: str, wait_seconds: float) -> Iterator[StreamLock]:
-    """The live stream's lock, waiting up to ``wait_seconds`` for a running stream to finish."""
-    deadline = time.monotonic() + wait_seconds
-    while True:
-        lock = StreamLock(checkpoint, stream, run_id)
-        try:
-            lock.acquire()
-        except LockHeld:
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(min(5.0, max(deadline - time.monotonic(), 0.1)))
-            continue
-        try:
-            yield lock
-        finally:
-            lock.release()
-        return
-
-
 def _frozen_plan(folder: Path, request: BackfillRequest, stream: StreamSpec, roots: Roots) -> BackfillPlan:
     """The plan of this run id: made and written on the first attempt, read back on a retry, so that a retry
     reads the same files and its batches line up with the ones already committed."""
@@ -181,7 +160,7 @@ def run_backfill(spark: SparkSession, catalog: Catalog, request: BackfillRequest
     started, started_at = time.monotonic(), time.time()
     live = require_local(stream.checkpoint_path(roots), what=f"stream '{stream.name}': checkpoint")
     own = Path(require_local(backfill_checkpoint(stream, roots, request), what="backfill checkpoint"))
-    with _stream_lock(live, stream.name, f"backfill/{request.run_id}", lock_wait_seconds) as lock:
+    with waiting_lock(live, stream.name, f"backfill/{request.run_id}", lock_wait_seconds) as lock:
         plan = plan_backfill(request, stream, roots) if request.dry_run else _frozen_plan(own, request, stream, roots)
         summary.files, summary.file_bytes = len(plan.files), plan.bytes
         summary.pending_files, summary.held_files = plan.pending_files, plan.held_files
@@ -214,7 +193,7 @@ def run_backfill(spark: SparkSession, catalog: Catalog, request: BackfillRequest
 
 
 def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: BackfillRequest, plan: BackfillPlan,
-               summary: BackfillSummary, own: Path, lock: StreamLock,
+               summary: BackfillSummary, own: Path, lock: HeldLock,
                engine: DeltaEngine | None) -> list[dict[str, Any]]:
     """Run the backfill's query; its batches, as the run log keeps them."""
     routed, data_columns = build_routed_frame(

@@ -1,4 +1,4 @@
-"""A backfill waits for the live stream's lock instead of writing beside a running stream."""
+"""A backfill (and a maintenance) waits for the live stream's lock instead of writing beside a running stream."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from sluice.storage.lock import LockHeld, StreamLock, read_lock
-from sluice_spark.backfill import _stream_lock, hadoop_glob
+from sluice.storage.object_lock import waiting_lock
+from sluice_spark.backfill import hadoop_glob
 
 
 def test_backfill_waits_for_a_running_stream_then_holds_the_lock(tmp_path: Path) -> None:
@@ -23,7 +24,7 @@ def test_backfill_waits_for_a_running_stream_then_holds_the_lock(tmp_path: Path)
         released.set()
 
     threading.Thread(target=finish_the_live_run).start()
-    with _stream_lock(str(tmp_path), "events", "backfill/run-1", wait_seconds=30):
+    with waiting_lock(str(tmp_path), "events", "backfill/run-1", wait_seconds=30):
         assert released.is_set(), "the backfill got the lock only after the live run released it"
         holder = read_lock(tmp_path)
         assert holder is not None and holder.run_id == "backfill/run-1"
@@ -32,7 +33,7 @@ def test_backfill_waits_for_a_running_stream_then_holds_the_lock(tmp_path: Path)
 
 def test_backfill_gives_up_after_its_wait(tmp_path: Path) -> None:
     with StreamLock(tmp_path, "events", "live-run"), pytest.raises(LockHeld, match="live-run"), \
-            _stream_lock(str(tmp_path), "events", "backfill/run-2", wait_seconds=0.2):
+            waiting_lock(str(tmp_path), "events", "backfill/run-2", wait_seconds=0.2):
         pytest.fail("the backfill must not run while the stream holds the lock")
 
 

@@ -35,7 +35,6 @@ from sluice.paths import Roots, require_local
 from sluice.storage import runlog
 from sluice.storage.checkpoint import CheckpointError, CheckpointReader, log_file_batch, read_query_id
 from sluice.storage.lock import LOCK_FILE, LockHeld, StreamLock
-from sluice.times import iso_utc
 
 log = logging.getLogger(__name__)
 
@@ -374,21 +373,11 @@ def run_and_log(action: str, stream: StreamSpec, roots: Roots, *, run_id: str,
         result = run_action(action, stream, roots, version=version)
     except SluiceError as exc:
         if action not in READ_ONLY_ACTIONS:
-            _log_repair(stream, roots, run_id, started, status=RunStatus.FAILED, error=str(exc),
-                        note={"action": action, "version": version})
+            runlog.log_operation(roots.lake, stream=stream.name, run_id=run_id, kind="repair", started=started,
+                                 status=RunStatus.FAILED, error=str(exc), note={"action": action, "version": version})
         raise
     if action not in READ_ONLY_ACTIONS:
-        _log_repair(stream, roots, run_id, started, status=RunStatus.SUCCEEDED, error=None,
-                    note={"action": action, "version": version, **result})
+        runlog.log_operation(roots.lake, stream=stream.name, run_id=run_id, kind="repair", started=started,
+                             status=RunStatus.SUCCEEDED, error=None,
+                             note={"action": action, "version": version, **result})
     return result
-
-
-def _log_repair(stream: StreamSpec, roots: Roots, run_id: str, started: float, *, status: str, error: str | None,
-                note: dict[str, Any]) -> None:
-    row = runlog.run_row(None, kind="repair", stream=stream.name, run_id=run_id, status=str(status), error=error,
-                         started_at=iso_utc(started), ended_at=iso_utc(time.time()),
-                         note=runlog.json_text(note))
-    try:
-        runlog.record_runs(roots.lake, [row])
-    except Exception as exc:  # the repair is done; a run log that cannot be written is an error in the log only
-        log.error("could not write the run log under %s: %s", roots.lake, exc)

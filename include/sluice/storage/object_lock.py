@@ -22,6 +22,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict
 
 from sluice.errors import SluiceError
@@ -171,3 +172,24 @@ def lock_for(checkpoint: str, stream: str, run_id: str, **options: float) -> Hel
     if is_local(checkpoint):
         return StreamLock(checkpoint.removeprefix("file://"), stream, run_id, **options)  # type: ignore[arg-type]
     return ObjectLock(folder(checkpoint), stream, run_id, **options)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def waiting_lock(checkpoint: str, stream: str, run_id: str, wait_seconds: float) -> Iterator[HeldLock]:
+    """The lock of a checkpoint on any store, waiting up to ``wait_seconds`` for a running stream to release it;
+    :class:`LockHeld` when it does not."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        lock = lock_for(checkpoint, stream, run_id)
+        try:
+            lock.acquire()
+        except LockHeld:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(min(5.0, max(deadline - time.monotonic(), 0.1)))
+            continue
+        try:
+            yield lock
+        finally:
+            lock.release()
+        return

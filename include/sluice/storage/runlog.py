@@ -22,6 +22,7 @@ from typing import Any
 
 from sluice.paths import join
 from sluice.summary import StreamRunSummary
+from sluice.times import iso_utc
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ RUN_COLUMNS: dict[str, str] = {
     "note": "string",
 }
 RUN_KEY = ("stream", "run_id")
-RUN_KINDS = ("run", "backfill", "repair")
+RUN_KINDS = ("run", "backfill", "repair", "maintenance")
 
 #: Column -> Arrow type name of ``_sluice/batches``: Spark's progress report of one micro-batch. ``phases_ms`` is
 #: its ``durationMs`` and ``sources`` its sources' offsets, as JSON.
@@ -179,6 +180,19 @@ def run_row(summary: StreamRunSummary | Any, *, kind: str = "run", **overrides: 
                   started_at=_time(values["started_at"]), ended_at=_time(values["ended_at"]),
                   expectations=json.dumps(values["expectations"]) if values["expectations"] else None)
     return values
+
+
+def log_operation(lake_root: str, *, stream: str, run_id: str, kind: str, started: float, status: str,
+                  error: str | None, note: Mapping[str, Any]) -> None:
+    """The run log's row of an operation that is not a run (a repair, a maintenance): what was asked and done, or
+    why it was refused. The operation is over either way: a run log that cannot be written is an error in the task's
+    log only."""
+    row = run_row(None, kind=kind, stream=stream, run_id=run_id, status=str(status), error=error,
+                  started_at=iso_utc(started), ended_at=iso_utc(time.time()), note=json_text(note))
+    try:
+        record_runs(lake_root, [row])
+    except Exception as exc:
+        log.error("could not write the run log under %s: %s", lake_root, exc)
 
 
 def _time(value: str | None) -> Any:
