@@ -105,13 +105,16 @@ lint: $(STAMP)  ## ruff, mypy and the import layers (import-linter)
 	$(BIN)/lint-imports
 
 .PHONY: bench
-bench: $(STAMP)  ## benchmarks: ingest (Delta sink vs Parquet sink, BENCH_ROWS=1000000), health check, lag check, MERGE vs append, expectations and a SQL transform vs none, the Streams page
+bench: $(STAMP)  ## benchmarks: ingest (Delta sink vs Parquet sink, BENCH_ROWS=1000000), health check, lag check, MERGE vs append, expectations and a SQL transform vs none, the Streams page, a run's cost, a group of streams, history
 	$(BIN)/python bench/bench_ingest.py --rows $${BENCH_ROWS:-1000000}
 	$(BIN)/python bench/bench_rules.py --rows $${BENCH_ROWS:-1000000}
 	$(BIN)/python bench/bench_health.py
 	$(BIN)/python bench/bench_lag.py
 	$(BIN)/python bench/bench_merge.py
 	$(BIN)/python bench/bench_streams_page.py
+	$(BIN)/python bench/bench_run_cost.py
+	$(BIN)/python bench/bench_multi.py
+	$(BIN)/python bench/bench_history.py
 
 .PHONY: freeze
 freeze: $(STAMP)  ## rewrite requirements.txt from the environment after an upgrade

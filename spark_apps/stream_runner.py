@@ -24,7 +24,7 @@ from sluice.constants import DeltaEngine, RunStatus
 from sluice.errors import SluiceError
 from sluice.paths import Roots
 from sluice.storage.lock import LockHeld
-from sluice.summary import RunSummary, StreamRunSummary
+from sluice.summary import PhaseClock, RunSummary, StreamRunSummary
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,6 +57,7 @@ def emit(summary: RunSummary, summary_file: str | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    clock = PhaseClock()
     from sluice_spark.runner import run_streams
     from sluice_spark.session import configure_sluice, register_data_sources
 
@@ -72,12 +73,16 @@ def main(argv: list[str] | None = None) -> int:
                                for name in args.streams]), args.summary_file)
         print(f"sluice: {exc}", file=sys.stderr)
         return 2
+    clock.lap("catalog")
     spark = configure_sluice(SparkSession.builder.appName(f"sluice:{','.join(args.streams)}")).getOrCreate()
+    clock.lap("session")
     try:
         register_data_sources(spark)
+        clock.lap("data_sources")
         engine = DeltaEngine(args.engine) if args.engine else None
         try:
-            summary = run_streams(spark, catalog, args.streams, roots, run_id=args.run_id, engine=engine)
+            summary = run_streams(spark, catalog, args.streams, roots, run_id=args.run_id, engine=engine,
+                                  clock=clock)
         except SluiceError as exc:
             # A held lock clears when the other run ends, so a retry can succeed; other refusals need a fix.
             retryable = isinstance(exc, LockHeld)

@@ -7,6 +7,7 @@ a file. The operator takes it from either and pushes it to XCom.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -53,10 +54,12 @@ class StreamRunSummary:
 
 @dataclass
 class RunSummary:
-    """Every stream of one Spark application."""
+    """Every stream of one Spark application, and where the application's time went (``phases_seconds``: the
+    session's start, taking the locks, preparing the queries, running them, reconciling, the run log)."""
 
     app_id: str | None
     streams: list[StreamRunSummary]
+    phases_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -74,7 +77,9 @@ class RunSummary:
             raise StreamRunError(f"run summary has no 'streams' list: {data!r}")
         known = StreamRunSummary.__dataclass_fields__
         streams = [StreamRunSummary(**{k: v for k, v in item.items() if k in known}) for item in data["streams"]]
-        return cls(app_id=data.get("app_id"), streams=streams)
+        phases = data.get("phases_seconds")
+        return cls(app_id=data.get("app_id"), streams=streams, phases_seconds=dict(phases) if isinstance(phases, dict)
+                   else {})
 
     @classmethod
     def from_json(cls, text: str) -> RunSummary:
@@ -83,6 +88,20 @@ class RunSummary:
         except json.JSONDecodeError as exc:
             raise StreamRunError(f"run summary is not valid JSON: {exc}") from exc
         return cls.from_dict(data)
+
+
+class PhaseClock:
+    """Seconds spent per phase of a run, in the order the phases came: ``clock.lap("prepare")`` charges the time
+    since the previous lap to ``prepare``."""
+
+    def __init__(self, started: float | None = None) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.monotonic() if started is None else started
+
+    def lap(self, phase: str) -> None:
+        now = time.monotonic()
+        self.seconds[phase] = round(self.seconds.get(phase, 0.0) + now - self._last, 3)
+        self._last = now
 
 
 def find_marked_json(lines: Iterable[str], marker: str) -> Any:

@@ -48,10 +48,6 @@ def table_asset(stream: StreamSpec) -> Asset:
     return Asset(name=f"sluice.{stream.name}", uri=uri, group="delta")
 
 
-def ingest_dag_id(stream: str) -> str:
-    return f"ingest_{stream}"
-
-
 def stream_schedule(stream: StreamSpec, catalog: Catalog) -> Any:
     """A stream's cron; for a stream that reads other streams' tables, those tables' Assets (data-aware: it runs
     after each update of any of them, so a join runs when either side has news), or the Assets or the cron when
@@ -71,7 +67,7 @@ def ingest_dag(stream: StreamSpec, *, catalog: Catalog | None = None, doc: str =
     """The scheduled DAG of one stream: a checkpoint health gate, then an availableNow run, on its cron or on the
     table it reads."""
     with sluice_dag(
-        ingest_dag_id(stream.name),
+        stream.dag_id,
         description=stream.description.strip() or f"Ingest {stream.name}",
         schedule=stream_schedule(stream, catalog) if catalog is not None else stream.schedule,
         tags=["ingest", *stream.tags],
@@ -90,7 +86,45 @@ def ingest_dag(stream: StreamSpec, *, catalog: Catalog | None = None, doc: str =
     return dag
 
 
+def group_dag(group: str, streams: list[StreamSpec], *, doc: str = "") -> DAG:
+    """The scheduled DAG of a group of streams: one health gate per stream, then one availableNow run of every
+    stream whose gate passed, in one Spark application (one JVM start for all of them). Each stream keeps its own
+    lock, checkpoint and summary; a stream whose gate fails is left out of the run, and the run's task fails after
+    the others ran, naming it."""
+    names = ", ".join(stream.name for stream in streams)
+    with sluice_dag(
+        streams[0].dag_id,
+        description=f"Ingest the streams of group {group}: {names}",
+        schedule=streams[0].schedule,
+        tags=["ingest", "group", *dict.fromkeys(tag for stream in streams for tag in stream.tags)],
+        doc=f"{doc}\n\n### Group `{group}`\n\n" + "\n".join(
+            f"- `{stream.name}`: {' '.join(stream.description.split())}" for stream in streams),
+        owner=streams[0].owner,
+        retries=2,
+    ) as dag:
+        gates = {stream.name: CheckpointHealthCheckOperator(task_id=f"health_{stream.name}", stream=stream.name)
+                 for stream in streams}
+        run = StreamRunOperator(
+            task_id="run_streams",
+            streams=[stream.name for stream in streams],
+            health_gates={name: gate.task_id for name, gate in gates.items()},
+            outlets=[table_asset(stream) for stream in streams],
+            execution_timeout=timedelta(hours=2),
+            trigger_rule="all_done",
+        )
+        list(gates.values()) >> run
+    return dag
+
+
 def ingest_dags(catalog: Catalog | None = None, *, doc: str = "") -> dict[str, DAG]:
-    """Every stream's DAG, by dag id."""
+    """Every stream's DAG, or its group's, by dag id."""
     catalog = catalog or load_catalog()
-    return {dag.dag_id: dag for dag in (ingest_dag(stream, catalog=catalog, doc=doc) for stream in catalog)}
+    groups: dict[str, list[StreamSpec]] = {}
+    dags = []
+    for stream in catalog:
+        if stream.group is None:
+            dags.append(ingest_dag(stream, catalog=catalog, doc=doc))
+        else:
+            groups.setdefault(stream.group, []).append(stream)
+    dags += [group_dag(group, members, doc=doc) for group, members in groups.items()]
+    return {dag.dag_id: dag for dag in dags}

@@ -11,7 +11,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from sluice.catalog import load_catalog
 from sluice.constants import AlertChannel
-from sluice_airflow.dag_factory import ingest_dag_id, sluice_dag
+from sluice_airflow.dag_factory import sluice_dag
 from sluice_airflow.notifiers import DEFAULT_WEBHOOK_CONN_ID, WebhookNotifier
 from sluice_airflow.operators import SluiceOperator
 
@@ -67,7 +67,7 @@ class LagMonitorOperator(SluiceOperator):
             level("%s", report.describe())
             if catalog.get(report.stream).alerts.catch_up and report.status in (LagStatus.CRITICAL,
                                                                                 LagStatus.STOPPED):
-                dag_id = ingest_dag_id(report.stream)
+                dag_id = catalog.get(report.stream).dag_id
                 if context["ti"].get_dr_count(dag_id=dag_id, states=ACTIVE_RUN_STATES):
                     self.log.info("%s has a run queued or running; no catch-up run", dag_id)
                 else:

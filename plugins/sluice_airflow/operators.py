@@ -192,14 +192,17 @@ class StreamRunOperator(SparkAppOperator):
     and killing the task stops the Spark application. Takes the :class:`SparkAppOperator` arguments.
 
     :param streams: catalog stream names (templated)
+    :param health_gates: stream name -> the task id of its health check in this DAG. A stream whose check did not
+        succeed (no report in XCom) is left out of the run, and the task fails after the others ran, naming it.
     """
 
     template_fields: Sequence[str] = ("streams", *SparkAppOperator.template_fields)
     ui_color = "#d7ecfb"
 
-    def __init__(self, *, streams: list[str], **kwargs: Any) -> None:
+    def __init__(self, *, streams: list[str], health_gates: dict[str, str] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.streams = streams
+        self.health_gates = health_gates
 
     def secret_env(self) -> dict[str, str]:
         """The Spark options of every Kafka connection the streams use, one ``SLUICE_KAFKA_CONN_<ID>`` JSON variable
@@ -218,7 +221,23 @@ class StreamRunOperator(SparkAppOperator):
                 *self.resolved_roots().as_args(), *option_args({"run-id": run_id, "summary-file": summary_file}),
                 *self.engine_args()]
 
+    def _gated(self, context: Context) -> list[str]:
+        """The streams whose health gate passed (all of them without gates); those left out are logged."""
+        if not self.health_gates:
+            return []
+        stopped = [name for name in self.streams
+                   if name in self.health_gates
+                   and context["ti"].xcom_pull(task_ids=self.health_gates[name]) is None]
+        for name in stopped:
+            self.log.warning("Stream %s is left out of this run: its health gate %s did not pass", name,
+                             self.health_gates[name])
+        if len(stopped) == len(self.streams):
+            raise AirflowFailException(f"no stream ran: every health gate failed ({', '.join(stopped)})")
+        self.streams = [name for name in self.streams if name not in stopped]
+        return stopped
+
     def execute(self, context: Context) -> dict[str, Any]:
+        stopped = self._gated(context)
         run_id = f"{self.dag_id}/{context['run_id']}/{self.task_id}"
         with tempfile.TemporaryDirectory(prefix="sluice-run-") as folder:
             summary_file = str(Path(folder) / "summary.json")
@@ -242,6 +261,10 @@ class StreamRunOperator(SparkAppOperator):
             if failed and not any(s.retryable for s in failed):
                 raise AirflowFailException(f"Stream run failed, and a retry cannot fix it: {errors}")
             raise AirflowException(f"Stream run failed: {errors or failure}")
+        if stopped:
+            context["ti"].xcom_push(key="return_value", value=result)
+            raise AirflowFailException(f"ran {', '.join(self.streams)}; left out {', '.join(stopped)}, whose "
+                                       "checkpoint health gate failed (see its task's report)")
         return result
 
 

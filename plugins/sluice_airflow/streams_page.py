@@ -21,33 +21,33 @@ from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse
 
 from sluice.catalog import load_catalog
+from sluice.model.stream import StreamSpec
 from sluice.operations import streams_view
 from sluice.paths import Roots
-from sluice_airflow.dag_factory import ingest_dag_id
 
 app = FastAPI(title="Sluice streams", description=__doc__)
 # The caller, from the UI's session cookie or a bearer token; 401 without either.
 User = Annotated[Any, Depends(get_user)]
 
 
-def _visible(user: Any, names: list[str]) -> list[str]:
-    """The streams whose DAG ``user`` may read."""
-    by_dag = {ingest_dag_id(name): name for name in names}
-    allowed = get_auth_manager().filter_authorized_dag_ids(dag_ids=set(by_dag), user=user, method="GET")
-    return [name for name in names if ingest_dag_id(name) in allowed]
+def _visible(user: Any, streams: list[StreamSpec]) -> list[str]:
+    """The streams whose DAG (their own, or their group's) ``user`` may read."""
+    dag_ids = {stream.dag_id for stream in streams}
+    allowed = get_auth_manager().filter_authorized_dag_ids(dag_ids=dag_ids, user=user, method="GET")
+    return [stream.name for stream in streams if stream.dag_id in allowed]
 
 
 @app.get("/api/streams")
 def list_streams(user: User) -> dict[str, Any]:
     catalog = load_catalog()
-    visible = _visible(user, [stream.name for stream in catalog])
+    visible = _visible(user, list(catalog))
     return {"streams": streams_view.overview(catalog, Roots.from_env(), visible)}
 
 
 @app.get("/api/streams/{name}")
 def stream_history(name: str, user: User, days: Annotated[float, Query(gt=0, le=366)] = 30) -> dict[str, Any]:
     catalog = load_catalog()
-    if name not in catalog.streams or not _visible(user, [name]):
+    if name not in catalog.streams or not _visible(user, [catalog.streams[name]]):
         raise HTTPException(status_code=404, detail=f"no stream {name!r} that you may see")
     return streams_view.detail(catalog.get(name), Roots.from_env(), days=days)
 

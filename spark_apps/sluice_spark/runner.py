@@ -45,7 +45,7 @@ from sluice.storage.checkpoint import ensure_query_id
 from sluice.storage.delta import batch_commits, ensure_table, table_version
 from sluice.storage.lock import HeldLock
 from sluice.storage.object_lock import lock_for
-from sluice.summary import RunSummary, StreamRunSummary
+from sluice.summary import PhaseClock, RunSummary, StreamRunSummary
 from sluice.times import iso_utc
 from sluice_spark import faults, kinds
 from sluice_spark import patterns as steps
@@ -371,9 +371,12 @@ def error_message(error: BaseException) -> str:
 
 
 def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: Roots, *,
-                run_id: str | None = None, engine: DeltaEngine | None = None) -> RunSummary:
-    """Run the named streams to the end of their available input, concurrently, and summarise each."""
+                run_id: str | None = None, engine: DeltaEngine | None = None,
+                clock: PhaseClock | None = None) -> RunSummary:
+    """Run the named streams to the end of their available input, concurrently, and summarise each. ``clock``
+    (from the application's start) gets a lap per phase: lock, prepare, query, finish, run_log."""
     run_id = run_id or str(uuid.uuid4())
+    clock = clock or PhaseClock()
     streams = catalog.select(names)
     activate(spark)
     with contextlib.ExitStack() as locks:
@@ -384,7 +387,9 @@ def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: 
             require_hadoop_connector(spark, checkpoint, f"stream '{stream.name}': checkpoint")
             held[stream.name] = lock = lock_for(checkpoint, stream.name, run_id)
             locks.enter_context(lock)
+        clock.lap("lock")
         prepared = [prepare_stream(spark, stream, roots, run_id=run_id, engine=engine) for stream in streams]
+        clock.lap("prepare")
         started, started_at = time.monotonic(), time.time()
         running: list[tuple[PreparedStream, StreamingQuery]] = []
         try:
@@ -397,16 +402,19 @@ def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: 
             for _, query in running:
                 if query.isActive:
                     query.stop()
+        clock.lap("query")
         summaries = [finish_stream(item, query, started) for item, query in running]
         for summary in summaries:
             summary.started_at = iso_utc(started_at)
             if held[summary.stream].lost:  # the cause, whatever else the stopped query reported
                 summary.status, summary.retryable = RunStatus.FAILED, True
                 summary.error = "lost the stream's lock to another run during this run; it was stopped"
+        clock.lap("finish")
         write_run_log(roots, [runlog.run_row(summary) for summary in summaries],
                       [row for item, query in running for row in batch_rows(item.spec.name, run_id, query)])
         faults.reach("run_logged")
-    return RunSummary(app_id=spark.sparkContext.applicationId, streams=summaries)
+        clock.lap("run_log")
+    return RunSummary(app_id=spark.sparkContext.applicationId, streams=summaries, phases_seconds=clock.seconds)
 
 
 def write_run_log(roots: Roots, runs: list[dict[str, Any]], batches: list[dict[str, Any]]) -> None:

@@ -251,3 +251,18 @@ def test_delta_source_refusals_name_the_field() -> None:
             "a delta source needs a declared schema")
     own = silver(source={**silver()["source"], "path": "silver/events"}, schedule="@hourly")
     rejects(catalog_with(own), "source.path", "a stream cannot read its own table")
+
+
+def test_a_group_runs_its_streams_from_one_dag_on_one_cron() -> None:
+    catalog = parse_catalog(catalog_with(events_stream("clicks", group="small"), events_stream("views", group="small"),
+                                         events_stream("alone")))
+    assert [stream.dag_id for stream in catalog] == ["ingest_group_small", "ingest_group_small", "ingest_alone"]
+    rejects(catalog_with(events_stream("clicks", group="small"), events_stream("views", group="small",
+                                                                                 schedule="@hourly")),
+            "stream 'views'", "schedule", "the streams of group 'small' run together, on one cron: 'clicks' has "
+                                          "'*/5 * * * *', this stream '@hourly'")
+    rejects(catalog_with(events_stream(), silver(group="small")), "stream 'events_silver'", "group",
+            "a stream that runs on another stream's table updates cannot join a group")
+    rejects(catalog_with(events_stream("clicks", group="Small Group")), "stream 'clicks'", "group", "must match")
+    rejects(catalog_with(events_stream("clicks", group="x"), events_stream("group_x")), "stream 'group_x'", "name",
+            "the DAG of group 'x' would be ingest_group_x")

@@ -139,6 +139,9 @@ def parse_stream(raw: object, *, index: int) -> StreamSpec:
     alerts = _parse_alerts(top.section("alerts"))
     allow_new_query_id = top.get("allow_new_query_id", bool, False)
     backfill = _parse_backfill(top.section("backfill"), source)
+    group = top.get("group", str)
+    if group is not None and not _STREAM_NAME.match(group):
+        raise top.error("group", f"must match {_STREAM_NAME.pattern} (it becomes part of a DAG id), got {group!r}")
     owner = top.get("owner", str, "data-eng")
     tags = top.get("tags", list, [])
     if not all(isinstance(tag, str) and tag for tag in tags):
@@ -162,6 +165,7 @@ def parse_stream(raw: object, *, index: int) -> StreamSpec:
         patterns=patterns,
         output_columns=tuple(output_columns),
         expectations=expectations,
+        group=group,
     )
     for written in stream.written_paths:
         _check_own_name(written)
@@ -209,7 +213,29 @@ def parse_catalog(raw: object, *, source_file: str | None = None) -> Catalog:
         if stream.schedule is None and not upstreams:
             raise CatalogError(f"is required: no stream of the catalog writes {stream.source.table!r}, so there is no "
                                "table update to schedule the stream on", stream=stream.name, field="schedule")
+    _check_groups(catalog)
     return catalog
+
+
+def _check_groups(catalog: Catalog) -> None:
+    """The streams of a group run in one Spark application from one DAG: on one cron, none on another stream's
+    table, and no DAG id taken twice."""
+    first: dict[str, StreamSpec] = {}
+    for stream in catalog:
+        if stream.group is None:
+            continue
+        if catalog.upstreams_of(stream):
+            raise CatalogError("a stream that runs on another stream's table updates cannot join a group: a group "
+                               "runs on one cron", stream=stream.name, field="group")
+        if stream.group in first and first[stream.group].schedule != stream.schedule:
+            raise CatalogError(f"the streams of group {stream.group!r} run together, on one cron: "
+                               f"{first[stream.group].name!r} has {first[stream.group].schedule!r}, this stream "
+                               f"{stream.schedule!r}", stream=stream.name, field="schedule")
+        first.setdefault(stream.group, stream)
+    for group in first:
+        if f"group_{group}" in catalog.streams:
+            raise CatalogError(f"the DAG of group {group!r} would be ingest_group_{group}, the DAG id of this "
+                               "stream's own DAG; rename one", stream=f"group_{group}", field="name")
 
 
 def load_catalog(path: str | os.PathLike[str] | None = None) -> Catalog:

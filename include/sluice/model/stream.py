@@ -87,6 +87,13 @@ class StreamSpec:
     output_columns: tuple[str, ...] = ()
     # Row rules checked after the transform, before the stateful steps.
     expectations: tuple[Expectation, ...] = ()
+    # Streams of one group run in one Spark application from one DAG (``ingest_group_<group>``).
+    group: str | None = None
+
+    @property
+    def dag_id(self) -> str:
+        """The DAG that runs the stream: its own, or its group's."""
+        return f"ingest_group_{self.group}" if self.group else f"ingest_{self.name}"
 
     @property
     def transform_name(self) -> str:

@@ -65,7 +65,7 @@ def _plain(value: Any) -> Any:
 
 def dag_links(stream: StreamSpec) -> dict[str, str]:
     """The Airflow UI's pages that start the stream's DAG and open the backfill form with the stream chosen."""
-    return {"dag": f"/dags/ingest_{stream.name}", "trigger": f"/dags/ingest_{stream.name}/trigger/single",
+    return {"dag": f"/dags/{stream.dag_id}", "trigger": f"/dags/{stream.dag_id}/trigger/single",
             "backfill": f"/dags/backfill/trigger/single?stream={stream.name}"}
 
 

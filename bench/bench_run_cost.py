@@ -1,0 +1,301 @@
+"""Run-cost benchmark: what one small scheduled run costs, from plain Spark to a DAG run through a scheduler.
+
+One run of the bundled ``events_bronze`` stream (its SQL transform and four expectations, the rs Delta engine) over
+3 files of 3,270 JSON events each (9,810 rows), a fresh stream every time, four ways, in one run of this script:
+
+- ``spark``: the floor. A fresh ``spark-submit`` of ``readStream.json(...).writeStream.parquet(...)`` with
+  availableNow over the same files, with the same schema;
+- ``bare``: ``spark-submit spark_apps/stream_runner.py --stream events_bronze``;
+- ``dag``: ``airflow dags test ingest_events_bronze`` (the health gate, then the run through the operator);
+- ``scheduler``: a running scheduler, DAG processor and API server; the run triggered through the REST API, timed
+  until the API reports the DAG run's success.
+
+Every side uses ``--master local[*]`` and its own data root, emptied of tables and checkpoints before each round.
+Rounds alternate the order of the sides and the best time of each is kept, because these machines are shared and
+noisy. Then the phases of the bare run (Sluice's own timings from the run summary, Spark's from the progress
+reports in the run log) and of the DAG run (its task instances) are printed.
+
+Goals: bare / spark <= 1.15 and dag / bare <= 1.15. The last line is the result as JSON.
+
+    python bench/bench_run_cost.py [--rounds 3] [--no-scheduler]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+from harness import best_of_rounds
+
+from sluice.catalog import DEFAULT_CATALOG
+from sluice.cli.demo_producer import EVENT_SCHEMA, DemoProducer
+from sluice.constants import SUMMARY_MARKER
+
+PROJECT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+STREAM = "events_bronze"
+DAG_ID = f"ingest_{STREAM}"
+FILES, LINES = 3, 3270
+# Never: Feb 29 at midnight, last before the DAGs' start date, next in 2028. Only the bench triggers the DAG.
+NO_SCHEDULE = "0 0 29 2 *"
+GOALS = {"bare_vs_spark": 1.15, "dag_vs_bare": 1.15}
+
+FLOOR = '''
+import sys
+from pyspark.sql import SparkSession
+
+landing, out, checkpoint, schema = sys.argv[1:5]
+spark = SparkSession.builder.appName("plain-spark-floor").getOrCreate()
+(spark.readStream.schema(schema).option("recursiveFileLookup", "true").option("pathGlobFilter", "*.json")
+ .json(landing).writeStream.format("parquet").option("checkpointLocation", checkpoint)
+ .trigger(availableNow=True).start(out).awaitTermination())
+spark.stop()
+'''
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class World:
+    """The files, a catalog with the bundled stream (never scheduled), one data root per side, an Airflow home."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.landing = folder / "landing"
+        producer = DemoProducer(self.landing, seed=7, malformed_rate=0.01)
+        for minute in range(FILES):
+            producer.events_file(lines=LINES, now=_moment(minute))
+        self.bytes = sum(path.stat().st_size for path in self.landing.rglob("*.json"))
+        catalog = yaml.safe_load(DEFAULT_CATALOG.read_text(encoding="utf-8"))
+        stream = next(entry for entry in catalog["streams"] if entry["name"] == STREAM)
+        self.catalog = folder / "catalog.yaml"
+        self.catalog.write_text(yaml.safe_dump({"version": 1, "streams": [{**stream, "schedule": NO_SCHEDULE}]}),
+                                encoding="utf-8")
+        self.floor = folder / "floor.py"
+        self.floor.write_text(FLOOR, encoding="utf-8")
+        self.port = free_port()
+        self.env = {
+            **os.environ,
+            "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            "AIRFLOW_HOME": str(folder / "airflow"),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT / "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(48),
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(self.port),
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{self.port}/execution/",
+            "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "5",
+            "SLUICE_CATALOG": str(self.catalog),
+            "SLUICE_LANDING_ROOT": str(self.landing),
+            "PYTHONUNBUFFERED": "1",
+        }
+        subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=self.env, check=True, capture_output=True)
+
+    def root(self, side: str) -> Path:
+        """The side's data root, without the tables and checkpoints of its last run: every run is a fresh stream."""
+        root = self.folder / side
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir()
+        return root
+
+    def side_env(self, root: Path) -> dict[str, str]:
+        return {**self.env, "SLUICE_LAKE_ROOT": str(root / "lake"), "SLUICE_CHECKPOINT_ROOT": str(root / "checkpoints")}
+
+    def spark_submit(self, *args: str, env: dict[str, str] | None = None) -> str:
+        done = subprocess.run([str(BIN / "spark-submit"), "--master", "local[*]", *args], env=env or self.env,
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"spark-submit {args[0]} failed:\n{done.stderr[-3000:]}")
+        return done.stdout
+
+
+def _moment(minute: int) -> Any:
+    import datetime as dt
+
+    return dt.datetime(2026, 11, 23, 9, minute, tzinfo=dt.timezone.utc)
+
+
+class Scheduler:
+    """Airflow's scheduler, DAG processor and API server on the world's Airflow home; DAG runs through the REST API."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.base = f"http://127.0.0.1:{world.port}"
+        self.env = world.side_env(world.folder / "scheduler")
+        logs = world.folder / "scheduler-logs"
+        logs.mkdir(exist_ok=True)
+        self.processes = [
+            subprocess.Popen([str(BIN / "airflow"), component], env=self.env, stdin=subprocess.DEVNULL,
+                             stdout=(logs / f"{component}.log").open("wb"), stderr=subprocess.STDOUT,
+                             start_new_session=True)
+            for component in ("api-server", "scheduler", "dag-processor")
+        ]
+        self.token = ""
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                self.token = self.call("GET", "/auth/token")["access_token"]
+                if self.call("GET", f"/api/v2/dags/{DAG_ID}").get("is_paused") is False:
+                    return
+            except OSError:
+                pass
+            time.sleep(1)
+        raise RuntimeError(f"Airflow did not serve an unpaused {DAG_ID} within 300 s; see {logs}")
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        request = urllib.request.Request(
+            self.base + path, method=method, data=None if body is None else json.dumps(body).encode(),
+            headers={"Content-Type": "application/json", **({"Authorization": f"Bearer {self.token}"}
+                                                              if self.token else {})})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read() or b"null")
+
+    def run(self) -> float:
+        """Trigger the DAG and wait for its run's end; the seconds from the trigger to the success seen."""
+        self.world.root("scheduler")
+        started = time.monotonic()
+        run = self.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {"logical_date": None})
+        while True:
+            state = self.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run['dag_run_id']}")["state"]
+            if state == "success":
+                return time.monotonic() - started
+            if state == "failed":
+                raise RuntimeError(f"the scheduled run {run['dag_run_id']} failed")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        for process in self.processes:
+            with_group(process, 15)
+        for process in self.processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                with_group(process, 9)
+
+
+def with_group(process: subprocess.Popen[bytes], signal_number: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal_number)
+
+
+def summary_of(output: str) -> dict[str, Any]:
+    line = next(line for line in reversed(output.splitlines()) if line.startswith(SUMMARY_MARKER))
+    return dict(json.loads(line[len(SUMMARY_MARKER):]))
+
+
+def task_seconds(world: World, run_id_prefix: str = "manual__") -> dict[str, float]:
+    """The duration of each task of the newest DAG run of ``ingest_events_bronze``, from the metadata database."""
+    with sqlite3.connect(world.folder / "airflow" / "airflow.db") as db:
+        (run_id,) = db.execute("SELECT run_id FROM dag_run WHERE dag_id = ? AND run_id LIKE ? ORDER BY id DESC "
+                               "LIMIT 1", (DAG_ID, run_id_prefix + "%")).fetchone()
+        rows = db.execute("SELECT task_id, duration FROM task_instance WHERE dag_id = ? AND run_id = ?",
+                          (DAG_ID, run_id)).fetchall()
+    return {task: round(float(seconds or 0), 2) for task, seconds in rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-scheduler", action="store_true", help="leave out the side through a running scheduler")
+    args = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="sluice-bench-cost-"))
+    scheduler: Scheduler | None = None
+    try:
+        world = World(folder)
+        schema = ", ".join(f"{name} {kind.removesuffix(' not null')}" for name, kind in EVENT_SCHEMA.items())
+        print(f"{FILES} files, {FILES * LINES} lines, {world.bytes / 2**20:.1f} MiB of JSON; Python "
+              f"{sys.version.split()[0]}, {os.cpu_count()} cores")
+        outputs: dict[str, str] = {}
+
+        def run(side: str, _: int) -> float:
+            root = world.root(side) if side != "scheduler" else None
+            started = time.monotonic()
+            if side == "spark":
+                assert root is not None
+                world.spark_submit(str(world.floor), str(world.landing / "events"), str(root / "out"),
+                                   str(root / "checkpoint"), schema)
+            elif side == "bare":
+                assert root is not None
+                outputs[side] = world.spark_submit(
+                    str(PROJECT / "spark_apps" / "stream_runner.py"), "--catalog", str(world.catalog),
+                    "--stream", STREAM, "--landing-root", str(world.landing), "--lake-root", str(root / "lake"),
+                    "--checkpoint-root", str(root / "checkpoints"))
+            elif side == "dag":
+                assert root is not None
+                done = subprocess.run([str(BIN / "airflow"), "dags", "test", DAG_ID], env=world.side_env(root),
+                                      capture_output=True, text=True)
+                if done.returncode != 0 or "state=success" not in done.stdout + done.stderr:
+                    raise RuntimeError(f"airflow dags test failed:\n{(done.stdout + done.stderr)[-3000:]}")
+            else:
+                assert scheduler is not None
+                return scheduler.run()
+            return time.monotonic() - started
+
+        sides = ["spark", "bare", "dag"]
+        if not args.no_scheduler:
+            scheduler = Scheduler(world)
+            sides.append("scheduler")
+        best = best_of_rounds(sides, args.rounds, run)
+
+        summary = summary_of(outputs["bare"])
+        stream = summary["streams"][0]
+        assert stream["status"] == "succeeded", stream
+        phases = summary.get("phases_seconds", {})
+        print(f"\nbare run: {stream['input_rows']} rows in, {stream['output_rows']} written, "
+              f"{stream['dead_letter_rows']} dead-lettered, {stream['batches']} batch(es)")
+        print("  inside the application (s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
+              + f"; outside it (JVM start and stop, Python start): {best['bare'] - sum(phases.values()):.2f}")
+        from sluice.storage import runlog
+
+        batches = runlog.batches(str(folder / "bare" / "lake"), STREAM)
+        for batch in batches:
+            print(f"  batch {batch['batch_id']}: {batch['duration_ms']} ms, Spark's phases (ms) {batch['phases_ms']}")
+        print(f"dag run's tasks (s): {task_seconds(world)}")
+
+        ratios = {"bare_vs_spark": best["bare"] / best["spark"], "dag_vs_bare": best["dag"] / best["bare"]}
+        print()
+        print(f"plain Spark floor  {best['spark']:6.2f} s")
+        print(f"Sluice, bare       {best['bare']:6.2f} s   {ratios['bare_vs_spark']:.2f}x the floor "
+              f"(goal <= {GOALS['bare_vs_spark']})")
+        print(f"Sluice, dags test  {best['dag']:6.2f} s   {ratios['dag_vs_bare']:.2f}x bare "
+              f"(goal <= {GOALS['dag_vs_bare']})")
+        if "scheduler" in best:
+            print(f"Sluice, scheduler  {best['scheduler']:6.2f} s   {best['scheduler'] / best['bare']:.2f}x bare, "
+                  f"{best['scheduler'] / best['spark']:.2f}x the floor")
+        print(json.dumps({
+            "ratios": {key: round(value, 3) for key, value in ratios.items()},
+            "goals": GOALS,
+            "seconds": {side: round(value, 2) for side, value in best.items()},
+            "phases_seconds": phases,
+            "rows": FILES * LINES,
+        }))
+    finally:
+        if scheduler is not None:
+            scheduler.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
