@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     import json
 
     from sluice_spark.backfill import run_backfill
-    from sluice_spark.session import configure_sluice, register_data_sources
+    from sluice_spark.session import configure_sluice
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
@@ -80,7 +80,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spark = configure_sluice(SparkSession.builder.appName(f"sluice-backfill:{request.stream}")).getOrCreate()
     try:
-        register_data_sources(spark)
         engine = DeltaEngine(args.engine) if args.engine else None
         try:
             summary = run_backfill(spark, catalog, request, roots, engine=engine,

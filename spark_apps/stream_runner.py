@@ -59,7 +59,7 @@ def emit(summary: RunSummary, summary_file: str | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     clock = PhaseClock()
     from sluice_spark.runner import run_streams
-    from sluice_spark.session import configure_sluice, register_data_sources
+    from sluice_spark.session import configure_sluice
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
@@ -77,8 +77,6 @@ def main(argv: list[str] | None = None) -> int:
     spark = configure_sluice(SparkSession.builder.appName(f"sluice:{','.join(args.streams)}")).getOrCreate()
     clock.lap("session")
     try:
-        register_data_sources(spark)
-        clock.lap("data_sources")
         engine = DeltaEngine(args.engine) if args.engine else None
         try:
             summary = run_streams(spark, catalog, args.streams, roots, run_id=args.run_id, engine=engine,

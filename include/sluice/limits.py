@@ -26,6 +26,9 @@ YAML_MAX_INT_CHARS = 40
 
 TRIGGER_MAX_FILES = 1_000_000
 TRIGGER_MAX_BYTES = 1 << 40  # 1 TiB per micro-batch
+# A run of the rs engine whose source holds at most this much unread has its batches collected to the driver
+# (``SLUICE_DRIVER_WRITE_MAX_BYTES`` overrides it; 0 turns it off).
+DRIVER_WRITE_MAX_BYTES = 64 * 1024 * 1024
 # Any duration the catalog declares: alert ages, staleness, watermark delays, join bounds, window lengths.
 MAX_DURATION_SECONDS = 3650 * DAY_SECONDS
 ALERT_MAX = {

@@ -50,6 +50,8 @@ class StreamRunSummary:
     dropped_rows: int = 0
     # Per expectation: {"rule", "on_violation", "checked", "violated"}, in catalog order.
     expectations: list[dict[str, Any]] = field(default_factory=list)
+    # "driver" when a small run's batches were collected to the driver and appended there (rs engine).
+    write_path: str | None = None
 
 
 @dataclass

@@ -31,7 +31,7 @@ from sluice.constants import (
 from sluice.storage.delta import commit_metadata, holds_batch
 from sluice_spark import faults
 from sluice_spark.delta_rs_stats import file_stats, partition_string
-from sluice_spark.targets import TableTarget, expectation_failure, tally_failures
+from sluice_spark.targets import TableTarget, expectation_failure, failed_in
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -106,16 +106,10 @@ class DeltaRsStreamWriter(DataSourceStreamArrowWriter):
         return message
 
     def _count_failed(self, batch: pa.RecordBatch, message: DeltaCommitMessage) -> None:
-        import pyarrow.compute as pc
-
-        names = batch.column(self.failed_column)
-        if names.null_count == len(names):
-            return
-        counts = pc.value_counts(names.drop_null())
-        tally_failures({item["values"]: item["counts"] for item in counts.to_pylist()}, message.failed)
-        if message.example is None and self.example_column is not None:
-            first = pc.index(pc.is_valid(names), True).as_py()
-            message.example = batch.column(self.example_column)[first].as_py()
+        assert self.failed_column is not None
+        example = failed_in(batch, self.failed_column, self.example_column, message.failed)
+        if message.example is None:
+            message.example = example
 
     def _write_rows(self, index: int, target: TableTarget, rows: pa.RecordBatch,
                     writers: dict[tuple[int, tuple[str | None, ...]], _PartitionFile]) -> None:

@@ -11,6 +11,7 @@ import contextlib
 import datetime as dt
 import logging
 import math
+import os
 import re
 import time
 import uuid
@@ -35,13 +36,15 @@ from sluice.constants import (
     TableRole,
 )
 from sluice.errors import SluiceError
+from sluice.kinds import source_kind
 from sluice.kinds.delta import DeltaSink
+from sluice.limits import DRIVER_WRITE_MAX_BYTES
 from sluice.model.expectations import Violation
 from sluice.model.patterns import LookupSpec
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.paths import Roots
 from sluice.storage import runlog
-from sluice.storage.checkpoint import ensure_query_id
+from sluice.storage.checkpoint import CheckpointReader, ensure_query_id
 from sluice.storage.delta import batch_commits, ensure_table, table_version
 from sluice.storage.lock import HeldLock
 from sluice.storage.object_lock import lock_for
@@ -94,6 +97,8 @@ class PreparedStream:
     data_columns: list[str] = field(default_factory=list)
     # A Kafka sink's records sent per batch id (its topic has no commit log to count them from).
     sent_to_kafka: dict[int, int] = field(default_factory=dict)
+    # A small run on the rs engine: each batch is collected to the driver (see :func:`collects_on_driver`).
+    collect: bool = False
 
 
 def build_routed_frame(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | None = None,
@@ -231,6 +236,7 @@ def prepare_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, run
     kinds.sink(stream).check(spark, stream)
     if resolved is DeltaEngine.RS:
         create_tables(stream, routed, targets)
+    collect = collects_on_driver(stream, roots, resolved, targets)
     sink, dead = sink_and_dead_letter(targets)
     summary = StreamRunSummary(
         stream=stream.name,
@@ -240,13 +246,32 @@ def prepare_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, run
         delta_version_before=None if sink is None else table_version(sink.path),
         dead_letter_version_before=table_version(dead.path),
     )
-    return PreparedStream(stream, query_id, resolved, routed, targets, checkpoint, summary, data_columns=data_columns)
+    summary.write_path = "driver" if collect else None
+    return PreparedStream(stream, query_id, resolved, routed, targets, checkpoint, summary, data_columns=data_columns,
+                          collect=collect)
+
+
+def collects_on_driver(stream: StreamSpec, roots: Roots, engine: DeltaEngine, targets: list[TableTarget]) -> bool:
+    """True for a small run of a stream whose tables the rs engine appends to: its source holds at most
+    ``SLUICE_DRIVER_WRITE_MAX_BYTES`` unread (default :data:`DRIVER_WRITE_MAX_BYTES`; 0 turns it off), as its lag
+    probe measures it without Spark. Its batches are then collected to the driver as Arrow and appended there with
+    the same once-only Delta transaction: no Python data source to plan, no Python workers on the executors and
+    none for the driver's commit, which on a cold application cost more than the small run's own work. A source
+    that cannot tell its bytes (Kafka, Delta) keeps the executors' write path."""
+    if engine is not DeltaEngine.RS or any(target.mode is not SinkMode.APPEND for target in targets):
+        return False
+    limit = int(os.environ.get("SLUICE_DRIVER_WRITE_MAX_BYTES", DRIVER_WRITE_MAX_BYTES))
+    if limit <= 0:
+        return False
+    backlog = source_kind(stream.source).backlog(stream, roots, CheckpointReader(stream.checkpoint_path(roots)))
+    return backlog.bytes is not None and backlog.bytes <= limit
 
 
 def start_stream(prepared: PreparedStream) -> StreamingQuery:
     writer = kinds.sink(prepared.spec).writer(SinkRequest(
         prepared.frame, prepared.spec, prepared.targets, prepared.data_columns, prepared.engine, prepared.query_id,
-        commit_info={CommitInfo.RUN: prepared.summary.run_id}, sent=prepared.sent_to_kafka))
+        commit_info={CommitInfo.RUN: prepared.summary.run_id}, sent=prepared.sent_to_kafka,
+        collect=prepared.collect))
     query = (
         writer.queryName(prepared.spec.name)
         .option("checkpointLocation", prepared.checkpoint)
@@ -358,7 +383,10 @@ def error_message(error: BaseException) -> str:
         # A Python error raised in foreachBatch or a Python data source arrives as a traceback, with Spark's plan
         # after it: the line that names the Python exception says what happened.
         raised = next((line for line in lines[1:] if _PYTHON_EXCEPTION.match(line)), lines[-1])
-        return f"{lines[0]} {raised}"
+        # A JVM error met inside the Python code (a batch collected in foreachBatch) carries its Java stack in the
+        # traceback's text: its last cause is what went wrong.
+        causes = [line for line in lines if line.startswith("Caused by: ")]
+        return f"{lines[0]} {raised}" + (f" {causes[-1]}" if causes else "")
 
     message, root, seen = first_line(error), error, 0
     # pyspark keeps the JVM cause chain on captured exceptions as ``_cause``.

@@ -35,6 +35,23 @@ def tally_failures(counted: Mapping[str | None, int], into: dict[str, int]) -> d
     return into
 
 
+def failed_in(rows: Any, failed_column: str, example_column: str | None, into: dict[str, int]
+              ) -> str | None:
+    """Add the ``fail`` rules the rows of an Arrow batch or table broke to ``into`` (see :func:`tally_failures`);
+    the first such row's ``example_column`` value, or None when no row broke one."""
+    import pyarrow.compute as pc
+
+    names = rows.column(failed_column)
+    if names.null_count == len(names):
+        return None
+    counts = pc.value_counts(names.drop_null())
+    tally_failures({item["values"]: item["counts"] for item in counts.to_pylist()}, into)
+    if example_column is None:
+        return None
+    first = pc.index(pc.is_valid(names), True).as_py()
+    return str(rows.column(example_column)[first].as_py())
+
+
 def expectation_failure(batch_id: int, failed: Mapping[str, int], example: str | None) -> ExpectationFailed:
     """The error that stops a batch with rows that broke a ``fail`` rule, before it commits anywhere."""
     rules = ", ".join(f"'{name}' ({rows} row{'s' if rows != 1 else ''})" for name, rows in sorted(failed.items()))

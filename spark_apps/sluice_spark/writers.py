@@ -42,6 +42,7 @@ from sluice_spark.targets import (
     GOOD_ROUTE,
     TableTarget,
     expectation_failure,
+    failed_in,
     tally_failures,
 )
 
@@ -116,6 +117,26 @@ class RsTableWriter(DeltaTableWriter):
                             predicate=render(replace, DATAFUSION) if replace is not None else None)
         else:
             write_deltalake(table, data, mode="append", partition_by=partition_by, commit_properties=properties)
+        return True
+
+    @staticmethod
+    def append_arrow(rows: Any, target: TableTarget, *, query_id: str, batch_id: int,
+                     metadata: dict[str, Any]) -> bool:
+        """Append an Arrow table already on the driver (a small batch collected once, see :class:`BatchRouter`),
+        with the same once-only transaction as :meth:`write`. False when the table already held the batch."""
+        import pyarrow as pa
+        from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+        table = DeltaTable(target.path)
+        if holds_batch(table, query_id, batch_id):
+            log.warning("Batch %s of %s is already in %s; skipping its replay", batch_id, query_id, target.path)
+            return False
+        if rows.num_rows == 0:
+            return True
+        properties = CommitProperties(custom_metadata={**metadata, CommitInfo.RECORDS: rows.num_rows},
+                                      app_transactions=[Transaction(query_id, batch_id)])
+        write_deltalake(table, rows.cast(pa.schema(table.schema().to_arrow())), mode="append",
+                        partition_by=list(target.partition_by) or None, commit_properties=properties)
         return True
 
 
@@ -215,6 +236,8 @@ class SinkRequest:
     query_id: str
     commit_info: dict[str, Any]
     sent: dict[int, int] = field(default_factory=dict)
+    # A small run (:func:`sluice_spark.runner.collects_on_driver`): its batches are collected to the driver.
+    collect: bool = False
 
 
 def sink_and_dead_letter(targets: Sequence[TableTarget]) -> tuple[TableTarget | None, TableTarget]:
@@ -239,14 +262,16 @@ class BatchRouter:
     the same commit. ``commit_info`` gives each commit's metadata by batch id and route (see
     :func:`stream_commit_info`). Batches a table already held are listed in ``replayed``. A batch with rows that
     broke a ``fail`` expectation (:data:`~sluice_spark.targets.FAILED_COLUMN`) raises before anything is written;
-    ``example_column`` holds what the error shows of the first such row.
+    ``example_column`` holds what the error shows of the first such row. With ``collect`` (the rs engine, appends
+    only, a small batch), the batch is collected to the driver once and cut into its tables there.
     """
 
     def __init__(self, targets: Sequence[TableTarget], *, engine: DeltaEngine, route_column: str, query_id: str,
                  commit_info: CommitInfoOf, replace: Mapping[int, RowFilter | None] | None = None,
                  staging: Path | None = None, before: Callable[[DataFrame, int], bool] | None = None,
-                 example_column: str | None = None) -> None:
+                 example_column: str | None = None, collect: bool = False) -> None:
         self.targets = list(targets)
+        self.collect = collect
         self.example_column = example_column
         self.writer = table_writer(engine)
         self.route_column = route_column
@@ -273,6 +298,9 @@ class BatchRouter:
             raise expectation_failure(batch_id, tally_failures(counted, {}), example[0] if example else None)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        if self.collect:
+            self._write_collected(batch, batch_id)
+            return
         batch.persist()
         try:
             if FAILED_COLUMN in batch.columns:
@@ -291,3 +319,26 @@ class BatchRouter:
                 self.replayed.append(batch_id)
         finally:
             batch.unpersist()
+
+    def _write_collected(self, batch: DataFrame, batch_id: int) -> None:
+        """A small batch, appended on the rs engine: collected to the driver once as Arrow (one Spark job, no Python
+        worker), refused if a row broke a ``fail`` rule, then cut into its tables' rows and appended."""
+        assert isinstance(self.writer, RsTableWriter)
+        rows = batch.toArrow()
+        if FAILED_COLUMN in rows.column_names:
+            failed: dict[str, int] = {}
+            example = failed_in(rows, FAILED_COLUMN, self.example_column, failed)
+            if failed:
+                raise expectation_failure(batch_id, failed, example)
+        faults.reach("before_commit", batch_id)
+        replayed = False
+        for target in self.targets:
+            mask = target.selects(rows.column(self.route_column), rows.column(target.flag) if target.flag else None)
+            selected = rows.filter(mask).select([source for source, _ in target.columns])
+            replayed |= not self.writer.append_arrow(
+                selected.rename_columns(target.table_columns), target, query_id=self.query_id, batch_id=batch_id,
+                metadata=self.commit_info(batch_id, target.route))
+            faults.reach("between_commits", batch_id)
+        faults.reach("after_commit", batch_id)
+        if replayed:
+            self.replayed.append(batch_id)

@@ -69,18 +69,25 @@ def kill_application(process: subprocess.Popen, marker: Path) -> None:
     process.wait(timeout=60)
 
 
+# The two write paths of the rs engine: a small run collected to the driver (the default under 64 MiB unread),
+# and the executors' Python data source (what a large run takes).
+DRIVER = ("SLUICE_DRIVER_WRITE_MAX_BYTES", str(64 << 20))
+EXECUTORS = ("SLUICE_DRIVER_WRITE_MAX_BYTES", "0")
+
+
 def kill_at_then_rerun(catalog: Path, roots: Roots, fault: str, faults: Path,
-                       summary: Path | None = None, run_id: str | None = None) -> str:
-    """Run until the crash point ``fault`` (``name[:batch]``), SIGKILL the application there, rerun it cleanly;
-    the rerun's output."""
+                       summary: Path | None = None, run_id: str | None = None,
+                       write_path: tuple[str, str] = DRIVER) -> str:
+    """Run until the crash point ``fault`` (``name[:batch]``) on ``write_path``, SIGKILL the application there, rerun
+    it cleanly (a small rerun: on the driver's path); the rerun's output."""
     point = fault.split(":")[0]
     faults.mkdir(exist_ok=True)
-    crashed = submit(catalog, roots, ("SLUICE_FAULT_POINT", fault), ("SLUICE_FAULT_DIR", str(faults)),
+    crashed = submit(catalog, roots, ("SLUICE_FAULT_POINT", fault), ("SLUICE_FAULT_DIR", str(faults)), write_path,
                      run_id=run_id)
     wait_for(faults / f"{point}.reached", crashed)
     kill_application(crashed, faults / f"{point}.reached")
     assert crashed.returncode == -signal.SIGKILL
-    rerun = submit(catalog, roots, summary=summary, run_id=run_id)
+    rerun = submit(catalog, roots, DRIVER, summary=summary, run_id=run_id)
     output, _ = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, output[-3000:]
     return output
@@ -92,15 +99,19 @@ def bronze(path: str) -> list[tuple[Any, ...]]:
 
 
 @pytest.mark.parametrize(
-    "fault",
+    ("fault", "write_path"),
     [
-        "executor_written",  # Parquet written by an executor, nothing committed
-        "before_commit:1",  # batch 0 committed; batch 1's files written, its Delta commit not started
-        "between_commits:1",  # batch 1 committed to bronze, not yet to the dead-letter table
-        "after_commit:1",  # batch 1 committed to both tables, Spark's commits/1 not yet written
+        ("executor_written", EXECUTORS),  # Parquet written by an executor, nothing committed
+        ("before_commit:1", EXECUTORS),  # batch 0 committed; batch 1's files written, its Delta commit not started
+        ("between_commits:1", EXECUTORS),  # batch 1 committed to bronze, not yet to the dead-letter table
+        ("after_commit:1", EXECUTORS),  # batch 1 committed to both tables, Spark's commits/1 not yet written
+        ("before_commit:1", DRIVER),  # batch 1 collected on the driver, nothing of it committed
+        ("after_commit:1", DRIVER),  # batch 1 appended to both tables, Spark's commits/1 not yet written
     ],
+    ids=["executors-executor_written", "executors-before_commit", "executors-between_commits",
+         "executors-after_commit", "driver-before_commit", "driver-after_commit"],
 )
-def test_sigkill_then_rerun_gives_the_exact_table(tmp_path: Path, fault: str) -> None:
+def test_sigkill_then_rerun_gives_the_exact_table(tmp_path: Path, fault: str, write_path: tuple[str, str]) -> None:
     catalog_path = write_catalog(tmp_path, events_stream(trigger={"max_files_per_trigger": 1}))
     stream = load_catalog(catalog_path).get("events")
     roots = roots_in(tmp_path)
@@ -108,8 +119,10 @@ def test_sigkill_then_rerun_gives_the_exact_table(tmp_path: Path, fault: str) ->
     for index in range(3):
         producer.events_file(lines=60, now=NOW + dt.timedelta(minutes=index))
     summary_file = tmp_path / "summary.json"
-    output = kill_at_then_rerun(catalog_path, roots, fault, tmp_path / "faults", summary=summary_file)
+    output = kill_at_then_rerun(catalog_path, roots, fault, tmp_path / "faults", summary=summary_file,
+                                write_path=write_path)
     assert "SLUICE_RUN_SUMMARY " in output and summary_file.exists()
+    assert json.loads(summary_file.read_text())["streams"][0]["write_path"] == "driver"
 
     expected_good, expected_bad = expected_events(Path(roots.landing) / "events")
     assert bronze(stream.sink_path(roots)) == expected_good

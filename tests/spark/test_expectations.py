@@ -108,13 +108,15 @@ def test_each_action_matches_a_python_oracle(spark: Any, tmp_path: Path) -> None
         name: (RULES[name]["on_violation"], len(records), expected["violated"][name]) for name in RULES}
 
 
-@pytest.mark.parametrize("sink", [
-    pytest.param({"path": "bronze/events", "engine": "rs"}, id="append-through-the-rs-data-source"),
+@pytest.mark.parametrize(("sink", "driver_bytes"), [
+    pytest.param({"path": "bronze/events", "engine": "rs"}, "0", id="append-through-the-rs-data-source"),
+    pytest.param({"path": "bronze/events", "engine": "rs"}, str(1 << 20), id="append-collected-on-the-driver"),
     pytest.param({"path": "bronze/events", "engine": "rs", "mode": "merge", "keys": ["event_id"],
-                  "sequence_by": "event_time"}, id="merge-through-foreachBatch"),
+                  "sequence_by": "event_time"}, "0", id="merge-through-foreachBatch"),
 ])
-def test_fail_commits_nothing_and_the_batch_runs_once_after_the_rule_changes(spark: Any, tmp_path: Path,
-                                                                            sink: dict[str, Any]) -> None:
+def test_fail_commits_nothing_and_the_batch_runs_once_after_the_rule_changes(
+        spark: Any, tmp_path: Path, sink: dict[str, Any], driver_bytes: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLUICE_DRIVER_WRITE_MAX_BYTES", driver_bytes)
     landing = tmp_path / "landing" / "events"
     first = [record(n) for n in range(5)]
     second = [record(10 + n) for n in range(4)] + [record(20, user_id=None), record(21, user_id=None)]
@@ -125,6 +127,7 @@ def test_fail_commits_nothing_and_the_batch_runs_once_after_the_rule_changes(spa
     stream = catalog.get("events")
 
     [failed] = run_streams(spark, catalog, ["events"], roots).streams
+    assert failed.write_path == ("driver" if driver_bytes != "0" else None)
     assert failed.status == "failed" and not failed.retryable
     assert "expectation(s) failed in batch 1: 'has_user' (2 rows); nothing of this batch was committed" in failed.error
     assert '"event_id":"e020"' in failed.error

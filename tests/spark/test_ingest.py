@@ -57,7 +57,14 @@ def events_catalog(tmp_path: Path) -> Any:
     return load_catalog(write_catalog(tmp_path, events_stream()))
 
 
-def test_stream_equals_batch_oracle_and_reconciles(spark: Any, tmp_path: Path, events_catalog: Any) -> None:
+@pytest.mark.parametrize(("driver_bytes", "write_path"), [("0", None), (str(64 << 20), "driver")],
+                         ids=["executors", "driver"])
+def test_stream_equals_batch_oracle_and_reconciles(spark: Any, tmp_path: Path, events_catalog: Any,
+                                                   driver_bytes: str, write_path: str | None,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both write paths of the rs engine: a run's batches written by the executors' Python data source, or (a small
+    run) collected to the driver and appended there."""
+    monkeypatch.setenv("SLUICE_DRIVER_WRITE_MAX_BYTES", driver_bytes)
     roots = roots_in(tmp_path)
     produced = DemoProducer(roots.landing, seed=11, malformed_rate=0.05).produce(files=3, lines=150, now=NOW)
 
@@ -65,6 +72,7 @@ def test_stream_equals_batch_oracle_and_reconciles(spark: Any, tmp_path: Path, e
 
     stream = summary.streams[0]
     assert stream.status == "succeeded", stream.error
+    assert stream.write_path == write_path
     expected_good, expected_bad = expected_events(Path(roots.landing) / "events")
     table = bronze(events_catalog.get("events").sink_path(roots))
     assert table == spark_batch_oracle(spark, Path(roots.landing)) == expected_good

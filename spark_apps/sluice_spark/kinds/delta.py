@@ -24,7 +24,7 @@ from sluice.errors import SluiceError
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.paths import Roots
 from sluice_spark.delta_rs_datasource import DATA_SOURCE_NAME
-from sluice_spark.session import resolve_engine
+from sluice_spark.session import register_data_sources, resolve_engine
 from sluice_spark.targets import FAILED_COLUMN, RAW_COLUMN, ROUTE_COLUMN, encode_targets
 from sluice_spark.writers import BatchRouter, SinkRequest, stream_commit_info
 
@@ -33,6 +33,8 @@ def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | N
     """The source table, from the version after the checkpoint's, as a streaming DataFrame of the declared columns."""
     path = stream.source_path(roots)
     engine = resolve_engine(spark, stream.sink.engine)
+    if engine is not DeltaEngine.JVM:
+        register_data_sources(spark)
     reader = spark.readStream.format("delta" if engine is DeltaEngine.JVM else DATA_SOURCE_NAME)
     reader = reader.options(**stream.source.options)
     if trigger.max_files_per_trigger:
@@ -63,7 +65,9 @@ def sink_writer(request: SinkRequest) -> DataStreamWriter:
     mode, targets = request.stream.sink.mode, request.targets
     failing = {"failedColumn": FAILED_COLUMN, "exampleColumn": RAW_COLUMN} \
         if FAILED_COLUMN in request.frame.columns else {}
-    if request.engine is DeltaEngine.RS and all(target.mode is SinkMode.APPEND for target in targets):
+    appends = request.engine is DeltaEngine.RS and all(target.mode is SinkMode.APPEND for target in targets)
+    if appends and not request.collect:
+        register_data_sources(request.frame.sparkSession)
         return (
             request.frame.writeStream.format(DATA_SOURCE_NAME)
             .options(**failing)
@@ -78,5 +82,5 @@ def sink_writer(request: SinkRequest) -> DataStreamWriter:
     router = BatchRouter(targets, engine=request.engine, route_column=ROUTE_COLUMN, query_id=request.query_id,
                          commit_info=stream_commit_info(request.commit_info, stream=request.stream.name,
                                                         query_id=request.query_id),
-                         example_column=RAW_COLUMN)
+                         example_column=RAW_COLUMN, collect=appends and request.collect)
     return request.frame.writeStream.foreachBatch(router).outputMode(OUTPUT_MODES[mode])
