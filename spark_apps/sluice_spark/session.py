@@ -38,6 +38,9 @@ def configure_sluice(builder: SparkSession.Builder) -> SparkSession.Builder:
         # Keep every progress report of a run: the run summary and the row reconciliation are built from them.
         .config("spark.sql.streaming.numRecentProgressUpdates", "100000")
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
+        # No ${...} substitution in SQL: a catalog's SQL cannot read Spark settings or the environment (the catalog
+        # refuses ${ already; this holds for any SQL the session runs).
+        .config("spark.sql.variable.substitute", "false")
     )
 
 

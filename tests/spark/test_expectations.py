@@ -235,3 +235,17 @@ def test_rules_and_a_sql_transform_on_a_delta_source(spark: Any, tmp_path: Path)
     dead = read_table(spec.dead_letter_table_path(roots), ["reason", "raw_record"]).to_pylist()
     assert sorted(json.loads(row["raw_record"])["id"] for row in dead) == [1, 4]
     assert run.expectations == [{"rule": "not_negative", "on_violation": "quarantine", "checked": 6, "violated": 2}]
+
+
+def test_a_check_that_spark_types_as_no_boolean_is_refused_before_the_query(spark: Any, tmp_path: Path) -> None:
+    """sqlglot cannot type every function; Spark's analysis (one for all the rules) catches what it let through, and
+    the refusal names the rule that is not a boolean, not its neighbour."""
+    from sluice.errors import CatalogError
+
+    write_feed(tmp_path / "landing" / "events", "a.json", [record(1)])
+    rules = {"valid_amount": RULES["valid_amount"], "bits": {"check": "bit_count(5)"}}
+    catalog, roots = catalog_with(tmp_path, rules), roots_in(tmp_path)
+    with pytest.raises(CatalogError, match=r"expectations\.bits\.check: the check 'bit_count\(5\)' gives int, not a "
+                                           r"boolean"):
+        run_streams(spark, catalog, ["events"], roots)
+    assert table_version(catalog.get("events").sink_path(roots)) is None
