@@ -31,8 +31,10 @@ from sluice.constants import (
     SOURCE_FILE_COLUMN,
     CommitInfo,
     DeltaEngine,
+    FileFormat,
     RunStatus,
     SinkMode,
+    SourceType,
     TableRole,
 )
 from sluice.errors import SluiceError
@@ -256,14 +258,24 @@ def collects_on_driver(stream: StreamSpec, roots: Roots, engine: DeltaEngine, ta
     ``SLUICE_DRIVER_WRITE_MAX_BYTES`` unread (default :data:`DRIVER_WRITE_MAX_BYTES`; 0 turns it off), as its lag
     probe measures it without Spark. Its batches are then collected to the driver as Arrow and appended there with
     the same once-only Delta transaction: no Python data source to plan, no Python workers on the executors and
-    none for the driver's commit, which on a cold application cost more than the small run's own work. A source
-    that cannot tell its bytes (Kafka, Delta) keeps the executors' write path."""
-    if engine is not DeltaEngine.RS or any(target.mode is not SinkMode.APPEND for target in targets):
+    none for the driver's commit, which on a cold application cost more than the small run's own work. Only a file
+    source of text (JSON, CSV) into a Delta sink, without a join, takes it: a Kafka source cannot tell its bytes, and
+    Parquet's (a Parquet file source's, a Delta source's, a joined side's) are compressed and may grow many times in
+    memory."""
+    if (engine is not DeltaEngine.RS or not isinstance(stream.sink, DeltaSink) or stream.patterns.join is not None
+            or stream.source.type is not SourceType.FILES or stream.source.format not in (FileFormat.JSON,
+                                                                                          FileFormat.CSV)
+            or any(target.mode is not SinkMode.APPEND for target in targets)):
         return False
     limit = int(os.environ.get("SLUICE_DRIVER_WRITE_MAX_BYTES", DRIVER_WRITE_MAX_BYTES))
     if limit <= 0:
         return False
-    backlog = source_kind(stream.source).backlog(stream, roots, CheckpointReader(stream.checkpoint_path(roots)))
+    try:
+        backlog = source_kind(stream.source).backlog(stream, roots, CheckpointReader(stream.checkpoint_path(roots)))
+    except Exception as exc:  # the probe only picks a path: when it cannot tell, the executors' path is safe
+        log.warning("stream %s: cannot measure the unread input (%s); writing through the executors", stream.name,
+                    exc)
+        return False
     return backlog.bytes is not None and backlog.bytes <= limit
 
 

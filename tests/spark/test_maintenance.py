@@ -17,6 +17,7 @@ from deltalake import DeltaTable
 
 from sluice.catalog import load_catalog
 from sluice.cli.demo_producer import DemoProducer
+from sluice.lag.observe import check
 from sluice.operations.health import Health, check_stream
 from sluice.operations.maintenance import MaintenanceError, maintain, maintain_table, readers_of
 from sluice.storage import runlog
@@ -76,7 +77,9 @@ def test_compaction_keeps_the_rows_and_gives_readers_nothing_new(spark: Any, tmp
     changes = [action.get("add") or action.get("remove") for action in actions if "add" in action or "remove" in action]
     assert changes and all(change["dataChange"] is False for change in changes)
 
-    # Silver reads bronze by version: the compaction's version holds nothing new for it.
+    # Silver reads bronze by version: the compaction's version holds nothing new for it, and does not age its lag.
+    waiting = check(catalog.get("events_silver"), roots).observation.backlog
+    assert (waiting.versions, waiting.records, waiting.oldest_unread_at) == (1, 0, None)
     summary = run_streams(spark, catalog, ["events_silver"], roots).streams[0]
     assert (summary.input_rows, summary.output_rows) == (0, 0)
     assert table_rows(silver, ["event_id", "event_date"]) == silver_before

@@ -149,13 +149,18 @@ def delta_backlog(table_path: str, next_version: int) -> Backlog:
         except FileNotFoundError:
             backlog.notes.append(f"version {version}'s commit file was cleaned up; bytes and records are partial")
             continue
+        adds_data, committed_at = False, None
         for action in actions:
             add = action.get("add")
             if add and add.get("dataChange", True):
+                adds_data = True
                 backlog.bytes = (backlog.bytes or 0) + int(add.get("size", 0))
                 stats = json.loads(add["stats"]) if add.get("stats") else {}
                 backlog.records = (backlog.records or 0) + int(stats.get("numRecords", 0))
             info = action.get("commitInfo")
-            if info and "timestamp" in info and backlog.oldest_unread_at is None:
-                backlog.oldest_unread_at = int(info["timestamp"]) / 1000
+            if info and "timestamp" in info:
+                committed_at = int(info["timestamp"]) / 1000
+        # A version without new data (a compaction, a vacuum) is nothing to wait for: it does not age the lag.
+        if adds_data and committed_at is not None and backlog.oldest_unread_at is None:
+            backlog.oldest_unread_at = committed_at
     return backlog

@@ -18,7 +18,9 @@ alone, a table read after months of runs lists thousands of files and replays th
 3. **checkpoint and clean the log**: write a Delta checkpoint of the current version, so a reader replays a few
    commits instead of all of them, and delete commit files older than ``delta.logRetentionDuration`` (30 days)
    that a checkpoint covers. Skipped under the same rule for readers, with the log's retention: Sluice's Delta
-   source reads versions from their commit files.
+   source reads versions from their commit files. (delta-rs also cleans expired commit files after the commits
+   that write a log checkpoint, a stream's included, unless the table sets ``delta.enableExpiredLogCleanup`` to
+   false: a Delta-source stream must not fall further behind than ``delta.logRetentionDuration``.)
 
 Every table of a stream (its sink, dead-letter and fan-out tables) is maintained while holding the stream's lock,
 so no run commits meanwhile; a running stream is waited for. The run log's own tables take no lock: their writers
@@ -167,7 +169,7 @@ def maintain_table(path: str, role: str, *, readers: Sequence[Reader] = (), vacu
                    dry_run: bool = False, run_id: str | None = None, stream: str | None = None) -> TableReport:
     """Compact, vacuum, checkpoint and clean one Delta table (see the module's description). A missing table is
     reported as skipped."""
-    from deltalake import CommitProperties, DeltaTable
+    from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties
     from deltalake.exceptions import TableNotFoundError
 
     report = TableReport(table=path, role=role)
@@ -191,7 +193,9 @@ def maintain_table(path: str, role: str, *, readers: Sequence[Reader] = (), vacu
         report.version_after, report.files_after = report.version_before, report.files_before
         return report
 
-    metrics = table.optimize.compact(commit_properties=commit)
+    # The log is cleaned below, under the rule for readers, not by delta-rs's hook after each of these commits.
+    hooks = PostCommitHookProperties(cleanup_expired_logs=False)
+    metrics = table.optimize.compact(commit_properties=commit, post_commithook_properties=hooks)
     report.compacted_files_removed = int(metrics.get("numFilesRemoved", 0))
     report.compacted_files_added = int(metrics.get("numFilesAdded", 0))
     table.update_incremental()
@@ -205,7 +209,7 @@ def maintain_table(path: str, role: str, *, readers: Sequence[Reader] = (), vacu
                               f"({vacuum_hours:g} hours); run it first")
     else:
         report.vacuumed_files = len(table.vacuum(retention_hours=math.ceil(vacuum_hours), dry_run=False, full=True,
-                                                 commit_properties=commit))
+                                                 commit_properties=commit, post_commithook_properties=hooks))
     table.update_incremental()
     table.create_checkpoint()
     report.checkpoint_version = table.version()
@@ -234,7 +238,7 @@ def maintain_stream(stream: StreamSpec, catalog: Catalog, roots: Roots, *, run_i
                 reports.append(maintain_table(table.path, str(table.role), readers=readers,
                                               vacuum_retention=vacuum_retention_hours, dry_run=dry_run,
                                               run_id=run_id, stream=stream.name))
-    except SluiceError as exc:
+    except Exception as exc:
         if not dry_run:
             runlog.log_operation(roots.lake, stream=stream.name, run_id=run_id, kind="maintenance", started=started,
                                  status=RunStatus.FAILED, error=str(exc),
