@@ -1,7 +1,8 @@
 """Rules benchmark: a bronze stream with four expectations and a SQL transform against the same stream without them.
 
 Both sides are the whole stream as it runs in production (Sluice's runner, the rs Delta engine, the dead-letter
-table, the run summary) over the same JSON files:
+table, the run summary) over the same JSON files, both under ``schema_evolution: none`` so that the ratio is the
+rules' own cost (``bench_drift.py`` measures the rescue policy's):
 
 - ``none``: the declared schema, no transform, no expectations;
 - ``rules``: the SQL transform ``SELECT *, lower(event_type) AS kind, amount * 100 AS cents FROM source`` and the
@@ -15,22 +16,17 @@ The goal is rules / none <= 1.10. The last line is the result as JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
-import shutil
-import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from harness import best_of_rounds, local_spark
+from harness import compare_sides, run_catalog
 from pyspark.sql import SparkSession
 
 from sluice.catalog import Catalog, parse_catalog
 from sluice.paths import Roots
-from sluice_spark.runner import run_streams
 
 SCHEMA = {
     "event_id": "string not null",
@@ -75,7 +71,8 @@ def write_events(folder: Path, rows: int, files: int) -> None:
 def bench_catalog(landing: Path, out: Path, *, rules: bool) -> tuple[Catalog, Roots]:
     stream: dict[str, Any] = {
         "name": "bench_events",
-        "source": {"type": "files", "format": "json", "path": str(landing), "schema": SCHEMA},
+        "source": {"type": "files", "format": "json", "path": str(landing), "schema": SCHEMA,
+                   "schema_evolution": "none"},
         "sink": {"path": str(out / "table"), "engine": "rs"},
         "checkpoint": str(out / "checkpoint"),
         "schedule": "@hourly",
@@ -86,53 +83,19 @@ def bench_catalog(landing: Path, out: Path, *, rules: bool) -> tuple[Catalog, Ro
     return catalog, Roots(landing=str(landing), lake=str(out), checkpoints=str(out))
 
 
-def run(spark: SparkSession, landing: Path, out: Path, *, rules: bool) -> tuple[float, dict[str, Any]]:
-    catalog, roots = bench_catalog(landing, out, rules=rules)
-    started = time.perf_counter()
-    summary = run_streams(spark, catalog, ["bench_events"], roots)
-    elapsed = time.perf_counter() - started
-    stream = summary.streams[0]
-    if stream.status != "succeeded":
-        raise SystemExit(f"Sluice run failed: {stream.error}")
+def run(spark: SparkSession, landing: Path, out: Path, side: str) -> tuple[float, dict[str, Any]]:
+    catalog, roots = bench_catalog(landing, out, rules=side == "rules")
+    elapsed, stream = run_catalog(spark, catalog, roots)
     return elapsed, {"input": stream.input_rows, "written": stream.output_rows, "dropped": stream.dropped_rows,
                      "dead_letter": stream.dead_letter_rows,
                      "violated": {rule["rule"]: rule["violated"] for rule in stream.expectations}}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--files", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=2)
-    args = parser.parse_args()
-
-    work = Path(tempfile.mkdtemp(prefix="sluice-bench-rules-"))
-    try:
-        landing = work / "landing"
-        started = time.perf_counter()
-        write_events(landing, args.rows, args.files)
-        print(f"wrote {args.rows:,} JSON rows in {args.files} files in {time.perf_counter() - started:.1f}s")
-        spark = local_spark()
-        for side in ("none", "rules"):  # warm the JIT and the Python workers before anything is timed
-            run(spark, landing, work / f"warmup-{side}", rules=side == "rules")
-        counts: dict[str, Any] = {}
-
-        def timed(side: str, round_index: int) -> float:
-            elapsed, counts[side] = run(spark, landing, work / f"{side}-{round_index}", rules=side == "rules")
-            return elapsed
-
-        best = best_of_rounds(["none", "rules"], args.rounds, timed)
-        rules = counts["rules"]
-        if rules["input"] != rules["written"] + rules["dropped"] + rules["dead_letter"] or not rules["dropped"]:
-            raise SystemExit(f"the rules side does not reconcile or dropped nothing: {rules}")
-        print(f"rules side: {rules}")
-        print(json.dumps({"rows": args.rows, "best_seconds": {k: round(v, 2) for k, v in best.items()},
-                          "ratios": {"rules_vs_none": round(best["rules"] / best["none"], 3)},
-                          "goals": {"rules_vs_none": 1.1}}))
-        spark.stop()
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+def check(counts: dict[str, dict[str, Any]], rows: int) -> None:
+    rules = counts["rules"]
+    if rules["input"] != rules["written"] + rules["dropped"] + rules["dead_letter"] or not rules["dropped"]:
+        raise SystemExit(f"the rules side does not reconcile or dropped nothing: {rules}")
 
 
 if __name__ == "__main__":
-    main()
+    compare_sides(__doc__, "sluice-bench-rules-", ("none", "rules"), write_events, run, check, 1.1)

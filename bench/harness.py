@@ -3,7 +3,14 @@ of the sides and keep the best time of each, because these machines are shared a
 
 from __future__ import annotations
 
+import argparse
+import json
+import shutil
+import tempfile
+import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 from pyspark.sql import SparkSession
 
@@ -27,3 +34,54 @@ def best_of_rounds(sides: Sequence[str], rounds: int, run: Callable[[str, int], 
             times[side].append(run(side, round_index))
         print(f"round {round_index + 1}: " + ", ".join(f"{side} {times[side][-1]:.2f}s" for side in sides))
     return {side: min(values) for side, values in times.items()}
+
+
+def run_catalog(spark: SparkSession, catalog: Any, roots: Any, name: str = "bench_events") -> tuple[float, Any]:
+    """Run one stream of a catalog through Sluice's runner: its seconds and its run summary (it must succeed)."""
+    from sluice_spark.runner import run_streams
+
+    started = time.perf_counter()
+    summary = run_streams(spark, catalog, [name], roots)
+    elapsed = time.perf_counter() - started
+    stream = summary.streams[0]
+    if stream.status != "succeeded":
+        raise SystemExit(f"Sluice run failed: {stream.error}")
+    return elapsed, stream
+
+
+def compare_sides(doc: str, prefix: str, sides: tuple[str, str], write: Callable[[Path, int, int], None],
+                  run: Callable[[SparkSession, Path, Path, str], tuple[float, dict[str, Any]]],
+                  check: Callable[[dict[str, dict[str, Any]], int], None], goal: float) -> None:
+    """A benchmark of two sides over the same written files (``--rows`` in ``--files``): every side warmed up once,
+    then ``--rounds`` alternating rounds; ``check`` sees each side's counts of its last run. The last line is the
+    result as JSON, with the ratio ``<second>_vs_<first>`` and its goal."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--files", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        landing = work / "landing"
+        started = time.perf_counter()
+        write(landing, args.rows, args.files)
+        print(f"wrote {args.rows:,} JSON rows in {args.files} files in {time.perf_counter() - started:.1f}s")
+        spark = local_spark()
+        for side in sides:  # warm the JIT and the Python workers before anything is timed
+            run(spark, landing, work / f"warmup-{side}", side)
+        counts: dict[str, dict[str, Any]] = {}
+
+        def timed(side: str, round_index: int) -> float:
+            elapsed, counts[side] = run(spark, landing, work / f"{side}-{round_index}", side)
+            return elapsed
+
+        best = best_of_rounds(sides, args.rounds, timed)
+        check(counts, args.rows // args.files * args.files)
+        print(", ".join(f"{side} side: {counts[side]}" for side in sides))
+        ratio = f"{sides[1]}_vs_{sides[0]}"
+        print(json.dumps({"rows": args.rows, "best_seconds": {k: round(v, 2) for k, v in best.items()},
+                          "ratios": {ratio: round(best[sides[1]] / best[sides[0]], 3)}, "goals": {ratio: goal}}))
+        spark.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

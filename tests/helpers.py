@@ -55,10 +55,12 @@ def roots_in(folder: Path) -> Roots:
 
 
 def expected_events(landing: Path, *, between: tuple[datetime, datetime] | None = None,
-                    files: list[Path] | None = None) -> tuple[list[tuple[Any, ...]], int]:
+                    files: list[Path] | None = None, rescue: bool = True) -> tuple[list[tuple[Any, ...]], int]:
     """The good bronze rows and the dead-letter count, computed from the files with the json module alone.
 
-    A line is good when it is a JSON object whose required fields are present and whose amount is a number.
+    A line is good when it is a JSON object whose required fields are present. An amount that is not a number is
+    rescued under ``rescue`` (the default drift policy: the row's amount is NULL), and makes the line a dead letter
+    otherwise (``schema_evolution: none``).
     Rows are (event_id, lower-cased event_type, user_id, amount as Decimal or None, event date string).
     ``between`` keeps the good rows whose event time is in ``[start, end)``; ``files`` reads only those files.
     """
@@ -82,8 +84,10 @@ def expected_events(landing: Path, *, between: tuple[datetime, datetime] | None 
             try:
                 parsed = None if amount is None else Decimal(str(amount)).quantize(Decimal("0.01"))
             except InvalidOperation:
-                bad += 1
-                continue
+                if not rescue:
+                    bad += 1
+                    continue
+                parsed = None
             if between and not between[0] <= datetime.fromisoformat(record["event_time"]) < between[1]:
                 continue
             good.append((record["event_id"], record["event_type"].strip().lower(), record["user_id"], parsed,

@@ -30,6 +30,19 @@ class FileFormat(Word):
     AVRO = "avro"
 
 
+class SchemaEvolution(Word):
+    """What a stream does with fields its declared schema does not read (``source.schema_evolution``)."""
+
+    # Keep them, and values that do not fit their declared type, as JSON in ``_rescued_data``.
+    RESCUE = "rescue"
+    # Add a new top-level field to the table's schema in the commit of the batch that brought it.
+    ADD_NEW_COLUMNS = "add_new_columns"
+    # Stop the run before its batch with a new field is committed anywhere, naming the fields and their files.
+    FAIL_ON_NEW_COLUMNS = "fail_on_new_columns"
+    # Read the declared columns only; a value that does not fit its type sends the record to the dead letters.
+    NONE = "none"
+
+
 class SinkFormat(Word):
     """Where a stream's good rows go: a Delta table (exactly once) or a Kafka topic (at least once)."""
 
@@ -92,6 +105,10 @@ INGEST_TIME_COLUMN = "_ingested_at"
 SOURCE_FILE_COLUMN = "_source_file"
 # Every source's reader hands on this column: the record's text when it did not parse, else NULL.
 CORRUPT_COLUMN = "_corrupt_record"
+
+# Under the ``rescue`` drift policy, each good row's fields the declared schema does not read (undeclared ones at any
+# depth, and values that do not fit their declared type), as one JSON object by path; NULL when there are none.
+RESCUED_COLUMN = "_rescued_data"
 
 # Columns a Kafka source adds to every row: the record's key (as a string) and the broker's timestamp. Its
 # ``_source_file`` is ``kafka://<topic>/<partition>/<offset>``.

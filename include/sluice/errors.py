@@ -32,3 +32,8 @@ class StreamRunError(SluiceError):
 class ExpectationFailed(SluiceError):
     """Rows of a micro-batch broke an expectation whose action is ``fail``: the batch committed nowhere, and every
     run stops at it until the rule or the data changes."""
+
+
+class SchemaDriftError(SluiceError):
+    """A batch brought fields the declared schema does not have, under ``fail_on_new_columns``: it committed
+    nowhere."""

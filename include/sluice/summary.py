@@ -48,6 +48,8 @@ class StreamRunSummary:
     state_rows: int = 0
     # Rows an expectation dropped (counted, written nowhere): rows in = written + dropped + dead-lettered.
     dropped_rows: int = 0
+    # Good rows that kept fields the schema does not read in ``_rescued_data`` (the ``rescue`` policy; else None).
+    rescued_rows: int | None = None
     # Per expectation: {"rule", "on_violation", "checked", "violated"}, in catalog order.
     expectations: list[dict[str, Any]] = field(default_factory=list)
     # "driver" when a small run's batches were collected to the driver and appended there (rs engine).

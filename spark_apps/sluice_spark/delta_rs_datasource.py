@@ -67,4 +67,6 @@ class DeltaRsDataSource(DataSource):
             commit_info=json.loads(lowered.get("commitinfo", "{}")),
             failed_column=lowered.get("failedcolumn"),
             example_column=lowered.get("examplecolumn"),
+            new_fields_column=lowered.get("newfieldscolumn"),
+            origin_column=lowered.get("origincolumn"),
         )

@@ -31,7 +31,7 @@ from sluice.constants import (
 from sluice.storage.delta import commit_metadata, holds_batch
 from sluice_spark import faults
 from sluice_spark.delta_rs_stats import file_stats, partition_string
-from sluice_spark.targets import TableTarget, expectation_failure, failed_in
+from sluice_spark.targets import TableTarget, drift_failure, expectation_failure, failed_in, new_fields_in
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -60,6 +60,9 @@ class DeltaCommitMessage(WriterCommitMessage):
     # Rows per ``fail`` expectation this task saw broken, and the first such row: the driver commits nothing then.
     failed: dict[str, int] = field(default_factory=dict)
     example: str | None = None
+    # Rows per new field this task saw (``fail_on_new_columns``), and the first files or offsets that brought them.
+    new_fields: dict[str, int] = field(default_factory=dict)
+    origins: dict[str, None] = field(default_factory=dict)
 
 
 class DeltaRsStreamWriter(DataSourceStreamArrowWriter):
@@ -67,8 +70,11 @@ class DeltaRsStreamWriter(DataSourceStreamArrowWriter):
 
     def __init__(self, targets: list[TableTarget], route_column: str, app_id: str, stream: str,
                  commit_info: dict[str, Any], failed_column: str | None = None,
-                 example_column: str | None = None) -> None:
+                 example_column: str | None = None, new_fields_column: str | None = None,
+                 origin_column: str | None = None) -> None:
         self.targets = targets
+        self.new_fields_column = new_fields_column
+        self.origin_column = origin_column
         self.failed_column = failed_column
         self.example_column = example_column
         self.route_column = route_column
@@ -89,6 +95,9 @@ class DeltaRsStreamWriter(DataSourceStreamArrowWriter):
                     continue
                 if self.failed_column is not None:
                     self._count_failed(batch, message)
+                if self.new_fields_column is not None:
+                    new_fields_in(batch, self.new_fields_column, self.origin_column, message.new_fields,
+                                  message.origins)
                 routes = batch.column(self.route_column)
                 for index, target in enumerate(self.targets):
                     mask = target.selects(routes, batch.column(target.flag) if target.flag else None)
@@ -154,6 +163,13 @@ class DeltaRsStreamWriter(DataSourceStreamArrowWriter):
         for message in ours:
             for name, rows in message.failed.items():
                 failed[name] = failed.get(name, 0) + rows
+        new_fields: dict[str, int] = {}
+        for message in ours:
+            for name, rows in message.new_fields.items():
+                new_fields[name] = new_fields.get(name, 0) + rows
+        if new_fields:
+            self.abort(messages, batchId)
+            raise drift_failure(batchId, new_fields, list(dict.fromkeys(o for m in ours for o in m.origins)))
         if failed:
             self.abort(messages, batchId)
             raise expectation_failure(batchId, failed, next((m.example for m in ours if m.example), None))

@@ -23,17 +23,21 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.listener import StreamingQueryProgress
 
-from sluice.constants import CORRUPT_COLUMN, FileFormat
+from sluice.constants import CORRUPT_COLUMN, RESCUED_COLUMN, SchemaEvolution
 from sluice.errors import CatalogError
 from sluice.model.expectations import QUARANTINE_REASON, NullResult, Violation
 from sluice.model.stream import StreamSpec
 from sluice.model.types import dotted, quote
+from sluice_spark.drift import NEW_FIELDS_COLUMN, reparse_as_text
 from sluice_spark.targets import FAILED_COLUMN, RAW_COLUMN, REASON_COLUMN
 
 _MAX_VALUE_IN_REASON = 120
 #: The name of the observed metrics that count, per micro-batch, the rows the rules judged (``checked``), the rows
 #: each rule caught (``broke_<rule>``) and the rows dropped (``dropped``).
 EXPECTATIONS_METRIC = "sluice_expectations"
+#: The observed metrics that count, per micro-batch, the good rows of a stream that carry rescued data
+#: (``rescued``); a joined stream counts its own.
+RESCUE_METRIC = "sluice_rescue_{stream}"
 CHECKED_METRIC = "checked"
 DROPPED_METRIC = "dropped"
 
@@ -42,27 +46,11 @@ def broke_metric(rule: str) -> str:
     return f"broke_{rule}"
 
 
-def _string_schema(stream: StreamSpec) -> str:
-    columns = ", ".join(f"{quote(name)} STRING" for name in stream.source.schema.names)
-    return f"{columns}, `{CORRUPT_COLUMN}` STRING"
-
-
-def _reparse(stream: StreamSpec) -> Column | None:
-    """The corrupt record parsed again with every field as a string: what each field held before the cast."""
-    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN, **stream.source.record_options}
-    if stream.source.format is FileFormat.JSON:
-        return F.from_json(F.col(CORRUPT_COLUMN), _string_schema(stream), options)
-    if stream.source.format is FileFormat.CSV:
-        csv_options = {k: v for k, v in options.items() if k not in {"header", "pathGlobFilter"}}
-        return F.from_csv(F.col(CORRUPT_COLUMN), F.lit(_string_schema(stream)), csv_options)
-    return None
-
-
 def dead_letter_reason(stream: StreamSpec) -> Column:
     """Why a parsed record is rejected, or NULL when it is good."""
     schema = stream.source.schema
     kind = stream.source.format.value.upper()
-    reparsed = _reparse(stream)
+    reparsed = reparse_as_text(stream.source)
     cast_failures: list[Column] = []
     if reparsed is not None:
         cast_failures.append(F.when(reparsed[CORRUPT_COLUMN].isNotNull() | reparsed.isNull(),
@@ -83,6 +71,13 @@ def dead_letter_reason(stream: StreamSpec) -> Column:
         F.col(CORRUPT_COLUMN).isNotNull(),
         F.coalesce(*cast_failures, F.lit(f"malformed {kind} record")),
     )
+    if stream.source.rescues:
+        # A record whose misfits were rescued is good, unless a required column is among them.
+        required = set(schema.required)
+        misfit_required = [failure for column, failure in zip(schema.columns, cast_failures[1:], strict=False)
+                           if column.name in required]
+        corrupt = F.when(F.col(RESCUED_COLUMN).isNull(), corrupt).otherwise(
+            F.coalesce(*misfit_required) if misfit_required else F.lit(None).cast("string"))
     missing = [
         F.when(F.col(quote(name)).isNull(), F.lit(f"missing required field '{name}'")) for name in schema.required
     ]
@@ -109,8 +104,34 @@ def flag_dead_letters(frame: DataFrame, stream: StreamSpec) -> DataFrame:
     Both are NULL for good records, which costs next to nothing to carry; the raw record is taken before any
     transform can rewrite the fields it is rebuilt from.
     """
-    flagged = frame.withColumn(REASON_COLUMN, dead_letter_reason(stream))
-    return flagged.withColumn(RAW_COLUMN, F.when(F.col(REASON_COLUMN).isNotNull(), _raw_record(stream)))
+    reason = dead_letter_reason(stream)
+    policy = stream.source.schema_evolution
+    if policy is SchemaEvolution.FAIL_ON_NEW_COLUMNS:
+        # A row with fields the schema does not declare stops its batch (``fail_on_new_columns``); it rides with the
+        # dead letters past the stateful steps, to the writers that refuse the batch.
+        new_fields = F.concat(F.lit("new field(s) not in the declared schema: "),
+                              F.array_join(F.col(NEW_FIELDS_COLUMN), ", "))
+        reason = F.coalesce(reason, F.when(F.col(NEW_FIELDS_COLUMN).isNotNull(), new_fields))
+    flagged = frame.withColumn(REASON_COLUMN, reason)
+    flagged = flagged.withColumn(RAW_COLUMN, F.when(F.col(REASON_COLUMN).isNotNull(), _raw_record(stream)))
+    if policy is SchemaEvolution.RESCUE:
+        rescued = F.count_if(F.col(REASON_COLUMN).isNull() & F.col(RESCUED_COLUMN).isNotNull())
+        flagged = flagged.observe(RESCUE_METRIC.format(stream=stream.name), rescued.alias("rescued"))
+    return flagged
+
+
+def rescued_count(progress: Iterable[StreamingQueryProgress], stream: StreamSpec) -> int | None:
+    """The good rows that carried rescued data, over the executed batches of a query's progress reports; None for
+    a stream that rescues nothing."""
+    if stream.source.schema_evolution is not SchemaEvolution.RESCUE:
+        return None
+    total = 0
+    for report in progress:
+        name = RESCUE_METRIC.format(stream=stream.name)
+        metrics = report.observedMetrics.get(name) if "addBatch" in report.durationMs else None
+        if metrics is not None:
+            total += int(metrics.asDict()["rescued"])
+    return total
 
 
 def _raw_record(stream: StreamSpec) -> Column:

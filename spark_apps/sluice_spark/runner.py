@@ -33,6 +33,7 @@ from sluice.constants import (
     DeltaEngine,
     FileFormat,
     RunStatus,
+    SchemaEvolution,
     SinkMode,
     SourceType,
     TableRole,
@@ -54,9 +55,11 @@ from sluice.summary import PhaseClock, RunSummary, StreamRunSummary
 from sluice.times import iso_utc
 from sluice_spark import faults, kinds
 from sluice_spark import patterns as steps
+from sluice_spark.drift import NEW_FIELDS_COLUMN
 from sluice_spark.kinds import read_stream
+from sluice_spark.kinds.files import RECORDS_METRIC
 from sluice_spark.patterns import with_watermark
-from sluice_spark.quality import check_expectations, expectation_counts, flag_dead_letters
+from sluice_spark.quality import check_expectations, expectation_counts, flag_dead_letters, rescued_count
 from sluice_spark.session import activate, require_hadoop_connector, resolve_engine
 from sluice_spark.targets import (
     DEAD_LETTER_ROUTE,
@@ -81,7 +84,8 @@ _DEAD_LETTER_FIELDS = (
     (_STREAM_COLUMN, "stream"),
     (INGEST_TIME_COLUMN, "ingested_at"),
 )
-_INTERNAL_COLUMNS = {CORRUPT_COLUMN, REASON_COLUMN, RAW_COLUMN, ROUTE_COLUMN, _STREAM_COLUMN, FAILED_COLUMN}
+_INTERNAL_COLUMNS = {CORRUPT_COLUMN, REASON_COLUMN, RAW_COLUMN, ROUTE_COLUMN, _STREAM_COLUMN, FAILED_COLUMN,
+                     NEW_FIELDS_COLUMN}
 
 
 @dataclass
@@ -169,14 +173,18 @@ def _route(frame: DataFrame, data: list[Column], route: Column, fan_out: list[Co
            stream: StreamSpec) -> DataFrame:
     """The routed frame's columns: the data, the ingest time, the route, the dead-letter columns (NULL on good rows)
     and one flag per fan-out table. Only what some table keeps crosses to the sink: the corrupt-record text is
-    already in the raw record. A stream with ``fail`` rules also carries the rules each row broke; such a row takes
-    the failed route, which no table takes."""
+    already in the raw record. A stream with ``fail`` rules also carries the rules each row broke, and one under
+    ``fail_on_new_columns`` each row's new fields; such a row takes the failed route, which no table takes."""
     rejected = F.col(REASON_COLUMN).isNotNull()
     failing: list[Column] = []
-    if any(rule.on_violation is Violation.FAIL for rule in stream.expectations):
-        failed = F.col(FAILED_COLUMN) if FAILED_COLUMN in frame.columns else F.lit(None).cast("string")
+    blocking = {FAILED_COLUMN: "string"} if any(rule.on_violation is Violation.FAIL for rule in stream.expectations) \
+        else {}
+    if stream.source.schema_evolution is SchemaEvolution.FAIL_ON_NEW_COLUMNS:
+        blocking[NEW_FIELDS_COLUMN] = "array<string>"
+    for name, kind in blocking.items():
+        failed = F.col(name) if name in frame.columns else F.lit(None).cast(kind)
         route = F.when(failed.isNotNull(), F.lit(FAILED_ROUTE)).otherwise(route)
-        failing.append(failed.alias(FAILED_COLUMN))
+        failing.append(failed.alias(name))
     return frame.select(*data, F.current_timestamp().alias(INGEST_TIME_COLUMN),
                         route.cast("tinyint").alias(ROUTE_COLUMN), RAW_COLUMN, REASON_COLUMN,
                         F.when(rejected, F.lit(stream.name)).alias(_STREAM_COLUMN), *fan_out, *failing)
@@ -298,16 +306,19 @@ def start_stream(prepared: PreparedStream) -> StreamingQuery:
     return query
 
 
-def _progress_rows(query: StreamingQuery, scans: int = 1) -> dict[int, int]:
+def _progress_rows(query: StreamingQuery, stream: str, scans: int = 1) -> dict[int, int]:
     """Input rows per executed batch id, from every progress report of this run.
 
     A report without an ``addBatch`` duration is an idle trigger that found no new data: no batch ran. A stateful
-    stream reads each of its sources ``scans`` times (good rows and dead letters), and Spark counts every scan.
+    stream reads each of its sources ``scans`` times (good rows and dead letters), and Spark counts every scan. A
+    source whose input rows are not its records counts them itself (:data:`~sluice_spark.kinds.files.RECORDS_METRIC`).
     """
     rows: dict[int, int] = {}
     for progress in query.recentProgress:
         if "addBatch" in progress.durationMs:
-            rows[int(progress.batchId)] = int(progress.numInputRows) // scans
+            records = progress.observedMetrics.get(RECORDS_METRIC.format(stream=stream))
+            counted = int(progress.numInputRows) if records is None else int(records.asDict()["records"])
+            rows[int(progress.batchId)] = counted // scans
     return rows
 
 
@@ -329,12 +340,13 @@ def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: floa
     summary = prepared.summary
     summary.duration_seconds = round(time.monotonic() - started, 3)
     summary.ended_at = iso_utc(time.time())
-    input_rows = _progress_rows(query, scans=2 if prepared.spec.patterns.stateful else 1)
+    input_rows = _progress_rows(query, prepared.spec.name, scans=2 if prepared.spec.patterns.stateful else 1)
     summary.batch_ids = sorted(input_rows)
     summary.batches = len(input_rows)
     summary.input_rows = sum(input_rows.values())
     summary.late_rows, summary.duplicate_rows, summary.state_rows = _state_counts(query)
     summary.expectations, summary.dropped_rows = expectation_counts(query.recentProgress, prepared.spec)
+    summary.rescued_rows = rescued_count(query.recentProgress, prepared.spec)
     data, dead = sink_and_dead_letter(prepared.targets)
     summary.delta_version_after = None if data is None else table_version(data.path)
     summary.dead_letter_version_after = table_version(dead.path)
@@ -371,7 +383,8 @@ def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: floa
 # restores or resets the checkpoint, so Airflow must not retry it.
 _PERMANENT_FAILURES = re.compile(
     r"batch \d+ doesn't exist|Unable to find batch|Error reading (?:delta|snapshot) file .* of HDFSStateStoreProvider|"
-    r"STATE_STORE_\w*(?:NOT_FOUND|CORRUPT)|CANNOT_LOAD_STATE_STORE|expectation\(s\) failed in batch"
+    r"STATE_STORE_\w*(?:NOT_FOUND|CORRUPT)|CANNOT_LOAD_STATE_STORE|expectation\(s\) failed in batch|"
+    r"new field\(s\) not in the declared schema in batch"
 )
 
 

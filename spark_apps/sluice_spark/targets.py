@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.constants import SinkMode
-from sluice.errors import ExpectationFailed
+from sluice.errors import ExpectationFailed, SchemaDriftError
 
 # The routed frame's column that says where a row goes, and its values.
 ROUTE_COLUMN = "_sluice_route"
@@ -22,7 +22,11 @@ RAW_COLUMN = "_dead_letter_raw"
 FAILED_ROUTE = 2
 # The names of the ``fail`` rules such a row broke (NULL on every other row); only streams with such rules have it.
 FAILED_COLUMN = "_sluice_failed"
+# Under ``fail_on_new_columns``, the paths of a row's fields the schema does not declare (NULL on most rows): no table
+# takes such a row, and its batch commits nowhere (:mod:`sluice_spark.drift`).
+NEW_FIELDS_COLUMN = "_sluice_new_fields"
 _MAX_EXAMPLE = 500
+_MAX_ORIGINS = 5
 
 
 def tally_failures(counted: Mapping[str | None, int], into: dict[str, int]) -> dict[str, int]:
@@ -58,6 +62,33 @@ def expectation_failure(batch_id: int, failed: Mapping[str, int], example: str |
     shown = (example or "")[:_MAX_EXAMPLE]
     return ExpectationFailed(f"expectation(s) failed in batch {batch_id}: {rules}; nothing of this batch was "
                              f"committed. First such row: {shown}")
+
+
+def new_fields_in(rows: Any, fields_column: str, origin_column: str | None, into: dict[str, int],
+                  origins: dict[str, None]) -> None:
+    """Add the rows per new field of an Arrow batch's ``fields_column`` (a list of paths per row, NULL on most) to
+    ``into``, and the first origins (files, Kafka offsets) of such rows to ``origins``."""
+    import pyarrow.compute as pc
+
+    fields = rows.column(fields_column)
+    if fields.null_count == len(fields):
+        return
+    counts = pc.value_counts(pc.list_flatten(fields))
+    for item in counts.to_pylist():
+        into[item["values"]] = into.get(item["values"], 0) + item["counts"]
+    if origin_column is not None:
+        with_fields = pc.filter(rows.column(origin_column), pc.is_valid(fields))
+        for origin in with_fields.unique().to_pylist()[:_MAX_ORIGINS]:
+            origins.setdefault(str(origin), None)
+
+
+def drift_failure(batch_id: int, fields: Mapping[str, int], origins: Sequence[str]) -> SchemaDriftError:
+    """The error that stops a batch with new fields under ``fail_on_new_columns``, before it commits anywhere."""
+    listed = ", ".join(f"'{name}' ({rows} row{'s' if rows != 1 else ''})" for name, rows in sorted(fields.items()))
+    shown = ", ".join(list(origins)[:_MAX_ORIGINS])
+    return SchemaDriftError(f"new field(s) not in the declared schema in batch {batch_id}: {listed}; from {shown}; "
+                       "nothing of this batch was committed. Declare them in source.schema, or choose another "
+                       "source.schema_evolution, and run again")
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@
 
 A transform is row-wise: one row out per row in, because the dead-letter split and the row reconciliation happen
 around it. A SQL transform (:mod:`sluice.model.sql`, checked when the catalog loaded) selects what it likes; Sluice's
-own columns (the dead-letter flags, the lineage) ride along beside its select list. A Python transform is a pure
-function ``DataFrame -> DataFrame`` that must keep every column it was given.
+own columns (the dead-letter flags, the lineage, the rescued data) ride along beside its select list. A Python
+transform is a pure function ``DataFrame -> DataFrame`` that must keep every column it was given.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from sluice.constants import (
+    SOURCE_FILE_COLUMN,
     CommitInfo,
     DeltaEngine,
     SinkMode,
@@ -40,9 +41,12 @@ from sluice_spark.targets import (
     DEAD_LETTER_ROUTE,
     FAILED_COLUMN,
     GOOD_ROUTE,
+    NEW_FIELDS_COLUMN,
     TableTarget,
+    drift_failure,
     expectation_failure,
     failed_in,
+    new_fields_in,
     tally_failures,
 )
 
@@ -68,9 +72,23 @@ def latest_per_key(rows: DataFrame, keys: Sequence[str], sequence_by: str | None
     their other columns, so that a replay picks the same one; across batches, the later batch wins a tie."""
     if sequence_by is None:
         return rows  # an aggregate's update output has one row per key already
-    others = [F.col(f"`{name}`").desc_nulls_last() for name in rows.columns if name not in (*keys, sequence_by)]
+    others = [F.col(f"`{field.name}`").desc_nulls_last() for field in rows.schema.fields
+              if field.name not in (*keys, sequence_by) and _orderable(field.dataType)]
     order = Window.partitionBy(*keys).orderBy(F.col(sequence_by).desc_nulls_last(), *others)
     return rows.withColumn("_sluice_rank", F.row_number().over(order)).where("_sluice_rank = 1").drop("_sluice_rank")
+
+
+def _orderable(data_type: Any) -> bool:
+    """Whether Spark can sort by a column of this type: not by a map or a variant, nor by what holds one."""
+    from pyspark.sql.types import ArrayType, MapType, StructType, VariantType
+
+    if isinstance(data_type, MapType | VariantType):
+        return False
+    if isinstance(data_type, StructType):
+        return all(_orderable(field.dataType) for field in data_type.fields)
+    if isinstance(data_type, ArrayType):
+        return _orderable(data_type.elementType)
+    return True
 
 
 def _merge_condition(keys: Sequence[str], equal_null_safe: str) -> str:
@@ -105,12 +123,12 @@ class RsTableWriter(DeltaTableWriter):
                                       app_transactions=[Transaction(query_id, batch_id)])
         if target.mode is SinkMode.MERGE:
             # Spark's Arrow types as the table has them.
-            data = latest_per_key(rows, target.keys, target.sequence_by).toArrow().cast(schema)
+            data = _in_schema(latest_per_key(rows, target.keys, target.sequence_by).toArrow(), schema)
             merger = table.merge(data, _merge_condition(target.keys, "IS NOT DISTINCT FROM"), source_alias="s",
                                  target_alias="t", commit_properties=properties)
             merger.when_matched_update_all(predicate=_newer(target.sequence_by)).when_not_matched_insert_all().execute()
             return True
-        data = _staged(rows, schema, staging) if staging is not None else rows.toArrow().cast(schema)
+        data = _staged(rows, schema, staging) if staging is not None else _in_schema(rows.toArrow(), schema)
         partition_by = list(target.partition_by) or None
         if replace is not None or target.mode is SinkMode.COMPLETE:
             write_deltalake(table, data, mode="overwrite", partition_by=partition_by, commit_properties=properties,
@@ -135,9 +153,15 @@ class RsTableWriter(DeltaTableWriter):
             return True
         properties = CommitProperties(custom_metadata={**metadata, CommitInfo.RECORDS: rows.num_rows},
                                       app_transactions=[Transaction(query_id, batch_id)])
-        write_deltalake(table, rows.cast(pa.schema(table.schema().to_arrow())), mode="append",
+        write_deltalake(table, _in_schema(rows, pa.schema(table.schema().to_arrow())), mode="append",
                         partition_by=list(target.partition_by) or None, commit_properties=properties)
         return True
+
+
+def _in_schema(rows: Any, schema: Any) -> Any:
+    """An Arrow table's columns in the order and the types of the table's schema (a column added to an existing
+    table comes last in it)."""
+    return rows.select(schema.names).cast(schema)
 
 
 def _staged(rows: DataFrame, schema: Any, staging: Path) -> Any:
@@ -297,12 +321,25 @@ class BatchRouter:
             example = failed.select(self.example_column).first() if self.example_column else None
             raise expectation_failure(batch_id, tally_failures(counted, {}), example[0] if example else None)
 
+    @staticmethod
+    def refuse_drift(batch: DataFrame, batch_id: int) -> None:
+        """Raise when rows of the batch brought fields the schema does not declare (``fail_on_new_columns``)."""
+        drifting = batch.where(F.col(NEW_FIELDS_COLUMN).isNotNull())
+        counted = {row[0]: int(row[1]) for row in
+                   drifting.select(F.explode(NEW_FIELDS_COLUMN)).groupBy("col").count().collect()}
+        if counted:
+            origins = (drifting.select(SOURCE_FILE_COLUMN).distinct().limit(5).collect()
+                       if SOURCE_FILE_COLUMN in batch.columns else [])
+            raise drift_failure(batch_id, counted, [str(row[0]) for row in origins])
+
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         if self.collect:
             self._write_collected(batch, batch_id)
             return
         batch.persist()
         try:
+            if NEW_FIELDS_COLUMN in batch.columns:
+                self.refuse_drift(batch, batch_id)
             if FAILED_COLUMN in batch.columns:
                 self.refuse_failed(batch, batch_id)
             if self.before is not None and not self.before(batch, batch_id):
@@ -325,6 +362,13 @@ class BatchRouter:
         worker), refused if a row broke a ``fail`` rule, then cut into its tables' rows and appended."""
         assert isinstance(self.writer, RsTableWriter)
         rows = batch.toArrow()
+        if NEW_FIELDS_COLUMN in rows.column_names:
+            fields: dict[str, int] = {}
+            origins: dict[str, None] = {}
+            origin = SOURCE_FILE_COLUMN if SOURCE_FILE_COLUMN in rows.column_names else None
+            new_fields_in(rows, NEW_FIELDS_COLUMN, origin, fields, origins)
+            if fields:
+                raise drift_failure(batch_id, fields, list(origins))
         if FAILED_COLUMN in rows.column_names:
             failed: dict[str, int] = {}
             example = failed_in(rows, FAILED_COLUMN, self.example_column, failed)

@@ -117,7 +117,9 @@ def test_the_ingest_dag_runs_on_a_standalone_cluster(standalone: Cluster, airflo
     [summary] = xcom_value(dag.dag_id, run.run_id, "run_stream")
     assert summary["app_id"].startswith("app-"), f"{summary['app_id']} is not a standalone application"
     [stream] = summary["streams"]
-    good, bad = expected_events(tmp_path / "landing" / "events")
+    # The bundled stream rescues an amount that is no number, then quarantines the purchase that lacks one
+    # (purchase_has_amount): the same rows are dead letters as under schema_evolution none.
+    good, bad = expected_events(tmp_path / "landing" / "events", rescue=False)
     assert (stream["status"], stream["output_rows"], stream["dead_letter_rows"]) == ("succeeded", len(good), bad)
     lake = tmp_path / "lake" / "bronze" / "events"
     assert sorted(row[0] for row in table_rows(str(lake), ["event_id"])) == sorted(row[0] for row in good)

@@ -77,7 +77,9 @@ def oracle(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def catalog_with(tmp_path: Path, rules: dict[str, Any], **overrides: Any) -> Any:
-    stream = events_stream(**{"source": {"type": "files", "format": "json", "path": "events", "schema": SCHEMA},
+    # ``none``: an amount that is no number is the reader's reject, before any rule (rescued, it would be judged).
+    stream = events_stream(**{"source": {"type": "files", "format": "json", "path": "events", "schema": SCHEMA,
+                                         "schema_evolution": "none"},
                               "transform": {"sql": TRANSFORM}, "expectations": rules,
                               "sink": {"path": "bronze/events", "engine": "rs"}, **overrides})
     return load_catalog(write_catalog(tmp_path, stream))

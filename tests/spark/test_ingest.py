@@ -37,7 +37,7 @@ def spark_batch_oracle(spark: Any, landing: Path) -> list[tuple[Any, ...]]:
     frame = (
         spark.read.schema(
             "event_id STRING, event_type STRING, user_id STRING, session_id STRING, page STRING, "
-            "amount DECIMAL(12,2), currency STRING, event_time TIMESTAMP, _corrupt_record STRING"
+            "amount STRING, currency STRING, event_time TIMESTAMP, _corrupt_record STRING"
         )
         .option("recursiveFileLookup", "true")
         .json(str(landing / "events"))
@@ -47,7 +47,9 @@ def spark_batch_oracle(spark: Any, landing: Path) -> list[tuple[Any, ...]]:
         F.col("_corrupt_record").isNull()
         & F.col("event_id").isNotNull() & F.col("event_type").isNotNull()
         & F.col("user_id").isNotNull() & F.col("event_time").isNotNull()
-    ).select("event_id", F.lower(F.trim("event_type")), "user_id", "amount",
+    ).select("event_id", F.lower(F.trim("event_type")), "user_id",
+             # An amount that is not a number is rescued (the default drift policy): the row keeps a NULL amount.
+             F.expr("try_cast(amount AS DECIMAL(12,2))"),
              F.date_format(F.to_date("event_time"), "yyyy-MM-dd"))
     return sorted((tuple(row) for row in good.collect()), key=repr)
 
@@ -82,7 +84,10 @@ def test_stream_equals_batch_oracle_and_reconciles(spark: Any, tmp_path: Path, e
     assert stream.engine == "rs" and stream.query_id
 
 
-def test_dead_letter_rows_keep_raw_record_reason_and_source(spark: Any, tmp_path: Path, events_catalog: Any) -> None:
+def test_dead_letter_rows_keep_raw_record_reason_and_source(spark: Any, tmp_path: Path) -> None:
+    """Under ``schema_evolution: none``, a value that does not fit its type makes its record a dead letter."""
+    events_catalog = load_catalog(write_catalog(tmp_path, events_stream(source={
+        **events_stream()["source"], "schema_evolution": "none"})))
     roots = roots_in(tmp_path)
     folder = Path(roots.landing) / "events"
     folder.mkdir(parents=True)
@@ -188,8 +193,11 @@ def test_csv_stream_with_header(spark: Any, tmp_path: Path) -> None:
     assert (stream.output_rows, stream.dead_letter_rows) == (produced.orders, produced.malformed_orders)
     rows = read_table(stream_spec.sink_path(roots)).to_pylist()
     assert all(isinstance(row["amount"], Decimal) and row["_source_file"].endswith(".csv") for row in rows)
+    # The amount is required: a value that does not fit it is a dead letter even under the rescue policy.
     dead = read_table(stream_spec.dead_letter_table_path(roots)).to_pylist()
     assert {row["reason"] for row in dead} == {"field 'amount': cannot parse 'n/a' as DECIMAL(12,2)"}
+    assert all(row["raw_record"].count(",") == 5 for row in dead), "the CSV line as it arrived"
+    assert stream.rescued_rows == 0 and all(row["_rescued_data"] is None for row in rows)
 
 
 def test_csv_with_reordered_columns_fails_loudly_instead_of_swapping_values(spark: Any, tmp_path: Path) -> None:

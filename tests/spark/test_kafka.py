@@ -19,7 +19,7 @@ import pytest
 
 from sluice.catalog import parse_catalog
 from sluice.connections.kafka import env_name
-from sluice.constants import KAFKA_KEY_COLUMN, SOURCE_FILE_COLUMN
+from sluice.constants import KAFKA_KEY_COLUMN, RESCUED_COLUMN, SOURCE_FILE_COLUMN
 from sluice.errors import SluiceError
 from sluice_spark.kinds.kafka import CONNECTOR_CLASSES, decode_records, kafka_records, require_avro
 from sluice_spark.quality import RAW_COLUMN, REASON_COLUMN, flag_dead_letters
@@ -45,8 +45,9 @@ def catalog_of(*streams: dict[str, Any]) -> Any:
     return parse_catalog({"version": 1, "streams": list(streams)})
 
 
-def expected(values: list[bytes | None]) -> tuple[list[tuple[Any, ...]], int]:
-    """The good rows and the dead-letter count, decided with the json module alone."""
+def expected(values: list[bytes | None], *, rescue: bool) -> tuple[list[tuple[Any, ...]], int]:
+    """The good rows and the dead-letter count, decided with the json module alone: an amount that is not a number
+    is rescued (the row's amount is NULL) under ``rescue``, and a dead letter otherwise."""
     good, bad = [], 0
     for value in values:
         try:
@@ -59,8 +60,10 @@ def expected(values: list[bytes | None]) -> tuple[list[tuple[Any, ...]], int]:
         try:
             amount = None if record.get("amount") is None else Decimal(str(record["amount"])).quantize(Decimal("0.01"))
         except ArithmeticError:
-            bad += 1
-            continue
+            if not rescue:
+                bad += 1
+                continue
+            amount = None
         good.append((record["event_id"], amount))
     return sorted(good), bad
 
@@ -92,8 +95,10 @@ def test_avro_without_spark_avro_names_the_package(spark: Any) -> None:
         require_avro(spark, "clicks")
 
 
-def test_json_values_decode_with_the_declared_schema_and_bad_ones_become_dead_letters(spark: Any) -> None:
-    stream = catalog_of(kafka_stream()).get("clicks")
+@pytest.mark.parametrize("policy", ["none", "rescue"])
+def test_json_values_decode_with_the_declared_schema_and_bad_ones_become_dead_letters(spark: Any,
+                                                                                      policy: str) -> None:
+    stream = catalog_of(kafka_stream(schema_evolution=policy)).get("clicks")
     values: list[bytes | None] = [
         b'{"event_id": "e1", "amount": 12.5, "at": "2026-11-22T12:00:00Z"}',
         b'{"event_id": "e2", "amount": "twelve"}',
@@ -108,13 +113,21 @@ def test_json_values_decode_with_the_declared_schema_and_bad_ones_become_dead_le
     frame = flag_dead_letters(decode_records(spark.createDataFrame(rows, KAFKA_SCHEMA), stream), stream)
     result = {row[SOURCE_FILE_COLUMN]: row.asDict() for row in frame.collect()}
 
-    good, bad = expected(values)
+    good, bad = expected(values, rescue=policy == "rescue")
     assert sorted((r["event_id"], r["amount"]) for r in result.values() if r[REASON_COLUMN] is None) == good
     assert sum(r[REASON_COLUMN] is not None for r in result.values()) == bad
     assert result["kafka://clicks/0/100"]["at"] == datetime(2026, 11, 22, 12, 0)
     assert result["kafka://clicks/1/101"][KAFKA_KEY_COLUMN] == "k1"
-    assert result["kafka://clicks/1/101"][REASON_COLUMN] == "field 'amount': cannot parse 'twelve' as DECIMAL(12,2)"
-    assert result["kafka://clicks/1/101"][RAW_COLUMN] == values[1].decode()  # type: ignore[union-attr]
+    if policy == "rescue":  # kept beside the typed columns, as it arrived
+        assert result["kafka://clicks/1/101"][REASON_COLUMN] is None
+        assert json.loads(result["kafka://clicks/1/101"][RESCUED_COLUMN]) == {"amount": "twelve"}
+        assert json.loads(result["kafka://clicks/0/106"][RESCUED_COLUMN]) == {"extra": True}
+        assert result["kafka://clicks/0/100"][RESCUED_COLUMN] is None
+    else:
+        assert result["kafka://clicks/1/101"][REASON_COLUMN] == ("field 'amount': cannot parse 'twelve' as "
+                                                                 "DECIMAL(12,2)")
+        assert result["kafka://clicks/1/101"][RAW_COLUMN] == values[1].decode()  # type: ignore[union-attr]
+        assert RESCUED_COLUMN not in result["kafka://clicks/0/106"]
     assert result["kafka://clicks/0/102"][REASON_COLUMN] == "malformed JSON record"
     assert result["kafka://clicks/0/102"][RAW_COLUMN] == "not json at all"
     assert result["kafka://clicks/1/103"][REASON_COLUMN] == "malformed JSON record", "a tombstone has no row"
@@ -159,7 +172,7 @@ def test_a_kafka_stream_ingests_a_topic_into_delta(spark: Any, tmp_path: Path, m
     roots = roots_in(tmp_path)
     summary = run_streams(spark, catalog, ["clicks"], roots)
     [run] = summary.streams
-    good, bad = expected(values)
+    good, bad = expected(values, rescue=True)
     assert run.status == "succeeded", run.error
     assert (run.input_rows, run.output_rows, run.dead_letter_rows) == (len(values), len(good), bad)
     table = catalog.get("clicks").sink_path(roots)

@@ -35,7 +35,7 @@ def test_the_rules_and_the_sql_transform_load_with_their_columns() -> None:
     stream = load()
     assert isinstance(stream.transform, SqlTransform)
     assert stream.transform.names == ["event_id", "user_id", "amount", "currency", "event_time", "actor",
-                                      "_source_file", "event_type", "event_date", "cents"]
+                                      "_rescued_data", "_source_file", "event_type", "event_date", "cents"]
     assert dict(stream.transform.columns)["event_date"] == "DATE"
     # The lineage column is Sluice's: the table gets it whatever the transform says, so the patterns do not see it.
     assert "_source_file" not in stream.output_columns and "cents" in stream.output_columns

@@ -99,6 +99,7 @@ def test_validate_prints_the_streams_or_the_first_error(tmp_path: Path, capsys: 
     out = capsys.readouterr().out
     assert "events: files json github -> delta bronze/github (append, rs)" in out
     assert "    actor: STRUCT<`id`: BIGINT NOT NULL, `login`: STRING, `display.name`: STRING>" in out
+    assert "  schema_evolution rescue (undeclared fields and misfits in _rescued_data)" in out
     stream["source"]["schema"] = {"id": "array<>"}  # type: ignore[index]
     (tmp_path / "bad").mkdir()
     bad = write_catalog(tmp_path / "bad", stream)
@@ -111,3 +112,58 @@ def test_validate_checks_the_bundled_catalog() -> None:
 
     assert main(["validate"]) == 0
 
+
+
+def _policy(source: dict[str, object]) -> str:
+    stream = events_stream(source=source, transform="identity", sink={"path": "bronze/events", "engine": "rs"})
+    return parse_catalog({"streams": [stream]}).get("events").source.schema_evolution.value
+
+
+JSON_SOURCE = {"type": "files", "format": "json", "path": "events", "schema": {"id": "string not null"}}
+KAFKA_SOURCE = {"type": "kafka", "format": "json", "options": {"subscribe": "t"}, "schema": {"id": "string"}}
+
+
+@pytest.mark.parametrize(("source", "policy"), [
+    (JSON_SOURCE, "rescue"),
+    ({**JSON_SOURCE, "format": "csv"}, "rescue"),
+    ({**JSON_SOURCE, "format": "parquet"}, "none"),
+    (KAFKA_SOURCE, "rescue"),
+    ({"type": "delta", "path": "bronze/x", "schema": {"id": "string"}}, "none"),
+    ({**JSON_SOURCE, "schema_evolution": "fail_on_new_columns"}, "fail_on_new_columns"),
+    ({**JSON_SOURCE, "schema_evolution": "none", "options": {"allowComments": True}}, "none"),
+])
+def test_the_drift_policy_defaults_to_rescue_where_the_source_can_rescue(source: dict[str, object],
+                                                                        policy: str) -> None:
+    assert _policy(source) == policy
+
+
+@pytest.mark.parametrize(("source", "field", "message"), [
+    ({**JSON_SOURCE, "schema_evolution": "sometimes"}, "source.schema_evolution",
+     "unknown value 'sometimes'; expected one of rescue, add_new_columns, fail_on_new_columns, none"),
+    ({**JSON_SOURCE, "format": "parquet", "schema_evolution": "rescue"}, "source.schema_evolution",
+     "a parquet source cannot follow rescue; it takes none"),
+    ({**JSON_SOURCE, "format": "csv", "schema_evolution": "fail_on_new_columns"}, "source.schema_evolution",
+     "a csv source cannot follow fail_on_new_columns; it takes rescue, none"),
+    ({**KAFKA_SOURCE, "format": "avro", "value_schema": '{"type": "record", "name": "r", "fields": [{"name": "id", '
+                                                        '"type": "string"}]}', "schema_evolution": "rescue"},
+     "source.schema_evolution", "a kafka avro source cannot follow rescue; it takes none"),
+    ({**JSON_SOURCE, "options": {"allowComments": True}}, "source.options.allowComments",
+     "set schema_evolution: none to read lenient JSON"),
+    ({**JSON_SOURCE, "options": {"encoding": "UTF-16"}}, "source.options.encoding", "reads UTF-8 text"),
+])
+def test_a_policy_the_source_cannot_follow_is_refused_naming_the_field(source: dict[str, object], field: str,
+                                                                      message: str) -> None:
+    with pytest.raises(CatalogError) as raised:
+        _policy(source)
+    assert "stream 'events'" in str(raised.value) and field in str(raised.value) and message in str(raised.value)
+
+
+def test_rules_and_transforms_may_read_the_rescued_column_only_where_it_exists() -> None:
+    rule = {"no_drift": {"check": "_rescued_data IS NULL", "on_violation": "warn"}}
+    stream = events_stream(source=dict(JSON_SOURCE), transform="identity", expectations=rule,
+                           sink={"path": "bronze/events", "engine": "rs"})
+    loaded = parse_catalog({"streams": [stream]}).get("events")
+    assert "_rescued_data" in loaded.output_columns
+    stream["source"] = {**JSON_SOURCE, "schema_evolution": "none"}
+    with pytest.raises(CatalogError, match="_rescued_data"):
+        parse_catalog({"streams": [stream]})

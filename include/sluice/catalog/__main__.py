@@ -1,9 +1,8 @@
 """``python -m sluice.catalog validate [FILE]``: check a catalog without running anything.
 
-Prints each stream with its source, sink and resolved schema (the Spark types it will read), the columns its
-transform hands on and its expectations, and exits 0; or prints
-the first error, with the stream and the field, and exits 2. FILE defaults to ``SLUICE_CATALOG`` or the bundled
-catalog.
+Prints each stream with its source, sink, resolved schema (the Spark types it will read) and drift policy, the
+columns its transform hands on and its expectations, and exits 0; or prints the first error, with the stream and the
+field, and exits 2. FILE defaults to ``SLUICE_CATALOG`` or the bundled catalog.
 """
 
 from __future__ import annotations
@@ -22,6 +21,8 @@ def describe(stream: StreamSpec) -> str:
              f"{sink.destination} ({sink.mode.value}, {sink.engine.value})"]
     for column in source.schema.columns:
         lines.append(f"    {column.name}: {column.data_type.sql()}{'' if column.nullable else ' NOT NULL'}")
+    lines.append(f"  schema_evolution {source.schema_evolution.value}"
+                 + (" (undeclared fields and misfits in _rescued_data)" if source.rescues else ""))
     lines.append(f"  transform {stream.transform_name} -> {', '.join(stream.output_columns)}")
     lines += [f"  expect {rule.name} ({rule.on_violation.value}): {rule.check}" for rule in stream.expectations]
     return "\n".join(lines)

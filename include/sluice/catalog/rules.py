@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from sluice.constants import RESCUED_COLUMN
 from sluice.model.expectations import Expectation, NullResult, Violation
 from sluice.model.section import Section
 from sluice.model.sources import SourceSpec
@@ -30,7 +31,9 @@ def read_transform(top: Section, source: SourceSpec) -> tuple[str | SqlTransform
             transform = parse_transform(text, source.columns)
         except SqlError as exc:
             raise section.error("sql", str(exc)) from None
-        return transform, dict(transform.columns)
+        # The rescued data rides along beside the select list, as the lineage does: a transform cannot lose it.
+        rescued = {RESCUED_COLUMN: "STRING"} if source.rescues else {}
+        return transform, {**dict(transform.columns), **rescued}
     spec = TRANSFORMS.get(raw)
     if spec is None:
         raise top.error("transform", f"unknown transform {raw!r}; known Python transforms: "

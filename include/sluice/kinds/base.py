@@ -16,11 +16,11 @@ How it is read or written in Spark is its module in :mod:`sluice_spark.kinds`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
-from sluice.constants import SinkFormat, SourceType
+from sluice.constants import SchemaEvolution, SinkFormat, SourceType
 from sluice.model.findings import Finding
 from sluice.model.schema import Schema, parse_schema
 from sluice.model.section import Section
@@ -92,6 +92,17 @@ def declared_schema(section: Section, what: str) -> Schema:
         raise section.error("schema", f"a {what} source needs a declared schema; inferring one from whatever "
                                       "arrives first is not reproducible")
     return parse_schema(section.get("schema", Mapping), stream=section.stream or "", field=section.field("schema"))
+
+
+def schema_evolution(section: Section, supported: Collection[SchemaEvolution], what: str) -> SchemaEvolution:
+    """The source's drift policy (``schema_evolution``): ``rescue`` by default where the kind can rescue, else
+    ``none``. A policy the kind cannot follow is refused, not approximated."""
+    default = SchemaEvolution.RESCUE if SchemaEvolution.RESCUE in supported else SchemaEvolution.NONE
+    policy: SchemaEvolution = section.enum("schema_evolution", SchemaEvolution, default)
+    if policy not in supported:
+        choices = ", ".join(member.value for member in SchemaEvolution if member in supported)
+        raise section.error("schema_evolution", f"a {what} source cannot follow {policy.value}; it takes {choices}")
+    return policy
 
 
 def reader_options(section: Section, allowed: frozenset[str], what: str) -> dict[str, str]:

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from sluice.constants import DeltaEngine, FileFormat, SinkFormat, SinkMode, SourceType
+from sluice.constants import DeltaEngine, FileFormat, SchemaEvolution, SinkFormat, SinkMode, SourceType
 from sluice.errors import SluiceError
-from sluice.kinds.base import Backlog, SinkKind, SourceKind, declared_schema, reader_options
+from sluice.kinds.base import Backlog, SinkKind, SourceKind, declared_schema, reader_options, schema_evolution
 from sluice.model.section import Section
 from sluice.model.sinks import SinkSpec
 from sluice.model.sources import SourceSpec
@@ -76,8 +76,9 @@ class DeltaSourceKind(SourceKind):
         path = section.folder("path")
         schema = declared_schema(section, "delta")
         options = reader_options(section, SOURCE_OPTIONS, "delta")
+        policy = schema_evolution(section, (SchemaEvolution.NONE,), "delta")
         section.done()
-        return DeltaSource(path=path, schema=schema, options=options)
+        return DeltaSource(path=path, schema=schema, options=options, schema_evolution=policy)
 
     def backlog(self, stream: StreamSpec, roots: Roots, reader: CheckpointReader) -> Backlog:
         """The versions of the stream's source table that its next run reads."""

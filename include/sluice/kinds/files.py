@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from sluice.constants import FaultCode, FileFormat, Severity, SourceType
-from sluice.kinds.base import Backlog, SourceKind, declared_schema, reader_options
+from sluice.constants import FaultCode, FileFormat, SchemaEvolution, Severity, SourceType
+from sluice.kinds.base import Backlog, SourceKind, declared_schema, reader_options, schema_evolution
 from sluice.model.findings import Finding
 from sluice.model.section import Section
 from sluice.model.sources import SourceSpec
@@ -37,6 +37,15 @@ FORMAT_OPTIONS = {
        "multiLine", "lineSep", "ignoreLeadingWhiteSpace", "ignoreTrailingWhiteSpace"},
     FileFormat.PARQUET: _COMMON_OPTIONS | {"mergeSchema", "datetimeRebaseMode", "int96RebaseMode"},
 }
+# The drift policies each format follows (:class:`~sluice.constants.SchemaEvolution`).
+POLICIES = {
+    FileFormat.JSON: (SchemaEvolution.RESCUE, SchemaEvolution.FAIL_ON_NEW_COLUMNS, SchemaEvolution.NONE),
+    FileFormat.CSV: (SchemaEvolution.RESCUE, SchemaEvolution.NONE),
+    FileFormat.PARQUET: (SchemaEvolution.NONE,),
+}
+# What a JSON source reads as something other than strict UTF-8 JSON: the drift policies find new fields with
+# Spark's strict parser, so they take none of these.
+LENIENT_JSON_OPTIONS = {"allowComments": "true", "allowSingleQuotes": "true"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +67,20 @@ class FileSource(SourceSpec):
         return self.options
 
 
+def check_strict_json(section: Section, options: Mapping[str, str], policy: SchemaEvolution) -> None:
+    """Refuse the options under which a drift policy would miss fields: it reads every record as strict UTF-8
+    JSON."""
+    for key, lenient in LENIENT_JSON_OPTIONS.items():
+        if options.get(key, "").lower() == lenient:
+            raise section.error(f"options.{key}", f"schema_evolution {policy.value} reads each record as strict "
+                                                  "JSON to find the fields the schema does not declare; set "
+                                                  "schema_evolution: none to read lenient JSON")
+    encoding = options.get("encoding", "utf-8").lower().replace("_", "-")
+    if encoding not in ("utf-8", "utf8"):
+        raise section.error("options.encoding", f"schema_evolution {policy.value} reads UTF-8 text; set "
+                                                "schema_evolution: none to read another encoding")
+
+
 class FilesKind(SourceKind):
     type = SourceType.FILES
     backfill_refusal = None
@@ -74,8 +97,11 @@ class FilesKind(SourceKind):
             raise section.error(f"schema.{complex_columns[0]}", "a csv field holds text, not a struct, an array or a "
                                                                 "map; declare it as a string, or read JSON or Parquet")
         options = reader_options(section, FORMAT_OPTIONS[file_format], file_format.value)
+        policy = schema_evolution(section, POLICIES[file_format], file_format.value)
+        if file_format is FileFormat.JSON and policy is not SchemaEvolution.NONE:
+            check_strict_json(section, options, policy)
         section.done()
-        return FileSource(format=file_format, path=path, schema=schema, options=options)
+        return FileSource(format=file_format, path=path, schema=schema, options=options, schema_evolution=policy)
 
     def backlog(self, stream: StreamSpec, roots: Roots, reader: CheckpointReader) -> Backlog:
         """Files (and their bytes) the next run will read, and when the oldest of them was written."""

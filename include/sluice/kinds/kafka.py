@@ -25,12 +25,13 @@ from sluice.constants import (
     SOURCE_FILE_COLUMN,
     DeltaEngine,
     FileFormat,
+    SchemaEvolution,
     SinkFormat,
     SinkMode,
     SourceType,
 )
 from sluice.errors import CatalogError, SluiceError
-from sluice.kinds.base import Backlog, SinkKind, SourceKind
+from sluice.kinds.base import Backlog, SinkKind, SourceKind, schema_evolution
 from sluice.limits import KAFKA_MAX_OFFSETS_PER_TRIGGER
 from sluice.model.schema import parse_schema
 from sluice.model.section import Section
@@ -76,6 +77,12 @@ class KafkaSink(SinkSpec):
         return f"topic {self.topic} (connection {self.connection})"
 
 
+# The drift policies each value encoding follows: an Avro value is decoded with the writer's schema, which names its
+# fields.
+VALUE_POLICIES = {
+    FileFormat.JSON: (SchemaEvolution.RESCUE, SchemaEvolution.FAIL_ON_NEW_COLUMNS, SchemaEvolution.NONE),
+    FileFormat.AVRO: (SchemaEvolution.NONE,),
+}
 SUBSCRIPTIONS = ("subscribe", "subscribePattern", "assign")
 # Spark Kafka source options a catalog may set. Client settings other than these few are the connection's business.
 SOURCE_OPTIONS = frozenset(
@@ -297,9 +304,10 @@ class KafkaSourceKind(SourceKind):
         options = check_source_options(section.get("options", Mapping, {}, required=True), stream=stream,
                                        field=section.field("options"))
         connection = _connection(section)
+        policy = schema_evolution(section, VALUE_POLICIES[value_format], f"kafka {value_format.value}")
         section.done()
         return KafkaSource(format=value_format, schema=schema, options=options, connection=connection,
-                           value_schema=value_schema)
+                           value_schema=value_schema, schema_evolution=policy)
 
     def backlog(self, stream: StreamSpec, roots: Roots, reader: CheckpointReader) -> Backlog:
         """The offsets the next run reads: the checkpoint's offsets of the last committed batch against the brokers'

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from sluice.constants import SOURCE_FILE_COLUMN, FileFormat, SourceType
+from sluice.constants import RESCUED_COLUMN, SOURCE_FILE_COLUMN, FileFormat, SchemaEvolution, SourceType
 from sluice.model.schema import Schema
 from sluice.paths import Roots
 
@@ -25,6 +25,8 @@ class SourceSpec:
     format: FileFormat
     schema: Schema
     options: Mapping[str, str] = field(default_factory=dict)
+    #: What the stream does with fields the schema does not declare (:class:`~sluice.constants.SchemaEvolution`).
+    schema_evolution: SchemaEvolution = SchemaEvolution.NONE
 
     def location(self, roots: Roots) -> str | None:
         """The resolved folder or table the source reads; None for a source without a path (Kafka)."""
@@ -33,7 +35,13 @@ class SourceSpec:
     @property
     def columns(self) -> dict[str, str]:
         """What a record holds once read: the declared columns and the lineage, with their Spark SQL types."""
-        return {**{column.name: column.data_type.sql() for column in self.schema.columns}, **self.lineage}
+        rescued = {RESCUED_COLUMN: "STRING"} if self.rescues else {}
+        return {**{column.name: column.data_type.sql() for column in self.schema.columns}, **rescued, **self.lineage}
+
+    @property
+    def rescues(self) -> bool:
+        """Its rows carry ``_rescued_data`` (the ``rescue`` policy)."""
+        return self.schema_evolution is SchemaEvolution.RESCUE
 
     @property
     def record_options(self) -> Mapping[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,8 @@ from sluice.constants import (
 )
 from sluice.errors import SluiceError
 from sluice.times import iso_utc
+
+log = logging.getLogger(__name__)
 
 
 class DeltaSchemaMismatch(SluiceError):
@@ -33,7 +36,9 @@ def table_version(path: str) -> int | None:
 def ensure_table(path: str, schema: Any, partition_by: Iterable[str], *, name: str, description: str = "") -> bool:
     """Create an empty Delta table with ``schema`` (an Arrow schema) unless one exists. True when created.
 
-    An existing table must have the same column names and types; a mismatch is refused with both schemas.
+    An existing table must have the same column names and types, except that columns it lacks are added to it (as
+    nullable columns, which every reader of the older rows reads as NULL): a stream whose catalog entry gained a
+    column, or the ``_rescued_data`` of the ``rescue`` policy. Any other mismatch is refused with both schemas.
     """
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
@@ -56,6 +61,13 @@ def ensure_table(path: str, schema: Any, partition_by: Iterable[str], *, name: s
     current = pa.schema(existing.schema().to_arrow())
     wanted = {field.name: str(field.type) for field in schema}
     have = {field.name: str(field.type) for field in current}
+    added = [field for field in schema if field.name not in have]
+    if added and all(wanted.get(name) == kind for name, kind in have.items()):
+        from deltalake import Schema
+
+        existing.alter.add_columns(list(Schema.from_arrow(pa.schema(added)).fields))
+        log.info("Delta table %s: added the column(s) %s", path, ", ".join(field.name for field in added))
+        have.update({field.name: str(field.type) for field in added})
     if wanted != have:
         raise DeltaSchemaMismatch(
             f"Delta table {path} has schema {have}, but the stream writes {wanted}. Evolve the table or point the "

@@ -25,7 +25,7 @@ from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.paths import Roots
 from sluice_spark.delta_rs_datasource import DATA_SOURCE_NAME
 from sluice_spark.session import register_data_sources, resolve_engine
-from sluice_spark.targets import FAILED_COLUMN, RAW_COLUMN, ROUTE_COLUMN, encode_targets
+from sluice_spark.targets import FAILED_COLUMN, NEW_FIELDS_COLUMN, RAW_COLUMN, ROUTE_COLUMN, encode_targets
 from sluice_spark.writers import BatchRouter, SinkRequest, stream_commit_info
 
 
@@ -63,8 +63,10 @@ OUTPUT_MODES = {SinkMode.APPEND: "append", SinkMode.MERGE: "update", SinkMode.CO
 def sink_writer(request: SinkRequest) -> DataStreamWriter:
     """A ``DataStreamWriter`` (without trigger or checkpoint) that routes the stream's frame into its tables."""
     mode, targets = request.stream.sink.mode, request.targets
-    failing = {"failedColumn": FAILED_COLUMN, "exampleColumn": RAW_COLUMN} \
-        if FAILED_COLUMN in request.frame.columns else {}
+    columns = request.frame.columns
+    failing = {"failedColumn": FAILED_COLUMN, "exampleColumn": RAW_COLUMN} if FAILED_COLUMN in columns else {}
+    if NEW_FIELDS_COLUMN in columns:
+        failing.update(newFieldsColumn=NEW_FIELDS_COLUMN, originColumn=SOURCE_FILE_COLUMN)
     appends = request.engine is DeltaEngine.RS and all(target.mode is SinkMode.APPEND for target in targets)
     if appends and not request.collect:
         register_data_sources(request.frame.sparkSession)

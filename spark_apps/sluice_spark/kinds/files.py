@@ -3,6 +3,11 @@
 JSON and CSV are read in PERMISSIVE mode, so that a malformed record becomes a row with ``_corrupt_record`` set
 instead of failing the batch; :mod:`sluice_spark.quality` then routes it to the dead-letter table with a reason.
 ``_source_file`` is each row's file.
+
+Under a drift policy (:mod:`sluice_spark.drift`), JSON files are read as text, a record per line (a file per record,
+or per element of its top-level array, with ``multiLine``), so that each record's text is at hand to find what the
+schema does not declare. A CSV record's values that do not fit their type are rescued from its text as Spark's
+reader keeps it.
 """
 
 from __future__ import annotations
@@ -11,12 +16,23 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import DataStreamReader
 
-from sluice.constants import CORRUPT_COLUMN, SOURCE_FILE_COLUMN, FileFormat
+from sluice.constants import CORRUPT_COLUMN, RESCUED_COLUMN, SOURCE_FILE_COLUMN, FileFormat, SchemaEvolution
 from sluice.kinds.files import FileSource
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.paths import Roots
+from sluice_spark.drift import parse_json_text, rescue_csv
 from sluice_spark.session import require_hadoop_connector
+
+# The options of Spark's file source that the text reader takes as they are; a JSON record's own options (dates,
+# time zone) go to its parser.
+_FILE_OPTIONS = frozenset({"pathGlobFilter", "recursiveFileLookup", "maxFileAge", "latestFirst", "fileNameOnly",
+                           "modifiedAfter", "modifiedBefore", "lineSep"})
+_JSON_OPTIONS = frozenset({"timestampFormat", "dateFormat", "timeZone"})
+#: The observed metric that counts a stream's records per micro-batch where Spark's input rows are not records: a
+#: multi-line JSON file read as text is one input row holding many records.
+RECORDS_METRIC = "sluice_records_{stream}"
 
 
 def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | None, trigger: TriggerSpec) -> DataFrame:
@@ -29,11 +45,10 @@ def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | N
         if "://" not in path:
             # A landing zone nobody has written to yet is empty, not an error: the run finds nothing and ends.
             Path(path).mkdir(parents=True, exist_ok=True)
-    reader = spark.readStream.format(source.format.value).options(**source.options)
-    if trigger.max_files_per_trigger:
-        reader = reader.option("maxFilesPerTrigger", trigger.max_files_per_trigger)
-    if trigger.max_bytes_per_trigger:
-        reader = reader.option("maxBytesPerTrigger", trigger.max_bytes_per_trigger)
+    policy = source.schema_evolution
+    if source.format is FileFormat.JSON and policy is not SchemaEvolution.NONE:
+        return _json_text(spark, stream, path, trigger)
+    reader = _limited(spark.readStream.format(source.format.value).options(**source.options), trigger)
 
     schema = source.schema.ddl(nullable_only=True)
     if source.format is FileFormat.CSV and source.options.get("header") == "true":
@@ -49,4 +64,38 @@ def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | N
         frame = reader.schema(schema).load(path).withColumn(
             CORRUPT_COLUMN, F.lit(None).cast("string")
         )
-    return frame.select(*source.schema.names, CORRUPT_COLUMN, F.col("_metadata.file_path").alias(SOURCE_FILE_COLUMN))
+    frame = frame.select(*source.schema.names, CORRUPT_COLUMN, F.col("_metadata.file_path").alias(SOURCE_FILE_COLUMN))
+    if policy is SchemaEvolution.RESCUE:
+        frame = frame.select(*source.schema.names, CORRUPT_COLUMN, rescue_csv(source).alias(RESCUED_COLUMN),
+                             SOURCE_FILE_COLUMN)
+    return frame
+
+
+def _limited(reader: DataStreamReader, trigger: TriggerSpec) -> DataStreamReader:
+    if trigger.max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", trigger.max_files_per_trigger)
+    if trigger.max_bytes_per_trigger:
+        reader = reader.option("maxBytesPerTrigger", trigger.max_bytes_per_trigger)
+    return reader
+
+
+def _json_text(spark: SparkSession, stream: StreamSpec, path: str, trigger: TriggerSpec) -> DataFrame:
+    """JSON files as records of text, parsed under the source's drift policy. Blank lines are no records, as for
+    Spark's JSON reader."""
+    source = stream.source
+    options = {key: value for key, value in source.options.items() if key in _FILE_OPTIONS}
+    multi_line = source.options.get("multiLine", "false").lower() == "true"
+    reader = _limited(spark.readStream.format("text").options(**options), trigger)
+    if multi_line:
+        reader = reader.option("wholetext", "true")
+    lines = reader.load(path).select("value", F.col("_metadata.file_path").alias(SOURCE_FILE_COLUMN))
+    lines = lines.where(F.col("value").rlike(r"\S"))
+    if multi_line:  # a file holds one record, or an array of them
+        whole = F.try_parse_json("value")
+        records = F.coalesce(whole.try_cast("ARRAY<VARIANT>"), F.array(whole))
+        lines = lines.select(F.explode(records).alias("record"), "value", SOURCE_FILE_COLUMN).select(
+            F.coalesce(F.to_json("record"), F.col("value")).alias("value"), SOURCE_FILE_COLUMN)
+        lines = lines.observe(RECORDS_METRIC.format(stream=stream.name), F.count(F.lit(1)).alias("records"))
+    parse_options = {key: value for key, value in source.options.items() if key in _JSON_OPTIONS}
+    return parse_json_text(lines, F.col("value"), source.schema, source.schema_evolution, parse_options,
+                           {SOURCE_FILE_COLUMN: F.col(SOURCE_FILE_COLUMN)})

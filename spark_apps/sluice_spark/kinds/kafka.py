@@ -35,6 +35,7 @@ from sluice.errors import SluiceError
 from sluice.kinds.kafka import KafkaSink, KafkaSource
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.paths import Roots
+from sluice_spark.drift import parse_json_text
 from sluice_spark.session import missing_classes
 from sluice_spark.targets import GOOD_ROUTE, RAW_COLUMN, ROUTE_COLUMN
 from sluice_spark.writers import BatchRouter, SinkRequest, sink_and_dead_letter, stream_commit_info
@@ -49,6 +50,7 @@ CONNECTOR_CLASSES = {
 AVRO_CLASS = "org.apache.spark.sql.avro.AvroDataToCatalyst"
 SCALA_BINARY = "2.13"
 _VALUE = "_kafka_value"
+_TOMBSTONE = "_kafka_tombstone"
 
 
 def _spark_version() -> str:
@@ -113,31 +115,24 @@ def decode_records(frame: DataFrame, stream: StreamSpec) -> DataFrame:
     A NULL value (a tombstone) is corrupt with an empty text: a bronze table has no row for it.
     """
     source = stream.source
+    lineage = {
+        SOURCE_FILE_COLUMN: F.concat(F.lit("kafka://"), F.col("topic"), F.lit("/"), F.col("partition").cast("string"),
+                                     F.lit("/"), F.col("offset").cast("string")),
+        KAFKA_KEY_COLUMN: F.col("key").cast("string"),
+        KAFKA_TIMESTAMP_COLUMN: F.col("timestamp"),
+    }
     if source.format is FileFormat.AVRO:
-        decoded, corrupt = _decode_avro(stream)
-    else:
-        decoded, corrupt = _decode_json(stream)
-    lineage = F.concat(F.lit("kafka://"), F.col("topic"), F.lit("/"), F.col("partition").cast("string"), F.lit("/"),
-                       F.col("offset").cast("string"))
-    staged = frame.select(
-        decoded.alias(_VALUE),
-        corrupt.alias(CORRUPT_COLUMN),
-        lineage.alias(SOURCE_FILE_COLUMN),
-        F.col("key").cast("string").alias(KAFKA_KEY_COLUMN),
-        F.col("timestamp").alias(KAFKA_TIMESTAMP_COLUMN),
-    )
-    columns = [F.col(f"{_VALUE}.`{column.name}`").cast(column.sql_type).alias(column.name)
-               for column in source.schema.columns]
-    return staged.select(*columns, CORRUPT_COLUMN, SOURCE_FILE_COLUMN, KAFKA_KEY_COLUMN, KAFKA_TIMESTAMP_COLUMN)
-
-
-def _decode_json(stream: StreamSpec) -> tuple[Column, Column]:
-    text = F.col("value").cast("string")
-    schema = f"{stream.source.schema.ddl(nullable_only=True)}, `{CORRUPT_COLUMN}` STRING"
-    parsed = F.from_json(text, schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN})
-    corrupt = F.when(F.col("value").isNull(), F.lit("")).otherwise(
-        F.coalesce(parsed[CORRUPT_COLUMN], F.when(parsed.isNull(), text)))
-    return parsed, corrupt
+        value, corrupt = _decode_avro(stream)
+        staged = frame.select(value.alias(_VALUE), corrupt.alias(CORRUPT_COLUMN),
+                              *[column.alias(name) for name, column in lineage.items()])
+        columns = [F.col(f"{_VALUE}.`{column.name}`").cast(column.sql_type).alias(column.name)
+                   for column in source.schema.columns]
+        return staged.select(*columns, CORRUPT_COLUMN, *lineage)
+    # JSON, under the source's drift policy (:mod:`sluice_spark.drift`).
+    decoded = parse_json_text(frame, F.col("value").cast("string"), source.schema, source.schema_evolution, {},
+                              {**lineage, _TOMBSTONE: F.col("value").isNull()})
+    tombstone = F.when(F.col(_TOMBSTONE), F.lit("")).otherwise(F.col(CORRUPT_COLUMN))
+    return decoded.withColumn(CORRUPT_COLUMN, tombstone).drop(_TOMBSTONE)
 
 
 def _decode_avro(stream: StreamSpec) -> tuple[Column, Column]:

@@ -1,0 +1,188 @@
+"""Schema drift in Spark: what a JSON record holds that its declared schema does not read.
+
+Under a drift policy (``source.schema_evolution``) each record's text is parsed twice: with the declared schema, by
+Spark's JSON parser (the typed columns, as under ``none``), and as a VARIANT, which keeps every field. Walking the
+declared schema over both finds, at any depth:
+
+- **new fields**: keys of an object that its struct does not declare (``coupon``, ``actor.site_admin``,
+  ``payload.commits[0].verified``). Names match as Spark's JSON parser matches them: exactly, so ``Amount`` is new
+  beside a declared ``amount``;
+- **misfits**: values the schema declares but that did not fit their type: the typed value is NULL where the text
+  holds one (``"amount": "12,50"`` for a decimal). A struct, array or map that failed as a whole is one misfit.
+
+``rescue`` keeps both, as one JSON object in ``_rescued_data`` whose keys are the paths above and whose values are
+the values as they arrived; the row is still good. ``fail_on_new_columns`` lists the new fields' paths in
+:data:`NEW_FIELDS_COLUMN`; the writers refuse a batch with any (:func:`sluice_spark.targets.drift_failure`), and a
+misfit is a dead letter as under ``none``.
+
+Everything here is a column expression (no Python UDF): the cost is the second parse of each record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from sluice.constants import CORRUPT_COLUMN, RESCUED_COLUMN, FileFormat, SchemaEvolution
+from sluice.model.schema import Schema
+from sluice.model.sources import SourceSpec
+from sluice.model.types import IDENTIFIER, Array, DataType, Field, MapType, Primitive, Struct, quote
+from sluice_spark.targets import NEW_FIELDS_COLUMN
+
+_ENTRIES = "ARRAY<STRUCT<path: STRING, value: VARIANT>>"
+_RAW = "_sluice_raw"
+_TEXT = "_sluice_text"
+
+
+def parse_json_text(frame: DataFrame, text: Column, schema: Schema, policy: SchemaEvolution,
+                    options: Mapping[str, str], keep: Mapping[str, Column]) -> DataFrame:
+    """Records of JSON text (the column ``text`` of ``frame``) as the declared columns, ``_corrupt_record`` (the text
+    of a record Spark's parser rejected) and the policy's column (``_rescued_data`` under ``rescue``,
+    :data:`NEW_FIELDS_COLUMN` under ``fail_on_new_columns``); ``keep`` are carried along (the lineage). A rejected
+    record whose misfits were rescued is good after all: the dead-letter split
+    (:func:`sluice_spark.quality.dead_letter_reason`) reads both columns.
+
+    Under ``none`` this is Spark's JSON parser alone. Otherwise a record the variant parser cannot read as an object
+    is corrupt too: not JSON, a top-level array, or an object with a key given twice (Spark's parser would keep the
+    last value silently).
+    """
+    ddl = f"{schema.ddl(nullable_only=True)}, `{CORRUPT_COLUMN}` STRING"
+    parse_options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN, **options}
+    typed = F.from_json(text, ddl, parse_options)
+    columns = [typed[column.name].alias(column.name) for column in schema.columns]
+    kept = [column.alias(name) for name, column in keep.items()]
+    # An empty text parses to no struct at all: corrupt, with its (empty) text.
+    rejected = F.coalesce(typed[CORRUPT_COLUMN], F.when(typed.isNull(), text)).alias(CORRUPT_COLUMN)
+    if policy is SchemaEvolution.NONE:
+        return frame.select(*columns, rejected, *kept)
+    staged = frame.select(*columns, rejected, F.try_parse_json(text).alias(_RAW), text.alias(_TEXT), *kept)
+    raw = F.col(_RAW)
+    record = raw.try_cast("MAP<STRING, VARIANT>")
+    rescue = policy is SchemaEvolution.RESCUE
+    found = _struct_entries(schema_struct(schema), raw, None, F.lit(""), misfits=rescue)
+    corrupt = F.when(record.isNull(), F.col(_TEXT)).otherwise(F.col(CORRUPT_COLUMN))
+    if rescue:
+        added = F.when(record.isNotNull() & (F.size(found) > 0), F.to_json(F.map_from_entries(found)))
+        name = RESCUED_COLUMN
+    else:
+        added = F.when(F.size(found) > 0, F.transform(found, lambda entry: entry["path"]))
+        name = NEW_FIELDS_COLUMN
+    names = [F.col(f"`{column.name}`") for column in schema.columns]
+    return staged.select(*names, corrupt.alias(CORRUPT_COLUMN), added.alias(name), *map(F.col, keep))
+
+
+def schema_struct(schema: Schema) -> Struct:
+    return Struct(tuple(Field(column.name, column.data_type) for column in schema.columns))
+
+
+def reparse_as_text(source: SourceSpec) -> Column | None:
+    """A corrupt JSON or CSV record parsed again with every declared field as a string: what each field held before
+    the cast (NULL for another format)."""
+    columns = ", ".join(f"{quote(name)} STRING" for name in source.schema.names)
+    schema = f"{columns}, `{CORRUPT_COLUMN}` STRING"
+    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN, **source.record_options}
+    if source.format is FileFormat.JSON:
+        return F.from_json(F.col(CORRUPT_COLUMN), schema, options)
+    if source.format is FileFormat.CSV:
+        csv_options = {k: v for k, v in options.items() if k not in {"header", "pathGlobFilter"}}
+        return F.from_csv(F.col(CORRUPT_COLUMN), F.lit(schema), csv_options)
+    return None
+
+
+def rescue_csv(source: SourceSpec) -> Column:
+    """A CSV record's ``_rescued_data`` under ``rescue``: the values that did not fit their type, as the record's
+    text held them (``{"amount": "12,50"}``). A record whose text does not split into the declared fields rescues
+    nothing: it is malformed."""
+    reparsed = reparse_as_text(source)
+    assert reparsed is not None
+    fields = source.schema.names
+    misfits = F.map_filter(
+        F.create_map(*[part for name in fields for part in (
+            F.lit(name), F.when(F.col(quote(name)).isNull(), reparsed[name]))]),
+        lambda _, value: value.isNotNull())
+    split = F.col(CORRUPT_COLUMN).isNotNull() & reparsed[CORRUPT_COLUMN].isNull() & reparsed.isNotNull()
+    return F.when(split & (F.size(misfits) > 0), F.to_json(misfits))
+
+
+def _empty() -> Column:
+    return F.expr(f"CAST(array() AS {_ENTRIES})")
+
+
+def _entry(path: Column, value: Column) -> Column:
+    return F.struct(path.alias("path"), value.alias("value"))
+
+
+def _child_path(path: Column, name: Column) -> Column:
+    """``parent.name``, with a name that is not a plain identifier quoted with backticks."""
+    quoted = F.when(name.rlike(f"^{IDENTIFIER.pattern}$"), name).otherwise(
+        F.concat(F.lit("`"), F.replace(name, F.lit("`"), F.lit("``")), F.lit("`")))
+    return F.when(path == "", quoted).otherwise(F.concat(path, F.lit("."), quoted))
+
+
+def _present(raw: Column) -> Column:
+    return raw.isNotNull() & ~F.is_variant_null(raw)
+
+
+def _entries(data_type: DataType, raw: Column, typed: Column, path: Column, *, misfits: bool) -> Column | None:
+    """What the value ``raw`` holds under ``data_type`` that the typed value lacks, as an array of (path, value);
+    None when this type can hide nothing (a string takes any JSON value as its text)."""
+    if isinstance(data_type, Primitive):
+        deeper = None
+    elif isinstance(data_type, Struct):
+        deeper = _struct_entries(data_type, raw, typed, path, misfits=misfits)
+    elif isinstance(data_type, Array) and _hides(data_type.element, misfits=misfits):
+        elements = raw.try_cast("ARRAY<VARIANT>")
+        deeper = F.flatten(F.transform(elements, lambda element, index: _required(_entries(
+            data_type.element, element, F.try_element_at(typed, index + 1),
+            F.concat(path, F.lit("["), index.cast("string"), F.lit("]")), misfits=misfits))))
+    elif isinstance(data_type, MapType) and data_type.key == Primitive("STRING") and _hides(data_type.value,
+                                                                                          misfits=misfits):
+        values = raw.try_cast("MAP<STRING, VARIANT>")
+        deeper = F.flatten(F.transform(F.map_entries(values), lambda entry: _required(_entries(
+            data_type.value, entry["value"], F.try_element_at(typed, entry["key"]),
+            _child_path(path, entry["key"]), misfits=misfits))))
+    else:
+        deeper = None
+    if not (misfits and data_type != Primitive("STRING")):
+        return deeper
+    whole = F.array(_entry(path, raw))
+    if deeper is None:
+        return F.when(typed.isNull() & _present(raw), whole).otherwise(_empty())
+    return F.when(typed.isNull() & _present(raw), whole).otherwise(F.coalesce(deeper, _empty()))
+
+
+def _hides(data_type: DataType, *, misfits: bool) -> bool:
+    """Whether a value of this type can hold something its typed value lacks (see :func:`_entries`)."""
+    if misfits:
+        return data_type != Primitive("STRING")
+    if isinstance(data_type, Struct):
+        return True
+    if isinstance(data_type, Array):
+        return _hides(data_type.element, misfits=misfits)
+    if isinstance(data_type, MapType):
+        return _hides(data_type.value, misfits=misfits)
+    return False
+
+
+def _required(found: Column | None) -> Column:
+    assert found is not None, "a type that hides nothing is not walked"
+    return F.coalesce(found, _empty())
+
+
+def _struct_entries(data_type: Struct, raw: Column, typed: Column | None, path: Column, *,
+                    misfits: bool) -> Column:
+    """An object's new keys, and what its declared fields hide (``typed`` None: the record's own columns)."""
+    fields = raw.try_cast("MAP<STRING, VARIANT>")
+    declared = F.array(*[F.lit(field.name) for field in data_type.fields])
+    new = F.transform(F.map_entries(F.map_filter(fields, lambda key, _: ~F.array_contains(declared, key))),
+                      lambda entry: _entry(_child_path(path, entry["key"]), entry["value"]))
+    parts = [F.coalesce(new, _empty())]
+    for field in data_type.fields:
+        child = F.col(f"`{field.name.replace('`', '``')}`") if typed is None else typed.getField(field.name)
+        found = _entries(field.type, F.try_element_at(fields, F.lit(field.name)), child,
+                         _child_path(path, F.lit(field.name)), misfits=misfits)
+        if found is not None:
+            parts.append(F.coalesce(found, _empty()))
+    return F.concat(*parts) if len(parts) > 1 else parts[0]

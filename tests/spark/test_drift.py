@@ -1,0 +1,308 @@
+"""Schema drift under each policy (``source.schema_evolution``), end to end with real Spark and Delta tables.
+
+A stream runs, then files arrive with a new top-level field, a new nested field (in a struct, in an array's
+element), values of the wrong type (top-level, nested, in a map) and malformed records. The oracles are Python's
+json module: under ``rescue`` every value of every input record is either in a typed column or in
+``_rescued_data``, or its record is in the dead-letter table; under ``fail_on_new_columns`` the batch commits
+nowhere until the catalog changes; under ``none`` the undeclared fields are not read, on purpose.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+
+from sluice.catalog import load_catalog
+from sluice.constants import RESCUED_COLUMN
+from sluice.storage.delta import read_table
+from sluice_spark.runner import run_streams
+from tests.helpers import events_stream, roots_in, write_catalog
+from tests.spark.test_nested import normalized
+
+pytestmark = pytest.mark.spark
+
+SCHEMA = {
+    "id": "string not null",
+    "type": "string",
+    "actor": "struct<id: bigint, login: string>",
+    "payload": "struct<size: int, commits: array<struct<sha: string, message: string>>, labels: map<string, bigint>>",
+    "amount": "decimal(12,2)",
+    "created_at": "timestamp",
+}
+COLUMNS = list(SCHEMA)
+
+
+def record(number: int, **changes: Any) -> dict[str, Any]:
+    """A record that fits the schema, with ``changes`` on top."""
+    return {"id": f"e{number}", "type": "PushEvent", "actor": {"id": number, "login": f"user{number}"},
+            "payload": {"size": 1, "commits": [{"sha": f"{number:04x}", "message": "fix ünïcode ✓"}],
+                        "labels": {"bug": number}},
+            "amount": 1.5, "created_at": "2026-11-22T08:00:00Z", **changes}
+
+
+FIRST = [record(number) for number in range(5)]
+DRIFTED = [
+    record(10, coupon="X1"),  # a new top-level field
+    record(11, actor={"id": 11, "login": "user11", "site_admin": True}),  # a new field in a struct
+    record(12, payload={"size": "big", "commits": [{"sha": "a1", "verified": False}, {"sha": "b2"}],
+                        "labels": {"bug": "high"}}),  # wrong types, nested and in a map; a new field in an array
+    record(13, amount="twelve", created_at="yesterday"),  # wrong types at the top level
+    record(14, **{"user.agent": "curl/8.5"}),  # a new key that is no identifier
+    record(15),  # nothing new
+]
+BROKEN = ('{"id": "e16", "type": "Push', "[1, 2]")
+
+
+def stream_spec(policy: str | None = None, schema: dict[str, str] | None = None, **source: Any) -> dict[str, Any]:
+    spec = {"type": "files", "format": "json", "path": "github", "schema": schema or SCHEMA, **source}
+    if policy is not None:
+        spec["schema_evolution"] = policy
+    return events_stream("github", source=spec, transform="identity", sink={"path": "bronze/github", "engine": "rs"})
+
+
+def land(tmp_path: Path, name: str, records: list[dict[str, Any]], broken: tuple[str, ...] = ()) -> Path:
+    folder = tmp_path / "landing" / "github"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    lines = [json.dumps(item, ensure_ascii=False) for item in records] + list(broken)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def rendered(path: tuple[str | int, ...]) -> str:
+    """How ``_rescued_data`` names a field: ``actor.site_admin``, ``payload.commits[0].verified``, ```user.agent```."""
+    text = ""
+    for step in path:
+        if isinstance(step, int):
+            text += f"[{step}]"
+            continue
+        name = step if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", step) else "`" + step.replace("`", "``") + "`"
+        text += f".{name}" if text else name
+    return text
+
+
+def leaves(value: Any, path: tuple[str | int, ...] = ()) -> list[tuple[tuple[str | int, ...], Any]]:
+    """Every non-null scalar of a JSON value, with its path."""
+    if isinstance(value, dict):
+        return [leaf for key, item in value.items() for leaf in leaves(item, (*path, key))]
+    if isinstance(value, list):
+        return [leaf for index, item in enumerate(value) for leaf in leaves(item, (*path, index))]
+    return [] if value is None else [(path, value)]
+
+
+def same(typed: Any, raw: Any) -> bool:
+    """A typed value read from Delta equals the JSON value it was parsed from."""
+    if isinstance(typed, dt.datetime):
+        try:
+            parsed = dt.datetime.fromisoformat(str(raw).replace("Z", "+00:00"))
+        except ValueError:
+            return False
+        return typed.replace(tzinfo=None) == parsed.replace(tzinfo=None)
+    if isinstance(typed, Decimal):
+        return not isinstance(raw, bool) and isinstance(raw, int | float) and typed == Decimal(str(raw))
+    if isinstance(typed, bool) or isinstance(raw, bool):
+        return typed is raw
+    return typed == raw
+
+
+def at(value: Any, path: tuple[str | int, ...]) -> tuple[bool, Any]:
+    """The value at ``path``, and whether it is there."""
+    for step in path:
+        if isinstance(step, int):
+            if not isinstance(value, list) or step >= len(value):
+                return False, None
+        elif not isinstance(value, dict) or step not in value:
+            return False, None
+        value = value[step]
+    return True, value
+
+
+def lost_values(original: dict[str, Any], row: dict[str, Any]) -> list[str]:
+    """The leaves of ``original`` that are neither in the row's typed columns nor in its rescued data."""
+    typed = {name: normalized(row[name]) for name in COLUMNS}
+    rescued = json.loads(row[RESCUED_COLUMN]) if row[RESCUED_COLUMN] else {}
+    lost = []
+    for path, value in leaves(original):
+        found, kept = at(typed, path)
+        if found and kept is not None and same(kept, value):
+            continue
+        # Rescued at this path or at one of its parents, as it arrived.
+        if any(rendered(path[:size]) in rescued and at(rescued[rendered(path[:size])], path[size:]) == (True, value)
+               for size in range(1, len(path) + 1)):
+            continue
+        lost.append(rendered(path))
+    return lost
+
+
+def rows_by_id(path: str) -> dict[str, dict[str, Any]]:
+    return {row["id"]: row for row in read_table(path).to_pylist()}
+
+
+def test_rescue_keeps_every_value_that_the_schema_does_not_read(spark: Any, tmp_path: Path) -> None:
+    catalog = load_catalog(write_catalog(tmp_path, stream_spec()))  # rescue is the default
+    stream, roots = catalog.get("github"), roots_in(tmp_path)
+    assert stream.source.schema_evolution.value == "rescue"
+    land(tmp_path, "first.json", FIRST)
+    [first] = run_streams(spark, catalog, ["github"], roots).streams
+    assert first.status == "succeeded", first.error
+    assert (first.output_rows, first.rescued_rows) == (len(FIRST), 0)
+
+    land(tmp_path, "drifted.json", DRIFTED, BROKEN)
+    [run] = run_streams(spark, catalog, ["github"], roots).streams
+
+    assert run.status == "succeeded", run.error
+    assert (run.input_rows, run.output_rows, run.dead_letter_rows) == (len(DRIFTED) + 2, len(DRIFTED), 2)
+    assert run.rescued_rows == 5
+    table = DeltaTable(stream.sink_path(roots))
+    assert {field.name: field.type.type for field in table.schema().fields}[RESCUED_COLUMN] == "string"
+    rows = rows_by_id(stream.sink_path(roots))
+    assert all(rows[item["id"]][RESCUED_COLUMN] is None for item in FIRST)
+    rescued = {key: json.loads(rows[key][RESCUED_COLUMN]) for key in ("e10", "e11", "e12", "e13", "e14")}
+    assert rescued == {
+        "e10": {"coupon": "X1"},
+        "e11": {"actor.site_admin": True},
+        "e12": {"payload.size": "big", "payload.commits[0].verified": False, "payload.labels": {"bug": "high"}},
+        "e13": {"amount": "twelve", "created_at": "yesterday"},
+        "e14": {"`user.agent`": "curl/8.5"},
+    }
+    assert rows["e15"][RESCUED_COLUMN] is None
+    # The typed columns keep what fits: e12's commits are read, its size is not.
+    assert normalized(rows["e12"]["payload"]) == {"size": None, "commits": [{"sha": "a1", "message": None},
+                                                                            {"sha": "b2", "message": None}],
+                                                  "labels": None}
+    assert normalized(rows["e11"]["actor"]) == {"id": 11, "login": "user11"}
+    # Nothing lost: every input value is typed, rescued, or its record is a dead letter.
+    for item in FIRST + DRIFTED:
+        assert lost_values(item, rows[item["id"]]) == [], item["id"]
+    dead = read_table(stream.dead_letter_table_path(roots)).to_pylist()
+    assert sorted(row["raw_record"] for row in dead) == sorted(BROKEN)
+    assert {row["reason"] for row in dead} == {"malformed JSON record"}
+
+
+def test_multi_line_files_are_rescued_record_by_record(spark: Any, tmp_path: Path) -> None:
+    catalog = load_catalog(write_catalog(tmp_path, stream_spec(options={"multiLine": True})))
+    stream, roots = catalog.get("github"), roots_in(tmp_path)
+    folder = tmp_path / "landing" / "github"
+    folder.mkdir(parents=True)
+    (folder / "array.json").write_text(json.dumps([record(1), record(2, coupon="X2")], indent=2), encoding="utf-8")
+    (folder / "object.json").write_text(json.dumps(record(3, amount="n/a"), indent=2), encoding="utf-8")
+    (folder / "broken.json").write_text('{\n  "id": "e4",\n', encoding="utf-8")
+
+    [run] = run_streams(spark, catalog, ["github"], roots).streams
+
+    assert run.status == "succeeded", run.error
+    assert (run.input_rows, run.output_rows, run.dead_letter_rows, run.rescued_rows) == (4, 3, 1, 2)
+    rows = rows_by_id(stream.sink_path(roots))
+    assert {key: row[RESCUED_COLUMN] and json.loads(row[RESCUED_COLUMN]) for key, row in rows.items()} == {
+        "e1": None, "e2": {"coupon": "X2"}, "e3": {"amount": "n/a"}}
+    assert rows["e1"]["created_at"] == dt.datetime(2026, 11, 22, 8, 0, tzinfo=dt.timezone.utc)
+    [dead] = read_table(stream.dead_letter_table_path(roots)).to_pylist()
+    assert dead["raw_record"] == '{\n  "id": "e4",\n'
+
+
+MERGE = {"mode": "merge", "keys": ["id"], "sequence_by": "created_at"}
+
+
+@pytest.mark.parametrize(("driver_bytes", "sink"), [("0", {}), (str(64 << 20), {}), ("0", MERGE)],
+                         ids=["executors", "driver", "merge"])
+def test_fail_on_new_columns_commits_nothing_until_the_catalog_changes(spark: Any, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch,
+                                                                      driver_bytes: str, sink: dict[str, Any]) -> None:
+    monkeypatch.setenv("SLUICE_DRIVER_WRITE_MAX_BYTES", driver_bytes)
+    # A merge orders the versions of a key by a column that every row has.
+    schema = {**SCHEMA, "created_at": "timestamp not null"} if sink else SCHEMA
+    spec = stream_spec("fail_on_new_columns", schema=schema)
+    spec["sink"].update(sink)
+    catalog = load_catalog(write_catalog(tmp_path, spec))
+    stream, roots = catalog.get("github"), roots_in(tmp_path)
+    land(tmp_path, "first.json", FIRST)
+    [first] = run_streams(spark, catalog, ["github"], roots).streams
+    assert first.status == "succeeded", first.error
+    tables = (DeltaTable(stream.sink_path(roots)), DeltaTable(stream.dead_letter_table_path(roots)))
+    versions = tuple(table.version() for table in tables)
+
+    land(tmp_path, "drifted.json", [DRIFTED[0], DRIFTED[1], DRIFTED[5]])
+    for _ in range(2):  # every run stops at the batch
+        [run] = run_streams(spark, catalog, ["github"], roots).streams
+        assert run.status == "failed" and not run.retryable
+        assert "new field(s) not in the declared schema in batch 1: 'actor.site_admin' (1 row), 'coupon' (1 row)" \
+            in (run.error or "")
+        assert "drifted.json" in (run.error or "") and "nothing of this batch was committed" in (run.error or "")
+        assert tuple(DeltaTable(table.table_uri).version() for table in tables) == versions
+
+    # The user declares the top-level field and rescues the nested one: the batch is processed, once.
+    spec = stream_spec("rescue", schema={**schema, "coupon": "string"})
+    spec["sink"].update(sink)
+    catalog = load_catalog(write_catalog(tmp_path, spec))
+    [run] = run_streams(spark, catalog, ["github"], roots).streams
+    assert run.status == "succeeded", run.error
+    assert (run.input_rows, run.output_rows) == (3, 3)
+    rows = rows_by_id(stream.sink_path(roots))
+    assert len(rows) == len(FIRST) + 3 and rows["e10"]["coupon"] == "X1" and rows["e0"]["coupon"] is None
+    assert json.loads(rows["e11"][RESCUED_COLUMN]) == {"actor.site_admin": True}
+
+
+def test_none_reads_the_declared_columns_and_dead_letters_what_does_not_fit(spark: Any, tmp_path: Path) -> None:
+    catalog = load_catalog(write_catalog(tmp_path, stream_spec("none")))
+    stream, roots = catalog.get("github"), roots_in(tmp_path)
+    land(tmp_path, "drifted.json", DRIFTED, BROKEN)
+
+    [run] = run_streams(spark, catalog, ["github"], roots).streams
+
+    assert run.status == "succeeded", run.error
+    assert run.rescued_rows is None
+    assert RESCUED_COLUMN not in [field.name for field in DeltaTable(stream.sink_path(roots)).schema().fields]
+    rows = rows_by_id(stream.sink_path(roots))
+    assert sorted(rows) == ["e10", "e11", "e14", "e15"], "the undeclared fields are not read, on purpose"
+    dead = read_table(stream.dead_letter_table_path(roots)).to_pylist()
+    assert sorted(row["reason"] for row in dead) == [
+        "field 'amount': cannot parse 'twelve' as DECIMAL(12,2)", "malformed JSON record", "malformed JSON record",
+        "malformed JSON record"]
+
+
+def test_a_table_written_under_none_gains_the_rescued_column(spark: Any, tmp_path: Path) -> None:
+    catalog = load_catalog(write_catalog(tmp_path, stream_spec("none")))
+    stream, roots = catalog.get("github"), roots_in(tmp_path)
+    land(tmp_path, "first.json", FIRST)
+    assert run_streams(spark, catalog, ["github"], roots).ok
+
+    catalog = load_catalog(write_catalog(tmp_path, stream_spec()))
+    land(tmp_path, "drifted.json", [DRIFTED[0]])
+    [run] = run_streams(spark, catalog, ["github"], roots).streams
+
+    assert run.status == "succeeded", run.error
+    rows = rows_by_id(stream.sink_path(roots))
+    assert [rows[f"e{n}"][RESCUED_COLUMN] for n in range(5)] == [None] * 5
+    assert json.loads(rows["e10"][RESCUED_COLUMN]) == {"coupon": "X1"}
+
+
+def test_a_csv_value_that_does_not_fit_is_rescued_as_its_text(spark: Any, tmp_path: Path) -> None:
+    spec = events_stream("orders", source={"type": "files", "format": "csv", "path": "orders",
+                                           "options": {"header": True},
+                                           "schema": {"order_id": "string not null", "amount": "decimal(12,2)",
+                                                      "ordered_at": "timestamp"}},
+                         transform="identity", sink={"path": "bronze/orders", "engine": "rs"})
+    catalog = load_catalog(write_catalog(tmp_path, spec))
+    stream, roots = catalog.get("orders"), roots_in(tmp_path)
+    folder = tmp_path / "landing" / "orders"
+    folder.mkdir(parents=True)
+    (folder / "export.csv").write_text("order_id,amount,ordered_at\no1,9.50,2026-11-22T10:00:00Z\n"
+                                       "o2,n/a,2026-11-22T10:00:00Z\no3,1.00,soon\n,2.00,2026-11-22T10:00:00Z\n")
+
+    [run] = run_streams(spark, catalog, ["orders"], roots).streams
+
+    assert run.status == "succeeded", run.error
+    assert (run.output_rows, run.dead_letter_rows, run.rescued_rows) == (3, 1, 2)
+    rows = {row["order_id"]: row for row in read_table(stream.sink_path(roots)).to_pylist()}
+    assert rows["o1"]["amount"] == Decimal("9.50") and rows["o1"][RESCUED_COLUMN] is None
+    assert rows["o2"]["amount"] is None and json.loads(rows["o2"][RESCUED_COLUMN]) == {"amount": "n/a"}
+    assert rows["o3"]["ordered_at"] is None and json.loads(rows["o3"][RESCUED_COLUMN]) == {"ordered_at": "soon"}
+    [dead] = read_table(stream.dead_letter_table_path(roots)).to_pylist()
+    assert dead["reason"] == "missing required field 'order_id'"
