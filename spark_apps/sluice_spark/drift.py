@@ -20,7 +20,9 @@ Everything here is a column expression (no Python UDF): the cost is the second p
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
+from functools import reduce
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -33,6 +35,7 @@ from sluice_spark.targets import NEW_FIELDS_COLUMN
 
 _ENTRIES = "ARRAY<STRUCT<path: STRING, value: VARIANT>>"
 _RAW = "_sluice_raw"
+_FOUND = "_sluice_found"
 _TEXT = "_sluice_text"
 
 
@@ -61,16 +64,50 @@ def parse_json_text(frame: DataFrame, text: Column, schema: Schema, policy: Sche
     raw = F.col(_RAW)
     record = raw.try_cast("MAP<STRING, VARIANT>")
     rescue = policy is SchemaEvolution.RESCUE
-    found = _struct_entries(schema_struct(schema), raw, None, F.lit(""), misfits=rescue)
-    corrupt = F.when(record.isNull(), F.col(_TEXT)).otherwise(F.col(CORRUPT_COLUMN))
+    declared = schema_struct(schema)
+    # Most records hold nothing to find: no misfit (Spark's parser flags every one) and no key beyond the declared
+    # ones at any depth (counted, without walking). Only the others are walked.
+    suspect = ~_clean_or_true(declared, raw)
     if rescue:
-        added = F.when(record.isNotNull() & (F.size(found) > 0), F.to_json(F.map_from_entries(found)))
+        suspect = suspect | F.col(CORRUPT_COLUMN).isNotNull()
+    found = F.when(record.isNotNull() & suspect, _struct_entries(declared, raw, None, F.lit(""), misfits=rescue))
+    walked = staged.select(*[F.col(quote(column.name)) for column in schema.columns],
+                           F.when(record.isNull(), F.col(_TEXT)).otherwise(F.col(CORRUPT_COLUMN)).alias(CORRUPT_COLUMN),
+                           found.alias(_FOUND), *map(F.col, keep))
+    entries = F.col(_FOUND)
+    if rescue:
+        added = F.when(F.size(entries) > 0, F.to_json(F.map_from_entries(entries)))
         name = RESCUED_COLUMN
     else:
-        added = F.when(F.size(found) > 0, F.transform(found, lambda entry: entry["path"]))
+        added = F.when(F.size(entries) > 0, F.transform(entries, lambda entry: entry["path"]))
         name = NEW_FIELDS_COLUMN
-    names = [F.col(f"`{column.name}`") for column in schema.columns]
-    return staged.select(*names, corrupt.alias(CORRUPT_COLUMN), added.alias(name), *map(F.col, keep))
+    names = [F.col(quote(column.name)) for column in schema.columns]
+    return walked.select(*names, CORRUPT_COLUMN, added.alias(name), *map(F.col, keep))
+
+
+def _clean(data_type: DataType, raw: Column) -> Column | None:
+    """True when ``raw`` holds no key its type does not declare, at any depth (NULL when it is not the shape its type
+    says, which Spark's parser flags); None when a value of this type has no keys to check."""
+    if isinstance(data_type, Struct):
+        fields = raw.try_cast("MAP<STRING, VARIANT>")
+        present = [F.map_contains_key(fields, field.name).cast("int") for field in data_type.fields]
+        checks = [F.size(fields) == reduce(operator.add, present)]
+        checks += [_clean_or_true(field.type, F.try_element_at(fields, F.lit(field.name)))
+                   for field in data_type.fields if _hides(field.type, misfits=False)]
+        return reduce(operator.and_, checks)
+    if isinstance(data_type, Array) and _hides(data_type.element, misfits=False):
+        return F.forall(raw.try_cast("ARRAY<VARIANT>"), lambda element: _clean_or_true(data_type.element, element))
+    if isinstance(data_type, MapType) and data_type.key == Primitive("STRING") and _hides(data_type.value,
+                                                                                          misfits=False):
+        return F.forall(F.map_values(raw.try_cast("MAP<STRING, VARIANT>")),
+                        lambda value: _clean_or_true(data_type.value, value))
+    return None
+
+
+def _clean_or_true(data_type: DataType, raw: Column) -> Column:
+    """:func:`_clean`, where a value with nothing to check, or not of its type's shape, counts as clean."""
+    clean = _clean(data_type, raw)
+    return F.lit(True) if clean is None else F.coalesce(clean, F.lit(True))
 
 
 def schema_struct(schema: Schema) -> Struct:

@@ -56,6 +56,8 @@ DRIFTED = [
     record(13, amount="twelve", created_at="yesterday"),  # wrong types at the top level
     record(14, **{"user.agent": "curl/8.5"}),  # a new key that is no identifier
     record(15),  # nothing new
+    record(17, payload={"size": 1, "commits": [{"sha": "c3", "message": "m", "signed": True}],
+                        "labels": {"bug": 1}}),  # a new field in an array's element, and nothing else
 ]
 BROKEN = ('{"id": "e16", "type": "Push', "[1, 2]")
 
@@ -159,18 +161,19 @@ def test_rescue_keeps_every_value_that_the_schema_does_not_read(spark: Any, tmp_
 
     assert run.status == "succeeded", run.error
     assert (run.input_rows, run.output_rows, run.dead_letter_rows) == (len(DRIFTED) + 2, len(DRIFTED), 2)
-    assert run.rescued_rows == 5
+    assert run.rescued_rows == 6
     table = DeltaTable(stream.sink_path(roots))
     assert {field.name: field.type.type for field in table.schema().fields}[RESCUED_COLUMN] == "string"
     rows = rows_by_id(stream.sink_path(roots))
     assert all(rows[item["id"]][RESCUED_COLUMN] is None for item in FIRST)
-    rescued = {key: json.loads(rows[key][RESCUED_COLUMN]) for key in ("e10", "e11", "e12", "e13", "e14")}
+    rescued = {key: json.loads(rows[key][RESCUED_COLUMN]) for key in ("e10", "e11", "e12", "e13", "e14", "e17")}
     assert rescued == {
         "e10": {"coupon": "X1"},
         "e11": {"actor.site_admin": True},
         "e12": {"payload.size": "big", "payload.commits[0].verified": False, "payload.labels": {"bug": "high"}},
         "e13": {"amount": "twelve", "created_at": "yesterday"},
         "e14": {"`user.agent`": "curl/8.5"},
+        "e17": {"payload.commits[0].signed": True},
     }
     assert rows["e15"][RESCUED_COLUMN] is None
     # The typed columns keep what fits: e12's commits are read, its size is not.
@@ -260,7 +263,7 @@ def test_none_reads_the_declared_columns_and_dead_letters_what_does_not_fit(spar
     assert run.rescued_rows is None
     assert RESCUED_COLUMN not in [field.name for field in DeltaTable(stream.sink_path(roots)).schema().fields]
     rows = rows_by_id(stream.sink_path(roots))
-    assert sorted(rows) == ["e10", "e11", "e14", "e15"], "the undeclared fields are not read, on purpose"
+    assert sorted(rows) == ["e10", "e11", "e14", "e15", "e17"], "the undeclared fields are not read, on purpose"
     dead = read_table(stream.dead_letter_table_path(roots)).to_pylist()
     assert sorted(row["reason"] for row in dead) == [
         "field 'amount': cannot parse 'twelve' as DECIMAL(12,2)", "malformed JSON record", "malformed JSON record",
