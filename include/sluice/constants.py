@@ -109,6 +109,10 @@ CORRUPT_COLUMN = "_corrupt_record"
 # Under the ``rescue`` drift policy, each good row's fields the declared schema does not read (undeclared ones at any
 # depth, and values that do not fit their declared type), as one JSON object by path; NULL when there are none.
 RESCUED_COLUMN = "_rescued_data"
+# The Delta column metadata key that marks a column ``add_new_columns`` added to a stream's table, with the batch that
+# brought it (``<query id>:<batch id>``). The table's schema is where a stream records the columns it now reads: the
+# column arrives in the same commit as its batch's rows, so no crash can separate the two.
+ADDED_COLUMN_KEY = "sluice.addedBy"
 
 # Columns a Kafka source adds to every row: the record's key (as a string) and the broker's timestamp. Its
 # ``_source_file`` is ``kafka://<topic>/<partition>/<offset>``.

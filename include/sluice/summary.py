@@ -50,6 +50,8 @@ class StreamRunSummary:
     dropped_rows: int = 0
     # Good rows that kept fields the schema does not read in ``_rescued_data`` (the ``rescue`` policy; else None).
     rescued_rows: int | None = None
+    # Columns ``add_new_columns`` added to the stream's table in this run, with their Spark SQL types.
+    added_columns: dict[str, str] = field(default_factory=dict)
     # Per expectation: {"rule", "on_violation", "checked", "violated"}, in catalog order.
     expectations: list[dict[str, Any]] = field(default_factory=list)
     # "driver" when a small run's batches were collected to the driver and appended there (rs engine).

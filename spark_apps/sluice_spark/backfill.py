@@ -31,6 +31,7 @@ from sluice.constants import (
     CommitInfo,
     DeltaEngine,
     RunStatus,
+    SchemaEvolution,
 )
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.operations.backfill import BackfillError, BackfillPlan, BackfillRequest, plan_backfill
@@ -49,6 +50,7 @@ from sluice_spark.runner import (
     create_tables,
     error_message,
     sink_targets,
+    with_added_columns,
     write_run_log,
 )
 from sluice_spark.session import activate, resolve_engine
@@ -196,14 +198,16 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
                summary: BackfillSummary, own: Path, lock: HeldLock,
                engine: DeltaEngine | None) -> list[dict[str, Any]]:
     """Run the backfill's query; its batches, as the run log keeps them."""
+    stream = with_added_columns(stream, roots)
     routed, data_columns = build_routed_frame(
         spark, stream, roots, path=hadoop_glob([f.path for f in plan.files]),
         trigger=TriggerSpec(max_files_per_trigger=request.max_files_per_trigger),
     )
     targets = sink_targets(stream, roots, data_columns)
     resolved = resolve_engine(spark, engine or stream.sink.engine)
-    if resolved is DeltaEngine.RS and not request.dry_run:
-        create_tables(stream, routed, targets)
+    if not request.dry_run:  # as for a run (see sluice_spark.runner.prepare_stream)
+        create_tables(stream, routed, targets if resolved is DeltaEngine.RS
+                      else [target for target in targets if table_version(target.path) is not None])
     column = plan.event_time_column
     in_range = (F.col(column) >= F.lit(request.start)) & (F.col(column) < F.lit(request.end)) if column \
         else F.lit(True)
@@ -234,7 +238,8 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
                          commit_info=lambda batch_id, _route: {**metadata, CommitInfo.BACKFILL_BATCH: batch_id},
                          staging=scratch,
                          replace={GOOD_ROUTE: plan.sink_filter, DEAD_LETTER_ROUTE: plan.dead_letter_filter},
-                         before=count, example_column=RAW_COLUMN)
+                         before=count, example_column=RAW_COLUMN,
+                         added={} if stream.source.schema_evolution is SchemaEvolution.ADD_NEW_COLUMNS else None)
     query = (routed.withColumn(IN_RANGE_COLUMN, in_range).writeStream.foreachBatch(router)
              .queryName(f"backfill-{stream.name}").option("checkpointLocation", checkpoint)
              .trigger(availableNow=True).start())

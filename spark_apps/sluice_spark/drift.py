@@ -21,7 +21,7 @@ Everything here is a column expression (no Python UDF): the cost is the second p
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import reduce
 
 from pyspark.sql import Column, DataFrame
@@ -31,7 +31,7 @@ from sluice.constants import CORRUPT_COLUMN, RESCUED_COLUMN, FileFormat, SchemaE
 from sluice.model.schema import Schema
 from sluice.model.sources import SourceSpec
 from sluice.model.types import IDENTIFIER, Array, DataType, Field, MapType, Primitive, Struct, quote
-from sluice_spark.targets import NEW_FIELDS_COLUMN
+from sluice_spark.targets import NEW_COLUMNS_COLUMN, NEW_FIELDS_COLUMN
 
 _ENTRIES = "ARRAY<STRUCT<path: STRING, value: VARIANT>>"
 _RAW = "_sluice_raw"
@@ -63,17 +63,27 @@ def parse_json_text(frame: DataFrame, text: Column, schema: Schema, policy: Sche
     staged = frame.select(*columns, rejected, F.try_parse_json(text).alias(_RAW), text.alias(_TEXT), *kept)
     raw = F.col(_RAW)
     record = raw.try_cast("MAP<STRING, VARIANT>")
-    rescue = policy is SchemaEvolution.RESCUE
+    rescue = policy is not SchemaEvolution.FAIL_ON_NEW_COLUMNS
+    adds = policy is SchemaEvolution.ADD_NEW_COLUMNS
     declared = schema_struct(schema)
     # Most records hold nothing to find: no misfit (Spark's parser flags every one) and no key beyond the declared
     # ones at any depth (counted, without walking). Only the others are walked.
     suspect = ~_clean_or_true(declared, raw)
     if rescue:
         suspect = suspect | F.col(CORRUPT_COLUMN).isNotNull()
-    found = F.when(record.isNotNull() & suspect, _struct_entries(declared, raw, None, F.lit(""), misfits=rescue))
+    walk = record.isNotNull() & suspect
+    # Under add_new_columns a new top-level field whose name is a plain identifier becomes a column; the rest is
+    # rescued.
+    found = F.when(walk, _struct_entries(declared, raw, None, F.lit(""), misfits=rescue,
+                                         root_new=(lambda key: ~_column_like(key)) if adds else None))
+    extra = []
+    if adds:
+        names_declared = F.array(*[F.lit(name) for name in schema.names])
+        new_columns = F.map_filter(record, lambda key, _: ~F.array_contains(names_declared, key) & _column_like(key))
+        extra.append(F.when(walk & (F.size(new_columns) > 0), F.to_json(new_columns)).alias(NEW_COLUMNS_COLUMN))
     walked = staged.select(*[F.col(quote(column.name)) for column in schema.columns],
                            F.when(record.isNull(), F.col(_TEXT)).otherwise(F.col(CORRUPT_COLUMN)).alias(CORRUPT_COLUMN),
-                           found.alias(_FOUND), *map(F.col, keep))
+                           found.alias(_FOUND), *extra, *map(F.col, keep))
     entries = F.col(_FOUND)
     if rescue:
         added = F.when(F.size(entries) > 0, F.to_json(F.map_from_entries(entries)))
@@ -82,7 +92,13 @@ def parse_json_text(frame: DataFrame, text: Column, schema: Schema, policy: Sche
         added = F.when(F.size(entries) > 0, F.transform(entries, lambda entry: entry["path"]))
         name = NEW_FIELDS_COLUMN
     names = [F.col(quote(column.name)) for column in schema.columns]
-    return walked.select(*names, CORRUPT_COLUMN, added.alias(name), *map(F.col, keep))
+    return walked.select(*names, CORRUPT_COLUMN, added.alias(name), *([NEW_COLUMNS_COLUMN] if adds else []),
+                         *map(F.col, keep))
+
+
+def _column_like(key: Column) -> Column:
+    """A name a new column may take: a plain identifier."""
+    return key.rlike(f"^{IDENTIFIER.pattern}$")
 
 
 def _clean(data_type: DataType, raw: Column) -> Column | None:
@@ -117,7 +133,7 @@ def schema_struct(schema: Schema) -> Struct:
 def reparse_as_text(source: SourceSpec) -> Column | None:
     """A corrupt JSON or CSV record parsed again with every declared field as a string: what each field held before
     the cast (NULL for another format)."""
-    columns = ", ".join(f"{quote(name)} STRING" for name in source.schema.names)
+    columns = ", ".join(f"{quote(name)} STRING" for name in source.read_schema.names)
     schema = f"{columns}, `{CORRUPT_COLUMN}` STRING"
     options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN, **source.record_options}
     if source.format is FileFormat.JSON:
@@ -134,7 +150,7 @@ def rescue_csv(source: SourceSpec) -> Column:
     nothing: it is malformed."""
     reparsed = reparse_as_text(source)
     assert reparsed is not None
-    fields = source.schema.names
+    fields = source.read_schema.names
     misfits = F.map_filter(
         F.create_map(*[part for name in fields for part in (
             F.lit(name), F.when(F.col(quote(name)).isNull(), reparsed[name]))]),
@@ -208,12 +224,18 @@ def _required(found: Column | None) -> Column:
     return F.coalesce(found, _empty())
 
 
-def _struct_entries(data_type: Struct, raw: Column, typed: Column | None, path: Column, *,
-                    misfits: bool) -> Column:
-    """An object's new keys, and what its declared fields hide (``typed`` None: the record's own columns)."""
+def _struct_entries(data_type: Struct, raw: Column, typed: Column | None, path: Column, *, misfits: bool,
+                    root_new: Callable[[Column], Column] | None = None) -> Column:
+    """An object's new keys, and what its declared fields hide (``typed`` None: the record's own columns).
+    ``root_new`` keeps only the new keys it is true for (the record's own, under ``add_new_columns``)."""
     fields = raw.try_cast("MAP<STRING, VARIANT>")
     declared = F.array(*[F.lit(field.name) for field in data_type.fields])
-    new = F.transform(F.map_entries(F.map_filter(fields, lambda key, _: ~F.array_contains(declared, key))),
+
+    def is_new(key: Column) -> Column:
+        undeclared = ~F.array_contains(declared, key)
+        return undeclared if root_new is None else undeclared & root_new(key)
+
+    new = F.transform(F.map_entries(F.map_filter(fields, lambda key, _: is_new(key))),
                       lambda entry: _entry(_child_path(path, entry["key"]), entry["value"]))
     parts = [F.coalesce(new, _empty())]
     for field in data_type.fields:

@@ -29,7 +29,7 @@ from sluice.model.expectations import QUARANTINE_REASON, NullResult, Violation
 from sluice.model.stream import StreamSpec
 from sluice.model.types import dotted, quote
 from sluice_spark.drift import NEW_FIELDS_COLUMN, reparse_as_text
-from sluice_spark.targets import FAILED_COLUMN, RAW_COLUMN, REASON_COLUMN
+from sluice_spark.targets import FAILED_COLUMN, NEW_COLUMNS_COLUMN, RAW_COLUMN, REASON_COLUMN
 
 _MAX_VALUE_IN_REASON = 120
 #: The name of the observed metrics that count, per micro-batch, the rows the rules judged (``checked``), the rows
@@ -48,7 +48,7 @@ def broke_metric(rule: str) -> str:
 
 def dead_letter_reason(stream: StreamSpec) -> Column:
     """Why a parsed record is rejected, or NULL when it is good."""
-    schema = stream.source.schema
+    schema = stream.source.read_schema
     kind = stream.source.format.value.upper()
     reparsed = reparse_as_text(stream.source)
     cast_failures: list[Column] = []
@@ -114,7 +114,7 @@ def flag_dead_letters(frame: DataFrame, stream: StreamSpec) -> DataFrame:
         reason = F.coalesce(reason, F.when(F.col(NEW_FIELDS_COLUMN).isNotNull(), new_fields))
     flagged = frame.withColumn(REASON_COLUMN, reason)
     flagged = flagged.withColumn(RAW_COLUMN, F.when(F.col(REASON_COLUMN).isNotNull(), _raw_record(stream)))
-    if policy is SchemaEvolution.RESCUE:
+    if stream.source.rescues:
         rescued = F.count_if(F.col(REASON_COLUMN).isNull() & F.col(RESCUED_COLUMN).isNotNull())
         flagged = flagged.observe(RESCUE_METRIC.format(stream=stream.name), rescued.alias("rescued"))
     return flagged
@@ -123,7 +123,7 @@ def flag_dead_letters(frame: DataFrame, stream: StreamSpec) -> DataFrame:
 def rescued_count(progress: Iterable[StreamingQueryProgress], stream: StreamSpec) -> int | None:
     """The good rows that carried rescued data, over the executed batches of a query's progress reports; None for
     a stream that rescues nothing."""
-    if stream.source.schema_evolution is not SchemaEvolution.RESCUE:
+    if not stream.source.rescues:
         return None
     total = 0
     for report in progress:
@@ -135,8 +135,12 @@ def rescued_count(progress: Iterable[StreamingQueryProgress], stream: StreamSpec
 
 
 def _raw_record(stream: StreamSpec) -> Column:
-    """The record as it arrived when the reader kept it, else the parsed fields as JSON."""
-    fields = F.struct(*[F.col(name) for name in stream.source.schema.names])
+    """The record as it arrived when the reader kept it, else the parsed fields as JSON, with what the drift policy
+    kept beside them (the rescued data, the new columns' values): a dead letter loses nothing."""
+    source = stream.source
+    names = [*source.read_schema.names, *([RESCUED_COLUMN] if source.rescues else []),
+             *([NEW_COLUMNS_COLUMN] if source.schema_evolution is SchemaEvolution.ADD_NEW_COLUMNS else [])]
+    fields = F.struct(*[F.col(quote(name)) for name in names])
     return F.coalesce(F.col(CORRUPT_COLUMN), F.to_json(fields))
 
 

@@ -15,7 +15,7 @@ import os
 import re
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -44,18 +44,19 @@ from sluice.kinds.delta import DeltaSink
 from sluice.limits import DRIVER_WRITE_MAX_BYTES
 from sluice.model.expectations import Violation
 from sluice.model.patterns import LookupSpec
+from sluice.model.schema import Column as DeclaredColumn
 from sluice.model.stream import StreamSpec, TriggerSpec
+from sluice.model.types import Primitive
 from sluice.paths import Roots
 from sluice.storage import runlog
 from sluice.storage.checkpoint import CheckpointReader, ensure_query_id
-from sluice.storage.delta import batch_commits, ensure_table, table_version
+from sluice.storage.delta import added_columns, batch_commits, ensure_table, table_version
 from sluice.storage.lock import HeldLock
 from sluice.storage.object_lock import lock_for
 from sluice.summary import PhaseClock, RunSummary, StreamRunSummary
 from sluice.times import iso_utc
 from sluice_spark import faults, kinds
 from sluice_spark import patterns as steps
-from sluice_spark.drift import NEW_FIELDS_COLUMN
 from sluice_spark.kinds import read_stream
 from sluice_spark.kinds.files import RECORDS_METRIC
 from sluice_spark.patterns import with_watermark
@@ -66,6 +67,8 @@ from sluice_spark.targets import (
     FAILED_COLUMN,
     FAILED_ROUTE,
     GOOD_ROUTE,
+    NEW_COLUMNS_COLUMN,
+    NEW_FIELDS_COLUMN,
     RAW_COLUMN,
     REASON_COLUMN,
     ROUTE_COLUMN,
@@ -85,7 +88,7 @@ _DEAD_LETTER_FIELDS = (
     (INGEST_TIME_COLUMN, "ingested_at"),
 )
 _INTERNAL_COLUMNS = {CORRUPT_COLUMN, REASON_COLUMN, RAW_COLUMN, ROUTE_COLUMN, _STREAM_COLUMN, FAILED_COLUMN,
-                     NEW_FIELDS_COLUMN}
+                     NEW_FIELDS_COLUMN, NEW_COLUMNS_COLUMN}
 
 
 @dataclass
@@ -105,6 +108,8 @@ class PreparedStream:
     sent_to_kafka: dict[int, int] = field(default_factory=dict)
     # A small run on the rs engine: each batch is collected to the driver (see :func:`collects_on_driver`).
     collect: bool = False
+    # The columns ``add_new_columns`` added to the stream's table during this run, with their types.
+    added_columns: dict[str, str] = field(default_factory=dict)
 
 
 def build_routed_frame(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | None = None,
@@ -185,6 +190,8 @@ def _route(frame: DataFrame, data: list[Column], route: Column, fan_out: list[Co
         failed = F.col(name) if name in frame.columns else F.lit(None).cast(kind)
         route = F.when(failed.isNotNull(), F.lit(FAILED_ROUTE)).otherwise(route)
         failing.append(failed.alias(name))
+    if stream.source.schema_evolution is SchemaEvolution.ADD_NEW_COLUMNS:  # for the writer to add (see BatchRouter)
+        failing.append(F.col(NEW_COLUMNS_COLUMN))
     return frame.select(*data, F.current_timestamp().alias(INGEST_TIME_COLUMN),
                         route.cast("tinyint").alias(ROUTE_COLUMN), RAW_COLUMN, REASON_COLUMN,
                         F.when(rejected, F.lit(stream.name)).alias(_STREAM_COLUMN), *fan_out, *failing)
@@ -240,12 +247,15 @@ def prepare_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, run
     """Pin the query id, build the frame and create the Delta tables, all before Spark starts the query."""
     checkpoint = stream.checkpoint_path(roots)
     query_id = ensure_query_id(checkpoint)
+    stream = with_added_columns(stream, roots)
     resolved = resolve_engine(spark, engine or stream.sink.engine)
     routed, data_columns = build_routed_frame(spark, stream, roots, engine=resolved)
     targets = sink_targets(stream, roots, data_columns)
     kinds.sink(stream).check(spark, stream)
-    if resolved is DeltaEngine.RS:
-        create_tables(stream, routed, targets)
+    # The jvm engine creates its tables on their first write; an existing one gains the stream's new columns here
+    # all the same (delta-spark would refuse the append, or a merge would drop them).
+    create_tables(stream, routed, targets if resolved is DeltaEngine.RS
+                  else [target for target in targets if table_version(target.path) is not None])
     collect = collects_on_driver(stream, roots, resolved, targets)
     sink, dead = sink_and_dead_letter(targets)
     summary = StreamRunSummary(
@@ -261,6 +271,18 @@ def prepare_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, run
                           collect=collect)
 
 
+def with_added_columns(stream: StreamSpec, roots: Roots) -> StreamSpec:
+    """The stream as a run reads it: under ``add_new_columns``, with the columns earlier batches added to its table
+    (which records them in its schema: :func:`sluice.storage.delta.added_columns`) unless the catalog now declares
+    them."""
+    if stream.source.schema_evolution is not SchemaEvolution.ADD_NEW_COLUMNS or stream.sink.table is None:
+        return stream
+    declared = {name.casefold() for name in stream.source.schema.names}
+    evolved = tuple(DeclaredColumn(name, kind, True, Primitive(kind)) for name, kind in
+                    added_columns(stream.sink_path(roots)).items() if name.casefold() not in declared)
+    return replace(stream, source=replace(stream.source, evolved=evolved)) if evolved else stream
+
+
 def collects_on_driver(stream: StreamSpec, roots: Roots, engine: DeltaEngine, targets: list[TableTarget]) -> bool:
     """True for a small run of a stream whose tables the rs engine appends to: its source holds at most
     ``SLUICE_DRIVER_WRITE_MAX_BYTES`` unread (default :data:`DRIVER_WRITE_MAX_BYTES`; 0 turns it off), as its lag
@@ -271,6 +293,7 @@ def collects_on_driver(stream: StreamSpec, roots: Roots, engine: DeltaEngine, ta
     Parquet's (a Parquet file source's, a Delta source's, a joined side's) are compressed and may grow many times in
     memory."""
     if (engine is not DeltaEngine.RS or not isinstance(stream.sink, DeltaSink) or stream.patterns.join is not None
+            or stream.source.schema_evolution is SchemaEvolution.ADD_NEW_COLUMNS
             or stream.source.type is not SourceType.FILES or stream.source.format not in (FileFormat.JSON,
                                                                                           FileFormat.CSV)
             or any(target.mode is not SinkMode.APPEND for target in targets)):
@@ -291,7 +314,7 @@ def start_stream(prepared: PreparedStream) -> StreamingQuery:
     writer = kinds.sink(prepared.spec).writer(SinkRequest(
         prepared.frame, prepared.spec, prepared.targets, prepared.data_columns, prepared.engine, prepared.query_id,
         commit_info={CommitInfo.RUN: prepared.summary.run_id}, sent=prepared.sent_to_kafka,
-        collect=prepared.collect))
+        collect=prepared.collect, added_columns=prepared.added_columns))
     query = (
         writer.queryName(prepared.spec.name)
         .option("checkpointLocation", prepared.checkpoint)
@@ -317,8 +340,9 @@ def _progress_rows(query: StreamingQuery, stream: str, scans: int = 1) -> dict[i
     for progress in query.recentProgress:
         if "addBatch" in progress.durationMs:
             records = progress.observedMetrics.get(RECORDS_METRIC.format(stream=stream))
-            counted = int(progress.numInputRows) if records is None else int(records.asDict()["records"])
-            rows[int(progress.batchId)] = counted // scans
+            # Spark counts every scan's input rows; an observed metric is reported once, whatever the scans.
+            rows[int(progress.batchId)] = (int(progress.numInputRows) // scans if records is None
+                                           else int(records.asDict()["records"]))
     return rows
 
 
@@ -347,6 +371,7 @@ def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: floa
     summary.late_rows, summary.duplicate_rows, summary.state_rows = _state_counts(query)
     summary.expectations, summary.dropped_rows = expectation_counts(query.recentProgress, prepared.spec)
     summary.rescued_rows = rescued_count(query.recentProgress, prepared.spec)
+    summary.added_columns = dict(prepared.added_columns)
     data, dead = sink_and_dead_letter(prepared.targets)
     summary.delta_version_after = None if data is None else table_version(data.path)
     summary.dead_letter_version_after = table_version(dead.path)
@@ -384,7 +409,7 @@ def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: floa
 _PERMANENT_FAILURES = re.compile(
     r"batch \d+ doesn't exist|Unable to find batch|Error reading (?:delta|snapshot) file .* of HDFSStateStoreProvider|"
     r"STATE_STORE_\w*(?:NOT_FOUND|CORRUPT)|CANNOT_LOAD_STATE_STORE|expectation\(s\) failed in batch|"
-    r"new field\(s\) not in the declared schema in batch"
+    r"new field\(s\) not in the declared schema in batch|cannot add new columns in batch"
 )
 
 

@@ -25,6 +25,9 @@ FAILED_COLUMN = "_sluice_failed"
 # Under ``fail_on_new_columns``, the paths of a row's fields the schema does not declare (NULL on most rows): no table
 # takes such a row, and its batch commits nowhere (:mod:`sluice_spark.drift`).
 NEW_FIELDS_COLUMN = "_sluice_new_fields"
+# Under ``add_new_columns``, a row's new top-level fields as a JSON object (NULL on most rows): the writer adds them to
+# its table as columns, in the commit of their batch.
+NEW_COLUMNS_COLUMN = "_sluice_new_columns"
 _MAX_EXAMPLE = 500
 _MAX_ORIGINS = 5
 

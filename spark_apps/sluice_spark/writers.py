@@ -16,8 +16,10 @@ the rows a :class:`~sluice.model.predicates.RowFilter` selects). Each commit car
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,11 +30,13 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from sluice.constants import (
+    ADDED_COLUMN_KEY,
     SOURCE_FILE_COLUMN,
     CommitInfo,
     DeltaEngine,
     SinkMode,
 )
+from sluice.errors import SchemaDriftError
 from sluice.model.predicates import DATAFUSION, SPARK_SQL, RowFilter, render
 from sluice.model.stream import StreamSpec
 from sluice.storage.delta import commit_metadata, holds_batch
@@ -41,6 +45,7 @@ from sluice_spark.targets import (
     DEAD_LETTER_ROUTE,
     FAILED_COLUMN,
     GOOD_ROUTE,
+    NEW_COLUMNS_COLUMN,
     NEW_FIELDS_COLUMN,
     TableTarget,
     drift_failure,
@@ -60,10 +65,13 @@ class DeltaTableWriter(ABC):
 
     @abstractmethod
     def write(self, rows: DataFrame, target: TableTarget, *, query_id: str, batch_id: int, metadata: dict[str, Any],
-              replace: RowFilter | None = None, staging: Path | None = None) -> bool:
+              replace: RowFilter | None = None, staging: Path | None = None,
+              added: Mapping[str, str] | None = None) -> bool:
         """Commit ``rows`` to ``target`` as its mode says, or as a replace of the rows ``replace`` selects. False when
         the table already holds this batch (a replay). ``staging``, when given, is a folder on storage the executors
-        share, where appended rows are staged as Parquet instead of crossing to the driver."""
+        share, where appended rows are staged as Parquet instead of crossing to the driver. ``added`` are columns of
+        ``rows`` (name: Spark SQL type) that the table gains in the same commit, marked as added by this batch
+        (:data:`~sluice.constants.ADDED_COLUMN_KEY`)."""
 
 
 def latest_per_key(rows: DataFrame, keys: Sequence[str], sequence_by: str | None) -> DataFrame:
@@ -107,7 +115,8 @@ class RsTableWriter(DeltaTableWriter):
     engine = DeltaEngine.RS
 
     def write(self, rows: DataFrame, target: TableTarget, *, query_id: str, batch_id: int, metadata: dict[str, Any],
-              replace: RowFilter | None = None, staging: Path | None = None) -> bool:
+              replace: RowFilter | None = None, staging: Path | None = None,
+              added: Mapping[str, str] | None = None) -> bool:
         import pyarrow as pa
         from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
@@ -119,6 +128,8 @@ class RsTableWriter(DeltaTableWriter):
         if offered == 0 and target.mode is SinkMode.APPEND and replace is None:
             return True  # nothing to append: no empty commit
         schema = pa.schema(table.schema().to_arrow())
+        if added:
+            schema = _with_added(schema, added, f"{query_id}:{batch_id}", rows)
         properties = CommitProperties(custom_metadata={**metadata, CommitInfo.RECORDS: offered},
                                       app_transactions=[Transaction(query_id, batch_id)])
         if target.mode is SinkMode.MERGE:
@@ -132,9 +143,11 @@ class RsTableWriter(DeltaTableWriter):
         partition_by = list(target.partition_by) or None
         if replace is not None or target.mode is SinkMode.COMPLETE:
             write_deltalake(table, data, mode="overwrite", partition_by=partition_by, commit_properties=properties,
-                            predicate=render(replace, DATAFUSION) if replace is not None else None)
+                            predicate=render(replace, DATAFUSION) if replace is not None else None,
+                            schema_mode="merge" if added else None)
         else:
-            write_deltalake(table, data, mode="append", partition_by=partition_by, commit_properties=properties)
+            write_deltalake(table, data, mode="append", partition_by=partition_by, commit_properties=properties,
+                            schema_mode="merge" if added else None)
         return True
 
     @staticmethod
@@ -158,10 +171,28 @@ class RsTableWriter(DeltaTableWriter):
         return True
 
 
+def _with_added(schema: Any, added: Mapping[str, str], marker: str, rows: DataFrame) -> Any:
+    """The table's Arrow schema and the ``added`` columns (in their Arrow types as Spark gives them), each marked
+    with the batch that adds it; a column the table has already (an earlier batch of this run added it) keeps its
+    place."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    types = {field.name: field.dataType for field in rows.schema.fields}
+    fields = [pa.field(name, to_arrow_type(types[name]), metadata={ADDED_COLUMN_KEY: marker})
+              for name in added if name not in schema.names]
+    return pa.schema([*schema, *fields])
+
+
 def _in_schema(rows: Any, schema: Any) -> Any:
     """An Arrow table's columns in the order and the types of the table's schema (a column added to an existing
-    table comes last in it)."""
-    return rows.select(schema.names).cast(schema)
+    table comes last in it); a column of the table the rows lack (one of Sluice's own the stream no longer writes,
+    see :func:`sluice.storage.delta.ensure_table`) is NULL."""
+    import pyarrow as pa
+
+    columns = [rows.column(field.name) if field.name in rows.column_names else pa.nulls(rows.num_rows, field.type)
+               for field in schema]
+    return pa.Table.from_arrays(columns, names=schema.names).cast(schema)
 
 
 def _staged(rows: DataFrame, schema: Any, staging: Path) -> Any:
@@ -176,7 +207,7 @@ def _staged(rows: DataFrame, schema: Any, staging: Path) -> Any:
 
     def batches() -> Iterator[pa.RecordBatch]:
         for batch in scanner.to_batches() if scanner is not None else []:
-            yield from pa.Table.from_batches([batch]).select(schema.names).cast(schema).to_batches()
+            yield from _in_schema(pa.Table.from_batches([batch]), schema).to_batches()
 
     return pa.RecordBatchReader.from_batches(schema, batches())
 
@@ -187,10 +218,14 @@ class JvmTableWriter(DeltaTableWriter):
     engine = DeltaEngine.JVM
 
     def write(self, rows: DataFrame, target: TableTarget, *, query_id: str, batch_id: int, metadata: dict[str, Any],
-              replace: RowFilter | None = None, staging: Path | None = None) -> bool:
+              replace: RowFilter | None = None, staging: Path | None = None,
+              added: Mapping[str, str] | None = None) -> bool:
         if target.mode is SinkMode.MERGE:
             return self._merge(rows, target, query_id=query_id, batch_id=batch_id, metadata=metadata)
         overwrite = replace is not None or target.mode is SinkMode.COMPLETE
+        if added:  # Delta keeps a column's metadata: the mark of the batch that added it
+            marker = {ADDED_COLUMN_KEY: f"{query_id}:{batch_id}"}
+            rows = rows.withColumns({name: F.col(name).alias(name, metadata=marker) for name in added})
         writer = (
             rows.write.format("delta")
             .mode("overwrite" if overwrite else "append")
@@ -198,6 +233,8 @@ class JvmTableWriter(DeltaTableWriter):
             .option("txnVersion", batch_id)
             .option("userMetadata", json.dumps(metadata))
         )
+        if added:
+            writer = writer.option("mergeSchema", "true")
         if replace is not None:
             writer = writer.option("replaceWhere", render(replace, SPARK_SQL))
         if target.partition_by:
@@ -262,6 +299,8 @@ class SinkRequest:
     sent: dict[int, int] = field(default_factory=dict)
     # A small run (:func:`sluice_spark.runner.collects_on_driver`): its batches are collected to the driver.
     collect: bool = False
+    # Where the writer records the columns ``add_new_columns`` added, with their types.
+    added_columns: dict[str, str] = field(default_factory=dict)
 
 
 def sink_and_dead_letter(targets: Sequence[TableTarget]) -> tuple[TableTarget | None, TableTarget]:
@@ -276,6 +315,42 @@ def stream_commit_info(base: Mapping[str, Any], *, stream: str, query_id: str) -
     (:func:`sluice.storage.delta.commit_metadata`): health, repair and the run summary read them."""
     return lambda batch_id, route: commit_metadata(dict(base), stream=stream, query_id=query_id, batch_id=batch_id,
                                                    route=route)
+
+
+def new_column_type(name: str, kinds: set[str], batch_id: int) -> str:
+    """The Spark SQL type of a new column from the variant types of its values (``schema_of_variant``): BIGINT for
+    whole numbers, DOUBLE once a fraction is among them, BOOLEAN, STRING for text and for objects and arrays (their
+    JSON text). Two kinds of value are refused, naming the column."""
+    found = set()
+    for kind in kinds:
+        whole = re.fullmatch(r"DECIMAL\((\d+),0\)", kind)
+        if kind in ("BIGINT", "INT", "SMALLINT", "TINYINT") or (whole and int(whole.group(1)) <= 18):
+            found.add("BIGINT")
+        elif kind in ("DOUBLE", "FLOAT") or (kind.startswith("DECIMAL") and not whole):
+            found.add("DOUBLE")
+        elif kind in ("BOOLEAN", "STRING"):
+            found.add(kind)
+        elif kind.startswith(("OBJECT", "ARRAY")):
+            found.add("JSON")
+        else:
+            found.add(kind)
+    if found <= {"BIGINT", "DOUBLE"}:
+        return "DOUBLE" if "DOUBLE" in found else "BIGINT"
+    if len(found) == 1 and found <= {"BOOLEAN", "STRING", "JSON"}:
+        return "STRING" if found == {"JSON"} else found.pop()
+    raise drift_error(batch_id, f"the new field '{name}' arrives as {', '.join(sorted(found))}: one column cannot "
+                                "hold them all; declare its type in source.schema (a string holds any of them)")
+
+
+def drift_error(batch_id: int, reason: str) -> SchemaDriftError:
+    return SchemaDriftError(f"cannot add new columns in batch {batch_id}: {reason}; nothing of this batch was "
+                            "committed")
+
+
+def _as_text(new: Any, name: str) -> Any:
+    """A new field kept as text: a string as it is, an object or an array as its JSON."""
+    value = F.try_variant_get(new, f"$.{name}", "VARIANT")
+    return F.coalesce(F.try_variant_get(value, "$", "STRING"), F.to_json(value))
 
 
 class BatchRouter:
@@ -293,8 +368,10 @@ class BatchRouter:
     def __init__(self, targets: Sequence[TableTarget], *, engine: DeltaEngine, route_column: str, query_id: str,
                  commit_info: CommitInfoOf, replace: Mapping[int, RowFilter | None] | None = None,
                  staging: Path | None = None, before: Callable[[DataFrame, int], bool] | None = None,
-                 example_column: str | None = None, collect: bool = False) -> None:
+                 example_column: str | None = None, collect: bool = False,
+                 added: dict[str, str] | None = None) -> None:
         self.targets = list(targets)
+        self.added = added
         self.collect = collect
         self.example_column = example_column
         self.writer = table_writer(engine)
@@ -332,6 +409,40 @@ class BatchRouter:
                        if SOURCE_FILE_COLUMN in batch.columns else [])
             raise drift_failure(batch_id, counted, [str(row[0]) for row in origins])
 
+    def add_columns(self, batch: DataFrame, batch_id: int) -> tuple[DataFrame, dict[str, str]]:
+        """Under ``add_new_columns``: the batch with a typed column per new top-level field its good rows brought
+        (:data:`NEW_COLUMNS_COLUMN`), and those columns' types. A type is the one every value of the field fits
+        (whole numbers widen to double beside fractions; an object or an array is kept as its JSON text); a field
+        that arrives as two kinds of value, or whose name the table has for another column, stops the batch."""
+        assert self.added is not None
+        new = F.try_parse_json(NEW_COLUMNS_COLUMN)
+        good = batch.where((F.col(self.route_column) == GOOD_ROUTE) & F.col(NEW_COLUMNS_COLUMN).isNotNull())
+        values = good.select(F.explode(new.try_cast("MAP<STRING, VARIANT>")).alias("name", "value"))
+        seen = {row[0]: set(row[1]) for row in values.where(~F.is_variant_null("value")).groupBy("name")
+                .agg(F.collect_set(F.schema_of_variant("value"))).collect()}
+        if not seen:
+            return batch, {}
+        taken = {name.casefold() for target in self.targets if target.route == GOOD_ROUTE
+                 for name in target.table_columns}
+        types: dict[str, str] = {}
+        for name, kinds in sorted(seen.items()):
+            if name.casefold() in taken or name.startswith("_"):
+                raise drift_error(batch_id, f"the new field '{name}' has the name of a column the stream writes "
+                                            "already, or one Sluice keeps for itself; declare it in source.schema "
+                                            "or rename it")
+            types[name] = new_column_type(name, kinds, batch_id)
+            earlier = self.added.get(name)  # an earlier batch of this run added it: the table has its type
+            if earlier == "DOUBLE" and types[name] == "BIGINT":
+                types[name] = earlier
+            elif earlier not in (None, types[name]):
+                raise drift_error(batch_id, f"the column '{name}' was added as {earlier} earlier in this run, and "
+                                            f"batch {batch_id} brings {types[name]} values; declare its type in "
+                                            "source.schema")
+        typed = {name: F.try_variant_get(new, f"$.{name}", kind) if kind != "STRING" else _as_text(new, name)
+                 for name, kind in types.items()}
+        self.added.update(types)
+        return batch.withColumns(typed), types
+
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         if self.collect:
             self._write_collected(batch, batch_id)
@@ -344,13 +455,20 @@ class BatchRouter:
                 self.refuse_failed(batch, batch_id)
             if self.before is not None and not self.before(batch, batch_id):
                 return
+            added: dict[str, str] = {}
+            if self.added is not None and NEW_COLUMNS_COLUMN in batch.columns:
+                batch, added = self.add_columns(batch, batch_id)
             replayed = False
             for target in self.targets:
                 metadata = self.commit_info(batch_id, target.route)
                 staging = self.staging / f"{batch_id}-{target.route}" if self.staging is not None else None
+                widened = added if target.route == GOOD_ROUTE else {}  # one table: no fan-out adds columns
+                if widened:
+                    target = dataclasses.replace(target, columns=(*target.columns, *((n, n) for n in widened)))
                 replayed |= not self.writer.write(self.rows_of(batch, target), target, query_id=self.query_id,
                                                   batch_id=batch_id, metadata=metadata,
-                                                  replace=self.replace.get(target.route), staging=staging)
+                                                  replace=self.replace.get(target.route), staging=staging,
+                                                  added=widened)
                 faults.reach("between_commits", batch_id)
             if replayed:
                 self.replayed.append(batch_id)

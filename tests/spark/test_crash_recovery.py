@@ -35,7 +35,9 @@ NOW = dt.datetime(2026, 11, 22, 8, 0, tzinfo=dt.timezone.utc)
 
 
 def submit(catalog: Path, roots: Roots, *extra_env: tuple[str, str], summary: Path | None = None,
-           run_id: str | None = None) -> subprocess.Popen:
+           run_id: str | None = None, log: Path | None = None) -> subprocess.Popen:
+    """spark-submit the runner. A run the test waits on without reading its output (until a crash point) writes it
+    to ``log``: a pipe nobody drains would block the run once its buffer is full."""
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, **dict(extra_env)}
     command = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
                "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
@@ -44,15 +46,16 @@ def submit(catalog: Path, roots: Roots, *extra_env: tuple[str, str], summary: Pa
         command += ["--summary-file", str(summary)]
     if run_id is not None:
         command += ["--run-id", run_id]
-    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    output = subprocess.PIPE if log is None else log.open("w", encoding="utf-8")
+    return subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
 
 
-def wait_for(marker: Path, process: subprocess.Popen, timeout: float = 240) -> None:
+def wait_for(marker: Path, process: subprocess.Popen, log: Path, timeout: float = 240) -> None:
     deadline = time.monotonic() + timeout
     while not marker.exists():
         if process.poll() is not None:
-            output = process.stdout.read() if process.stdout else ""
+            output = log.read_text(encoding="utf-8", errors="replace")
             raise AssertionError(f"run ended (exit {process.returncode}) before {marker.name}:\n{output[-3000:]}")
         if time.monotonic() > deadline:
             raise AssertionError(f"{marker.name} not reached in {timeout}s")
@@ -83,8 +86,8 @@ def kill_at_then_rerun(catalog: Path, roots: Roots, fault: str, faults: Path,
     point = fault.split(":")[0]
     faults.mkdir(exist_ok=True)
     crashed = submit(catalog, roots, ("SLUICE_FAULT_POINT", fault), ("SLUICE_FAULT_DIR", str(faults)), write_path,
-                     run_id=run_id)
-    wait_for(faults / f"{point}.reached", crashed)
+                     run_id=run_id, log=faults / "crashed.log")
+    wait_for(faults / f"{point}.reached", crashed, faults / "crashed.log")
     kill_application(crashed, faults / f"{point}.reached")
     assert crashed.returncode == -signal.SIGKILL
     rerun = submit(catalog, roots, DRIVER, summary=summary, run_id=run_id)
@@ -150,8 +153,9 @@ def test_second_run_of_a_locked_stream_refuses_and_changes_nothing(tmp_path: Pat
     DemoProducer(roots.landing, seed=23).produce(files=2, now=NOW)
     faults = tmp_path / "faults"
     faults.mkdir()
-    first = submit(catalog_path, roots, ("SLUICE_FAULT_POINT", "before_commit"), ("SLUICE_FAULT_DIR", str(faults)))
-    wait_for(faults / "before_commit.reached", first)  # the first run holds the lock, mid-batch
+    first = submit(catalog_path, roots, ("SLUICE_FAULT_POINT", "before_commit"), ("SLUICE_FAULT_DIR", str(faults)),
+                   log=faults / "first.log")
+    wait_for(faults / "before_commit.reached", first, faults / "first.log")  # the first run holds the lock, mid-batch
 
     second = submit(catalog_path, roots, summary=tmp_path / "second.json")
     output, _ = second.communicate(timeout=300)

@@ -111,6 +111,8 @@ def same(typed: Any, raw: Any) -> bool:
         return not isinstance(raw, bool) and isinstance(raw, int | float) and typed == Decimal(str(raw))
     if isinstance(typed, bool) or isinstance(raw, bool):
         return typed is raw
+    if isinstance(typed, float) and isinstance(raw, int | float):
+        return typed == float(raw)
     return typed == raw
 
 
@@ -126,9 +128,12 @@ def at(value: Any, path: tuple[str | int, ...]) -> tuple[bool, Any]:
     return True, value
 
 
-def lost_values(original: dict[str, Any], row: dict[str, Any]) -> list[str]:
+def lost_values(original: dict[str, Any], row: dict[str, Any], columns: list[str] = COLUMNS) -> list[str]:
     """The leaves of ``original`` that are neither in the row's typed columns nor in its rescued data."""
-    typed = {name: normalized(row[name]) for name in COLUMNS}
+    typed = {name: normalized(row[name]) for name in columns}
+    for name, value in typed.items():  # an added column keeps an object or an array as its JSON text
+        if isinstance(value, str) and isinstance(original.get(name), dict | list):
+            typed[name] = json.loads(value)
     rescued = json.loads(row[RESCUED_COLUMN]) if row[RESCUED_COLUMN] else {}
     lost = []
     for path, value in leaves(original):
@@ -309,3 +314,82 @@ def test_a_csv_value_that_does_not_fit_is_rescued_as_its_text(spark: Any, tmp_pa
     assert rows["o3"]["ordered_at"] is None and json.loads(rows["o3"][RESCUED_COLUMN]) == {"ordered_at": "soon"}
     [dead] = read_table(stream.dead_letter_table_path(roots)).to_pylist()
     assert dead["reason"] == "missing required field 'order_id'"
+
+
+ADDED = [record(20, coupon="X1", score=1, vip=True, meta={"a": [1, 2]}),
+         record(21, score=2.5, actor={"id": 21, "login": "user21", "site_admin": True}),
+         record(22, amount="twelve", **{"user.agent": "curl/8.5"})]
+
+
+def test_add_new_columns_widens_the_table_in_the_commit_of_the_batch_that_brought_them(spark: Any,
+                                                                                      tmp_path: Path) -> None:
+    catalog = load_catalog(write_catalog(tmp_path, stream_spec("add_new_columns")))
+    stream, roots = catalog.get("github"), roots_in(tmp_path)
+    land(tmp_path, "first.json", FIRST)
+    [first] = run_streams(spark, catalog, ["github"], roots).streams
+    assert first.status == "succeeded", first.error
+    assert first.added_columns == {}
+    before = DeltaTable(stream.sink_path(roots)).version()
+
+    land(tmp_path, "added.json", ADDED)
+    [run] = run_streams(spark, catalog, ["github"], roots).streams
+
+    assert run.status == "succeeded", run.error
+    assert run.added_columns == {"coupon": "STRING", "meta": "STRING", "score": "DOUBLE", "vip": "BOOLEAN"}
+    assert (run.output_rows, run.rescued_rows) == (3, 2)
+    table = DeltaTable(stream.sink_path(roots))
+    assert table.version() == before + 1, "the columns and the rows are one commit"
+    fields = {field["name"]: field for field in json.loads(table.schema().to_json())["fields"]}
+    assert {name: fields[name]["type"] for name in run.added_columns} == {
+        "coupon": "string", "meta": "string", "score": "double", "vip": "boolean"}
+    assert all("sluice.addedBy" in fields[name]["metadata"] for name in run.added_columns)
+    assert "coupon" not in json.loads(DeltaTable(stream.sink_path(roots), version=before).schema().to_json())
+    rows = rows_by_id(stream.sink_path(roots))
+    assert (rows["e20"]["coupon"], rows["e20"]["score"], rows["e20"]["vip"], json.loads(rows["e20"]["meta"])) == (
+        "X1", 1.0, True, {"a": [1, 2]})
+    assert rows["e21"]["score"] == 2.5 and rows["e0"]["coupon"] is None
+    assert json.loads(rows["e21"][RESCUED_COLUMN]) == {"actor.site_admin": True}
+    assert json.loads(rows["e22"][RESCUED_COLUMN]) == {"amount": "twelve", "`user.agent`": "curl/8.5"}
+    columns = [*COLUMNS, *run.added_columns]
+    for item in FIRST + ADDED:
+        assert lost_values(item, rows[item["id"]], columns) == [], item["id"]
+
+    # The next run reads the added columns as declared ones: nothing new, nothing rescued.
+    land(tmp_path, "more.json", [record(23, coupon="X2", score=3)])
+    [again] = run_streams(spark, catalog, ["github"], roots).streams
+    assert again.status == "succeeded", again.error
+    assert (again.added_columns, again.rescued_rows) == ({}, 0)
+    row = rows_by_id(stream.sink_path(roots))["e23"]
+    assert (row["coupon"], row["score"], row[RESCUED_COLUMN]) == ("X2", 3.0, None)
+
+    # A new field that arrives as two kinds of value stops its batch, naming it.
+    version = DeltaTable(stream.sink_path(roots)).version()
+    land(tmp_path, "mixed.json", [record(24, odd=1), record(25, odd="x")])
+    [mixed] = run_streams(spark, catalog, ["github"], roots).streams
+    assert mixed.status == "failed" and not mixed.retryable
+    assert "the new field 'odd' arrives as BIGINT, STRING" in (mixed.error or "")
+    assert DeltaTable(stream.sink_path(roots)).version() == version
+
+
+@pytest.mark.slow
+def test_a_sigkill_in_an_add_new_columns_batch_then_a_rerun_gives_the_exact_table_and_schema(tmp_path: Path) -> None:
+    from tests.spark.test_crash_recovery import EXECUTORS, kill_at_then_rerun
+
+    spec = stream_spec("add_new_columns")
+    spec["name"], spec["trigger"] = "events", {"max_files_per_trigger": 1}
+    catalog_path = write_catalog(tmp_path, spec)
+    stream, roots = load_catalog(catalog_path).get("events"), roots_in(tmp_path)
+    land(tmp_path, "a-first.json", FIRST)
+    land(tmp_path, "b-added.json", ADDED, BROKEN)
+    # Batch 1 committed to the table (its new columns with it), not yet to the dead-letter table.
+    kill_at_then_rerun(catalog_path, roots, "between_commits:1", tmp_path / "faults", write_path=EXECUTORS)
+
+    table = DeltaTable(stream.sink_path(roots))
+    fields = {field["name"]: field["type"] for field in json.loads(table.schema().to_json())["fields"]}
+    assert {name: fields.get(name) for name in ("coupon", "meta", "score", "vip")} == {
+        "coupon": "string", "meta": "string", "score": "double", "vip": "boolean"}
+    rows = rows_by_id(stream.sink_path(roots))
+    assert sorted(rows) == sorted(item["id"] for item in FIRST + ADDED)
+    assert rows["e20"]["coupon"] == "X1" and rows["e21"]["score"] == 2.5
+    dead = read_table(stream.dead_letter_table_path(roots)).to_pylist()
+    assert sorted(row["raw_record"] for row in dead) == sorted(BROKEN)

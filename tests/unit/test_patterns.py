@@ -151,3 +151,30 @@ def test_merge_rules_for_sequences_and_windowless_aggregates() -> None:
     totals = parse_catalog(catalog_with(silver(aggregate={"group_by": ["user_id"], "measures": {"n": "count(*)"}},
                                                sink={"mode": "merge"}))).get("silver")
     assert totals.output_columns == ("user_id", "n")
+
+
+def json_silver(**fields: Any) -> dict[str, Any]:
+    stream = silver(**fields)
+    stream["source"] = {"type": "files", "format": "json", "path": "events", "schema": SCHEMA,
+                        **fields.pop("source", {})}
+    return stream
+
+
+def test_an_aggregate_reads_none_by_default_and_cannot_rescue() -> None:
+    """An aggregate keeps no row to carry rescued data, and would count a value that does not fit as NULL."""
+    aggregate = {"watermark": WATERMARK, "aggregate": TUMBLING, "sink": {"mode": "merge"}}
+    stream = parse_catalog(catalog_with(json_silver(**aggregate))).get("silver")
+    assert stream.source.schema_evolution.value == "none"
+    assert "_rescued_data" not in stream.output_columns
+    rescuing = json_silver(**aggregate)
+    rescuing["source"]["schema_evolution"] = "rescue"
+    message = rejects(catalog_with(rescuing))
+    assert "source.schema_evolution" in message and "an aggregate keeps no row to carry _rescued_data" in message
+    failing = json_silver(**aggregate)
+    failing["source"]["schema_evolution"] = "fail_on_new_columns"
+    assert parse_catalog(catalog_with(failing)).get("silver").source.schema_evolution.value == "fail_on_new_columns"
+
+
+def test_a_dedupe_keeps_the_rescued_data_of_its_rows() -> None:
+    stream = parse_catalog(catalog_with(json_silver(watermark=WATERMARK, dedupe={"keys": ["event_id"]}))).get("silver")
+    assert stream.source.schema_evolution.value == "rescue" and "_rescued_data" in stream.output_columns

@@ -130,6 +130,7 @@ KAFKA_SOURCE = {"type": "kafka", "format": "json", "options": {"subscribe": "t"}
     (KAFKA_SOURCE, "rescue"),
     ({"type": "delta", "path": "bronze/x", "schema": {"id": "string"}}, "none"),
     ({**JSON_SOURCE, "schema_evolution": "fail_on_new_columns"}, "fail_on_new_columns"),
+    ({**JSON_SOURCE, "schema_evolution": "add_new_columns"}, "add_new_columns"),
     ({**JSON_SOURCE, "schema_evolution": "none", "options": {"allowComments": True}}, "none"),
 ])
 def test_the_drift_policy_defaults_to_rescue_where_the_source_can_rescue(source: dict[str, object],
@@ -167,3 +168,23 @@ def test_rules_and_transforms_may_read_the_rescued_column_only_where_it_exists()
     stream["source"] = {**JSON_SOURCE, "schema_evolution": "none"}
     with pytest.raises(CatalogError, match="_rescued_data"):
         parse_catalog({"streams": [stream]})
+
+
+@pytest.mark.parametrize(("overrides", "reason"), [
+    ({"sink": {"format": "kafka", "topic": "out"}}, "a kafka sink has no table schema to add columns to"),
+    ({"sink": {"path": "bronze/events", "mode": "merge", "keys": ["id"], "sequence_by": "at"}},
+     "mode merge does not append"),
+    ({"fan_out": [{"path": "bronze/copy", "where": "id IS NOT NULL"}]}, "fan-out tables"),
+    ({"dedupe": {"keys": ["id"]}, "watermark": {"column": "at", "delay": "1 hour"}},
+     "stateful steps"),
+])
+def test_add_new_columns_is_refused_where_one_append_cannot_take_a_new_column(overrides: dict[str, object],
+                                                                              reason: str) -> None:
+    source = {**JSON_SOURCE, "schema": {"id": "string not null", "at": "timestamp not null"},
+              "schema_evolution": "add_new_columns"}
+    stream = events_stream(source=source, transform="identity", sink={"path": "bronze/events", "engine": "rs"})
+    stream.update(overrides)
+    with pytest.raises(CatalogError) as raised:
+        parse_catalog({"streams": [stream]})
+    assert "source.schema_evolution" in str(raised.value) and reason in str(raised.value)
+    assert "choose rescue" in str(raised.value)

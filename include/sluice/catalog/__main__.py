@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from sluice.catalog import load_catalog
+from sluice.constants import FileFormat
 from sluice.errors import CatalogError
 from sluice.model.stream import StreamSpec
 
@@ -21,8 +22,9 @@ def describe(stream: StreamSpec) -> str:
              f"{sink.destination} ({sink.mode.value}, {sink.engine.value})"]
     for column in source.schema.columns:
         lines.append(f"    {column.name}: {column.data_type.sql()}{'' if column.nullable else ' NOT NULL'}")
+    kept = "misfits" if source.format is FileFormat.CSV else "undeclared fields and misfits"
     lines.append(f"  schema_evolution {source.schema_evolution.value}"
-                 + (" (undeclared fields and misfits in _rescued_data)" if source.rescues else ""))
+                 + (f" ({kept} in _rescued_data)" if source.rescues else ""))
     lines.append(f"  transform {stream.transform_name} -> {', '.join(stream.output_columns)}")
     lines += [f"  expect {rule.name} ({rule.on_violation.value}): {rule.check}" for rule in stream.expectations]
     return "\n".join(lines)

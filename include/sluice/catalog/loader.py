@@ -10,6 +10,7 @@ The default catalog is ``include/sluice/streams.yaml``; ``SLUICE_CATALOG`` point
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Mapping
@@ -21,6 +22,7 @@ from sluice.catalog.patterns import check_patterns, parse_patterns
 from sluice.catalog.rules import read_expectations, read_transform
 from sluice.catalog.streams import Catalog, Claims
 from sluice.catalog.yaml_loader import load_yaml
+from sluice.constants import SchemaEvolution, SinkMode
 from sluice.errors import CatalogError
 from sluice.kinds import parse_sink, parse_source, sink_kind, source_kind
 from sluice.limits import (
@@ -35,7 +37,9 @@ from sluice.limits import (
     TRIGGER_MAX_BYTES,
     TRIGGER_MAX_FILES,
 )
+from sluice.model.patterns import Patterns
 from sluice.model.section import Section
+from sluice.model.sinks import SinkSpec
 from sluice.model.sources import SourceSpec
 from sluice.model.stream import AlertSpec, BackfillSpec, StreamSpec, TriggerSpec, WrittenPath
 from sluice.paths import is_absolute, path_key
@@ -115,10 +119,11 @@ def parse_stream(raw: object, *, index: int) -> StreamSpec:
     description = top.get("description", str, "")
     source = parse_source(top.section("source", required=True))
     kind = source_kind(source)
-    transform, columns = read_transform(top, source)
-    expectations = read_expectations(top, columns)
     sink = parse_sink(top.section("sink", required=True))
     patterns = parse_patterns(top)
+    source = _settle_drift_policy(name, top.raw["source"], source, sink, patterns)
+    transform, columns = read_transform(top, source)
+    expectations = read_expectations(top, columns)
     data_columns = [column for column in columns if column not in source.lineage]
     output_columns = check_patterns(name, patterns, data_columns, source, sink, required=set(source.schema.required))
     sink_kind(sink).check_output(sink, output_columns, stream=name)
@@ -170,6 +175,38 @@ def parse_stream(raw: object, *, index: int) -> StreamSpec:
     for written in stream.written_paths:
         _check_own_name(written)
     return stream
+
+
+def _settle_drift_policy(name: str, raw: Mapping[str, object], source: SourceSpec, sink: SinkSpec,
+                         patterns: Patterns) -> SourceSpec:
+    """The source's drift policy, once the stream's patterns are known. An aggregate keeps no row to carry rescued
+    data (a value that does not fit would be counted as NULL), and a stream-stream join keeps whole rows in its
+    checkpoint's state (a new column would not match an existing checkpoint): such a stream takes ``none`` unless
+    the catalog says otherwise, and an aggregate cannot rescue. ``add_new_columns`` widens one Delta table, in the
+    commit of the rows that brought the new fields: a stream where that is not one append is refused."""
+    policy = source.schema_evolution
+    stateful = patterns.aggregate is not None or patterns.join is not None
+    if stateful and "schema_evolution" not in raw and policy is SchemaEvolution.RESCUE:
+        return dataclasses.replace(source, schema_evolution=SchemaEvolution.NONE)
+    reason = None
+    if patterns.aggregate is not None and policy is SchemaEvolution.RESCUE:
+        reason = ("an aggregate keeps no row to carry _rescued_data, and would count a value that does not fit as "
+                  "NULL; choose fail_on_new_columns or none")
+    elif policy is SchemaEvolution.ADD_NEW_COLUMNS:
+        if sink.table is None:
+            reason = f"a {sink.format.value} sink has no table schema to add columns to"
+        elif sink.mode is not SinkMode.APPEND:
+            reason = (f"a new column is added in the commit that appends its batch; mode {sink.mode.value} does not "
+                      "append")
+        elif patterns.fan_out:
+            reason = "a new column would have to reach the fan-out tables in the same commit"
+        elif patterns.stateful:
+            reason = "the stateful steps (dedupe, join, aggregate) fix their columns in the checkpoint's state"
+        if reason is not None:
+            reason = f"add_new_columns cannot be followed here: {reason}; choose rescue"
+    if reason is not None:
+        raise CatalogError(reason, stream=name, field="source.schema_evolution")
+    return source
 
 
 def _check_own_name(written: WrittenPath) -> None:

@@ -39,7 +39,8 @@ FORMAT_OPTIONS = {
 }
 # The drift policies each format follows (:class:`~sluice.constants.SchemaEvolution`).
 POLICIES = {
-    FileFormat.JSON: (SchemaEvolution.RESCUE, SchemaEvolution.FAIL_ON_NEW_COLUMNS, SchemaEvolution.NONE),
+    FileFormat.JSON: (SchemaEvolution.RESCUE, SchemaEvolution.ADD_NEW_COLUMNS, SchemaEvolution.FAIL_ON_NEW_COLUMNS,
+                      SchemaEvolution.NONE),
     FileFormat.CSV: (SchemaEvolution.RESCUE, SchemaEvolution.NONE),
     FileFormat.PARQUET: (SchemaEvolution.NONE,),
 }

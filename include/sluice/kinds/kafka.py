@@ -80,7 +80,8 @@ class KafkaSink(SinkSpec):
 # The drift policies each value encoding follows: an Avro value is decoded with the writer's schema, which names its
 # fields.
 VALUE_POLICIES = {
-    FileFormat.JSON: (SchemaEvolution.RESCUE, SchemaEvolution.FAIL_ON_NEW_COLUMNS, SchemaEvolution.NONE),
+    FileFormat.JSON: (SchemaEvolution.RESCUE, SchemaEvolution.ADD_NEW_COLUMNS, SchemaEvolution.FAIL_ON_NEW_COLUMNS,
+                      SchemaEvolution.NONE),
     FileFormat.AVRO: (SchemaEvolution.NONE,),
 }
 SUBSCRIPTIONS = ("subscribe", "subscribePattern", "assign")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from sluice.constants import RESCUED_COLUMN, SOURCE_FILE_COLUMN, FileFormat, SchemaEvolution, SourceType
-from sluice.model.schema import Schema
+from sluice.model.schema import Column, Schema
 from sluice.paths import Roots
 
 
@@ -27,6 +27,9 @@ class SourceSpec:
     options: Mapping[str, str] = field(default_factory=dict)
     #: What the stream does with fields the schema does not declare (:class:`~sluice.constants.SchemaEvolution`).
     schema_evolution: SchemaEvolution = SchemaEvolution.NONE
+    #: Under ``add_new_columns``, the columns earlier batches added to the stream's table, read like declared ones
+    #: (filled in before a run from the table's schema, :func:`sluice.storage.delta.added_columns`).
+    evolved: tuple[Column, ...] = ()
 
     def location(self, roots: Roots) -> str | None:
         """The resolved folder or table the source reads; None for a source without a path (Kafka)."""
@@ -40,8 +43,14 @@ class SourceSpec:
 
     @property
     def rescues(self) -> bool:
-        """Its rows carry ``_rescued_data`` (the ``rescue`` policy)."""
-        return self.schema_evolution is SchemaEvolution.RESCUE
+        """Its rows carry ``_rescued_data``: under ``rescue``, and under ``add_new_columns`` for what is not a new
+        top-level column (a new nested field, a value that does not fit its type)."""
+        return self.schema_evolution in (SchemaEvolution.RESCUE, SchemaEvolution.ADD_NEW_COLUMNS)
+
+    @property
+    def read_schema(self) -> Schema:
+        """What a run reads: the declared columns, and the ones ``add_new_columns`` added."""
+        return Schema(self.schema.columns + self.evolved) if self.evolved else self.schema
 
     @property
     def record_options(self) -> Mapping[str, str]:

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.constants import (
+    ADDED_COLUMN_KEY,
     DEFAULT_CHECKPOINT_INTERVAL,
+    RESCUED_COLUMN,
     CommitInfo,
 )
 from sluice.errors import SluiceError
@@ -33,12 +35,33 @@ def table_version(path: str) -> int | None:
         return None
 
 
+# Delta's names of the types ``add_new_columns`` gives a new column, as Spark SQL names them.
+_ADDED_TYPES = {"string": "STRING", "long": "BIGINT", "double": "DOUBLE", "boolean": "BOOLEAN"}
+
+
+def added_columns(path: str) -> dict[str, str]:
+    """The columns of the table at ``path`` that ``add_new_columns`` added (marked with
+    :data:`~sluice.constants.ADDED_COLUMN_KEY`), with their Spark SQL types, in the table's order; empty when there
+    is no table."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        fields = json.loads(DeltaTable(path).schema().to_json())["fields"]
+    except TableNotFoundError:
+        return {}
+    return {field["name"]: _ADDED_TYPES[field["type"]] for field in fields
+            if ADDED_COLUMN_KEY in (field.get("metadata") or {}) and field["type"] in _ADDED_TYPES}
+
+
 def ensure_table(path: str, schema: Any, partition_by: Iterable[str], *, name: str, description: str = "") -> bool:
     """Create an empty Delta table with ``schema`` (an Arrow schema) unless one exists. True when created.
 
-    An existing table must have the same column names and types, except that columns it lacks are added to it (as
-    nullable columns, which every reader of the older rows reads as NULL): a stream whose catalog entry gained a
-    column, or the ``_rescued_data`` of the ``rescue`` policy. Any other mismatch is refused with both schemas.
+    An existing table must have the same partition columns, and the same types for the columns both have. Columns it
+    lacks are added to it (as nullable columns, which every reader of the older rows reads as NULL): a stream whose
+    catalog entry gained a column, or the ``_rescued_data`` of the ``rescue`` policy. Sluice's own columns that the
+    stream no longer writes (``_rescued_data``, the columns ``add_new_columns`` added) stay, NULL in the new rows (a
+    stream back under ``schema_evolution: none``). Any other mismatch is refused with both schemas.
     """
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
@@ -61,14 +84,13 @@ def ensure_table(path: str, schema: Any, partition_by: Iterable[str], *, name: s
     current = pa.schema(existing.schema().to_arrow())
     wanted = {field.name: str(field.type) for field in schema}
     have = {field.name: str(field.type) for field in current}
-    added = [field for field in schema if field.name not in have]
-    if added and all(wanted.get(name) == kind for name, kind in have.items()):
-        from deltalake import Schema
-
-        existing.alter.add_columns(list(Schema.from_arrow(pa.schema(added)).fields))
-        log.info("Delta table %s: added the column(s) %s", path, ", ".join(field.name for field in added))
-        have.update({field.name: str(field.type) for field in added})
-    if wanted != have:
+    common = all(have[name] == kind for name, kind in wanted.items() if name in have)
+    # A column of Sluice's own that the stream no longer writes (its rescued data, one add_new_columns added) stays:
+    # its new rows leave it NULL.
+    extra = [field for field in current if field.name not in wanted]
+    own = {RESCUED_COLUMN, *added_columns(path)} if extra else set()
+    kept = all(field.nullable and field.name in own for field in extra)
+    if not (common and kept):
         raise DeltaSchemaMismatch(
             f"Delta table {path} has schema {have}, but the stream writes {wanted}. Evolve the table or point the "
             "stream at a new table"
@@ -78,6 +100,12 @@ def ensure_table(path: str, schema: Any, partition_by: Iterable[str], *, name: s
             f"Delta table {path} is partitioned by {existing.metadata().partition_columns}, the catalog says "
             f"{partitions}"
         )
+    added = [field.with_nullable(True) for field in schema if field.name not in have]
+    if added:
+        from deltalake import Schema
+
+        existing.alter.add_columns(list(Schema.from_arrow(pa.schema(added)).fields))
+        log.info("Delta table %s: added the column(s) %s", path, ", ".join(field.name for field in added))
     return False
 
 

@@ -19,7 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter
 
-from sluice.constants import CORRUPT_COLUMN, SOURCE_FILE_COLUMN, DeltaEngine, SinkMode
+from sluice.constants import CORRUPT_COLUMN, SOURCE_FILE_COLUMN, DeltaEngine, SchemaEvolution, SinkMode
 from sluice.errors import SluiceError
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.paths import Roots
@@ -68,7 +68,9 @@ def sink_writer(request: SinkRequest) -> DataStreamWriter:
     if NEW_FIELDS_COLUMN in columns:
         failing.update(newFieldsColumn=NEW_FIELDS_COLUMN, originColumn=SOURCE_FILE_COLUMN)
     appends = request.engine is DeltaEngine.RS and all(target.mode is SinkMode.APPEND for target in targets)
-    if appends and not request.collect:
+    # A batch that adds columns is written from the driver, which sees the whole batch to type them.
+    adds = request.stream.source.schema_evolution is SchemaEvolution.ADD_NEW_COLUMNS
+    if appends and not request.collect and not adds:
         register_data_sources(request.frame.sparkSession)
         return (
             request.frame.writeStream.format(DATA_SOURCE_NAME)
@@ -84,5 +86,6 @@ def sink_writer(request: SinkRequest) -> DataStreamWriter:
     router = BatchRouter(targets, engine=request.engine, route_column=ROUTE_COLUMN, query_id=request.query_id,
                          commit_info=stream_commit_info(request.commit_info, stream=request.stream.name,
                                                         query_id=request.query_id),
-                         example_column=RAW_COLUMN, collect=appends and request.collect)
+                         example_column=RAW_COLUMN, collect=appends and request.collect,
+                         added=request.added_columns if adds else None)
     return request.frame.writeStream.foreachBatch(router).outputMode(OUTPUT_MODES[mode])

@@ -31,7 +31,7 @@ _FILE_OPTIONS = frozenset({"pathGlobFilter", "recursiveFileLookup", "maxFileAge"
                            "modifiedAfter", "modifiedBefore", "lineSep"})
 _JSON_OPTIONS = frozenset({"timestampFormat", "dateFormat", "timeZone"})
 #: The observed metric that counts a stream's records per micro-batch where Spark's input rows are not records: a
-#: multi-line JSON file read as text is one input row holding many records.
+#: JSON file read as text has lines that are no record (blank ones), or is one input row holding many (multiLine).
 RECORDS_METRIC = "sluice_records_{stream}"
 
 
@@ -88,14 +88,16 @@ def _json_text(spark: SparkSession, stream: StreamSpec, path: str, trigger: Trig
     reader = _limited(spark.readStream.format("text").options(**options), trigger)
     if multi_line:
         reader = reader.option("wholetext", "true")
-    lines = reader.load(path).select("value", F.col("_metadata.file_path").alias(SOURCE_FILE_COLUMN))
-    lines = lines.where(F.col("value").rlike(r"\S"))
-    if multi_line:  # a file holds one record, or an array of them
-        whole = F.try_parse_json("value")
-        records = F.coalesce(whole.try_cast("ARRAY<VARIANT>"), F.array(whole))
-        lines = lines.select(F.explode(records).alias("record"), "value", SOURCE_FILE_COLUMN).select(
-            F.coalesce(F.to_json("record"), F.col("value")).alias("value"), SOURCE_FILE_COLUMN)
-        lines = lines.observe(RECORDS_METRIC.format(stream=stream.name), F.count(F.lit(1)).alias("records"))
+    line = F.col("value")
+    # A byte order mark is no part of a record.
+    text = F.when(line.startswith("\ufeff"), F.expr("substring(value, 2)")).otherwise(line)
+    lines = reader.load(path).select(text.alias("value"), F.col("_metadata.file_path").alias(SOURCE_FILE_COLUMN))
+    if multi_line:  # a file holds one record, or an array of them (split without the variant's size limit)
+        records = F.coalesce(F.from_json(line, "ARRAY<STRING>"), F.array(line))
+        lines = lines.select(F.explode(records).alias("value"), SOURCE_FILE_COLUMN)
+    lines = lines.where(line.rlike(r"\S"))  # a blank line is no record, as for Spark's JSON reader
+    # Spark counts the text reader's lines (or files); the stream's records are counted here, after the split.
+    lines = lines.observe(RECORDS_METRIC.format(stream=stream.name), F.count(F.lit(1)).alias("records"))
     parse_options = {key: value for key, value in source.options.items() if key in _JSON_OPTIONS}
-    return parse_json_text(lines, F.col("value"), source.schema, source.schema_evolution, parse_options,
+    return parse_json_text(lines, F.col("value"), source.read_schema, source.schema_evolution, parse_options,
                            {SOURCE_FILE_COLUMN: F.col(SOURCE_FILE_COLUMN)})

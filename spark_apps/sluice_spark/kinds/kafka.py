@@ -129,7 +129,7 @@ def decode_records(frame: DataFrame, stream: StreamSpec) -> DataFrame:
                    for column in source.schema.columns]
         return staged.select(*columns, CORRUPT_COLUMN, *lineage)
     # JSON, under the source's drift policy (:mod:`sluice_spark.drift`).
-    decoded = parse_json_text(frame, F.col("value").cast("string"), source.schema, source.schema_evolution, {},
+    decoded = parse_json_text(frame, F.col("value").cast("string"), source.read_schema, source.schema_evolution, {},
                               {**lineage, _TOMBSTONE: F.col("value").isNull()})
     tombstone = F.when(F.col(_TOMBSTONE), F.lit("")).otherwise(F.col(CORRUPT_COLUMN))
     return decoded.withColumn(CORRUPT_COLUMN, tombstone).drop(_TOMBSTONE)
