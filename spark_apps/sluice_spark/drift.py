@@ -36,6 +36,8 @@ from sluice_spark.targets import NEW_COLUMNS_COLUMN, NEW_FIELDS_COLUMN
 _ENTRIES = "ARRAY<STRUCT<path: STRING, value: VARIANT>>"
 _RAW = "_sluice_raw"
 _FOUND = "_sluice_found"
+# A name a new column may take: a plain identifier that starts with a letter (a leading '_' is Sluice's).
+_COLUMN_NAME = "^[A-Za-z][A-Za-z0-9_]*$"
 _TEXT = "_sluice_text"
 
 
@@ -74,12 +76,18 @@ def parse_json_text(frame: DataFrame, text: Column, schema: Schema, policy: Sche
     walk = record.isNotNull() & suspect
     # Under add_new_columns a new top-level field whose name is a plain identifier becomes a column; the rest is
     # rescued.
+    # Under add_new_columns, a new top-level field may become a column when its name is a plain identifier that no
+    # declared column takes in another case (Delta's names are case-insensitive); the rest is rescued.
+    folded = F.array(*[F.lit(name.casefold()) for name in schema.names])
+
+    def column_like(key: Column) -> Column:
+        return key.rlike(_COLUMN_NAME) & ~F.array_contains(folded, F.lower(key))
+
     found = F.when(walk, _struct_entries(declared, raw, None, F.lit(""), misfits=rescue,
-                                         root_new=(lambda key: ~_column_like(key)) if adds else None))
+                                         root_new=(lambda key: ~column_like(key)) if adds else None))
     extra = []
     if adds:
-        names_declared = F.array(*[F.lit(name) for name in schema.names])
-        new_columns = F.map_filter(record, lambda key, _: ~F.array_contains(names_declared, key) & _column_like(key))
+        new_columns = F.map_filter(record, lambda key, _: column_like(key))
         extra.append(F.when(walk & (F.size(new_columns) > 0), F.to_json(new_columns)).alias(NEW_COLUMNS_COLUMN))
     walked = staged.select(*[F.col(quote(column.name)) for column in schema.columns],
                            F.when(record.isNull(), F.col(_TEXT)).otherwise(F.col(CORRUPT_COLUMN)).alias(CORRUPT_COLUMN),
@@ -94,11 +102,6 @@ def parse_json_text(frame: DataFrame, text: Column, schema: Schema, policy: Sche
     names = [F.col(quote(column.name)) for column in schema.columns]
     return walked.select(*names, CORRUPT_COLUMN, added.alias(name), *([NEW_COLUMNS_COLUMN] if adds else []),
                          *map(F.col, keep))
-
-
-def _column_like(key: Column) -> Column:
-    """A name a new column may take: a plain identifier."""
-    return key.rlike(f"^{IDENTIFIER.pattern}$")
 
 
 def _clean(data_type: DataType, raw: Column) -> Column | None:

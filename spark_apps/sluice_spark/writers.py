@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from sluice.constants import (
     ADDED_COLUMN_KEY,
+    RESCUED_COLUMN,
     SOURCE_FILE_COLUMN,
     CommitInfo,
     DeltaEngine,
@@ -39,6 +40,7 @@ from sluice.constants import (
 from sluice.errors import SchemaDriftError
 from sluice.model.predicates import DATAFUSION, SPARK_SQL, RowFilter, render
 from sluice.model.stream import StreamSpec
+from sluice.model.types import quote
 from sluice.storage.delta import commit_metadata, holds_batch
 from sluice_spark import faults
 from sluice_spark.targets import (
@@ -319,13 +321,16 @@ def stream_commit_info(base: Mapping[str, Any], *, stream: str, query_id: str) -
 
 def new_column_type(name: str, kinds: set[str], batch_id: int) -> str:
     """The Spark SQL type of a new column from the variant types of its values (``schema_of_variant``): BIGINT for
-    whole numbers, DOUBLE once a fraction is among them, BOOLEAN, STRING for text and for objects and arrays (their
-    JSON text). Two kinds of value are refused, naming the column."""
+    whole numbers, DOUBLE once a fraction is among them, BOOLEAN, STRING for text, for objects and arrays (their
+    JSON text) and for numbers past 64 bits (their digits). Two other kinds of value are refused, naming the
+    column: the catalog can declare its type."""
     found = set()
     for kind in kinds:
         whole = re.fullmatch(r"DECIMAL\((\d+),0\)", kind)
         if kind in ("BIGINT", "INT", "SMALLINT", "TINYINT") or (whole and int(whole.group(1)) <= 18):
             found.add("BIGINT")
+        elif whole:  # past 64 bits (an unsigned id, a hash): its digits as text
+            found.add("BIG")
         elif kind in ("DOUBLE", "FLOAT") or (kind.startswith("DECIMAL") and not whole):
             found.add("DOUBLE")
         elif kind in ("BOOLEAN", "STRING"):
@@ -336,6 +341,8 @@ def new_column_type(name: str, kinds: set[str], batch_id: int) -> str:
             found.add(kind)
     if found <= {"BIGINT", "DOUBLE"}:
         return "DOUBLE" if "DOUBLE" in found else "BIGINT"
+    if "BIG" in found and found <= {"BIGINT", "DOUBLE", "BIG"}:
+        return "STRING"
     if len(found) == 1 and found <= {"BOOLEAN", "STRING", "JSON"}:
         return "STRING" if found == {"JSON"} else found.pop()
     raise drift_error(batch_id, f"the new field '{name}' arrives as {', '.join(sorted(found))}: one column cannot "
@@ -410,38 +417,52 @@ class BatchRouter:
             raise drift_failure(batch_id, counted, [str(row[0]) for row in origins])
 
     def add_columns(self, batch: DataFrame, batch_id: int) -> tuple[DataFrame, dict[str, str]]:
-        """Under ``add_new_columns``: the batch with a typed column per new top-level field its good rows brought
-        (:data:`NEW_COLUMNS_COLUMN`), and those columns' types. A type is the one every value of the field fits
-        (whole numbers widen to double beside fractions; an object or an array is kept as its JSON text); a field
-        that arrives as two kinds of value, or whose name the table has for another column, stops the batch."""
+        """Under ``add_new_columns``: the batch with a typed column per new top-level field that its written rows
+        brought (:data:`NEW_COLUMNS_COLUMN`), and those columns' types. A type is the one every value of the field
+        fits (whole numbers widen to double beside fractions; an object, an array or a number past 64 bits is kept as
+        its text); a field that arrives as two other kinds of value stops the batch, naming it. What cannot become a
+        column joins the row's ``_rescued_data``: a name the table has already in another case, a value that does not
+        fit the column an earlier batch of this run added."""
         assert self.added is not None
+        sink = next(target for target in self.targets if target.route == GOOD_ROUTE)
+        written = (F.col(self.route_column) == GOOD_ROUTE) & F.col(NEW_COLUMNS_COLUMN).isNotNull()
+        if sink.flag:  # a backfill writes the rows in its range only
+            written = written & F.col(sink.flag)
         new = F.try_parse_json(NEW_COLUMNS_COLUMN)
-        good = batch.where((F.col(self.route_column) == GOOD_ROUTE) & F.col(NEW_COLUMNS_COLUMN).isNotNull())
-        values = good.select(F.explode(new.try_cast("MAP<STRING, VARIANT>")).alias("name", "value"))
+        values = batch.where(written).select(F.explode(new.try_cast("MAP<STRING, VARIANT>")).alias("name", "value"))
         seen = {row[0]: set(row[1]) for row in values.where(~F.is_variant_null("value")).groupBy("name")
                 .agg(F.collect_set(F.schema_of_variant("value"))).collect()}
-        if not seen:
-            return batch, {}
-        taken = {name.casefold() for target in self.targets if target.route == GOOD_ROUTE
-                 for name in target.table_columns}
+        taken = {name.casefold(): name for name in sink.table_columns}
+        taken.update({name.casefold(): name for name in self.added})
         types: dict[str, str] = {}
         for name, kinds in sorted(seen.items()):
-            if name.casefold() in taken or name.startswith("_"):
-                raise drift_error(batch_id, f"the new field '{name}' has the name of a column the stream writes "
-                                            "already, or one Sluice keeps for itself; declare it in source.schema "
-                                            "or rename it")
-            types[name] = new_column_type(name, kinds, batch_id)
+            owner = taken.get(name.casefold())
+            if owner is not None and owner != name:
+                continue  # another case of a column's name: rescued
             earlier = self.added.get(name)  # an earlier batch of this run added it: the table has its type
-            if earlier == "DOUBLE" and types[name] == "BIGINT":
-                types[name] = earlier
-            elif earlier not in (None, types[name]):
-                raise drift_error(batch_id, f"the column '{name}' was added as {earlier} earlier in this run, and "
-                                            f"batch {batch_id} brings {types[name]} values; declare its type in "
-                                            "source.schema")
-        typed = {name: F.try_variant_get(new, f"$.{name}", kind) if kind != "STRING" else _as_text(new, name)
+            types[name] = earlier or new_column_type(name, kinds, batch_id)
+            taken[name.casefold()] = name
+        if not types:
+            return self._rescue_new(batch, new, {}), {}
+        typed = {name: _as_text(new, name) if kind == "STRING" else F.try_variant_get(new, f"$.{name}", kind)
                  for name, kind in types.items()}
-        self.added.update(types)
-        return batch.withColumns(typed), types
+        return self._rescue_new(batch.withColumns(typed), new, types), types
+
+    @staticmethod
+    def _rescue_new(batch: DataFrame, new: Column, columns: Mapping[str, str]) -> DataFrame:
+        """Each row's new fields that did not become a column, or whose value its column could not hold, joined to
+        its ``_rescued_data``."""
+        def left(key: Column, value: Column) -> Column:
+            kept = F.lit(False)
+            for name in columns:
+                kept = kept | ((key == name) & F.col(quote(name)).isNotNull())
+            return ~kept & ~F.is_variant_null(value)
+
+        leftovers = F.map_filter(new.try_cast("MAP<STRING, VARIANT>"), left)
+        rescued = F.try_parse_json(F.col(RESCUED_COLUMN)).try_cast("MAP<STRING, VARIANT>")
+        merged = F.map_concat(F.coalesce(rescued, F.create_map().cast("MAP<STRING, VARIANT>")), leftovers)
+        return batch.withColumn(RESCUED_COLUMN, F.when(F.size(leftovers) > 0, F.to_json(merged))
+                                .otherwise(F.col(RESCUED_COLUMN)))
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         if self.collect:
@@ -470,6 +491,8 @@ class BatchRouter:
                                                   replace=self.replace.get(target.route), staging=staging,
                                                   added=widened)
                 faults.reach("between_commits", batch_id)
+            if self.added is not None:
+                self.added.update(added)  # committed with its batch's rows
             if replayed:
                 self.replayed.append(batch_id)
         finally:

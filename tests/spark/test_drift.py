@@ -393,3 +393,28 @@ def test_a_sigkill_in_an_add_new_columns_batch_then_a_rerun_gives_the_exact_tabl
     assert rows["e20"]["coupon"] == "X1" and rows["e21"]["score"] == 2.5
     dead = read_table(stream.dead_letter_table_path(roots)).to_pylist()
     assert sorted(row["raw_record"] for row in dead) == sorted(BROKEN)
+
+
+def test_add_new_columns_rescues_what_cannot_become_a_column(spark: Any, tmp_path: Path) -> None:
+    """A leading '_', a declared name in another case, a value that does not fit the column an earlier batch of the
+    run added: kept in _rescued_data. A number past 64 bits keeps its digits as text."""
+    import os
+
+    spec = stream_spec("add_new_columns")
+    spec["trigger"] = {"max_files_per_trigger": 1}
+    catalog = load_catalog(write_catalog(tmp_path, spec))
+    stream, roots = catalog.get("github"), roots_in(tmp_path)
+    first = land(tmp_path, "a.json", [record(30, _id="x1", Amount=5, big=12345678901234567890, rank=1)])
+    second = land(tmp_path, "b.json", [record(31, rank="first", Rank=2)])
+    os.utime(first, (1_700_000_000, 1_700_000_000))
+    os.utime(second, (1_700_000_100, 1_700_000_100))
+
+    [run] = run_streams(spark, catalog, ["github"], roots).streams
+
+    assert run.status == "succeeded", run.error
+    assert (run.batches, run.added_columns) == (2, {"big": "STRING", "rank": "BIGINT"})
+    rows = rows_by_id(stream.sink_path(roots))
+    assert (rows["e30"]["big"], rows["e30"]["rank"]) == ("12345678901234567890", 1)
+    assert json.loads(rows["e30"][RESCUED_COLUMN]) == {"_id": "x1", "Amount": 5}
+    assert rows["e31"]["rank"] is None
+    assert json.loads(rows["e31"][RESCUED_COLUMN]) == {"rank": "first", "Rank": 2}

@@ -51,3 +51,9 @@ def test_another_partitioning_is_refused_before_any_column_is_added(tmp_path: Pa
     with pytest.raises(DeltaSchemaMismatch, match="is partitioned by"):
         ensure_table(str(tmp_path), pa.schema([*STREAM, ("_rescued_data", pa.string())]), [], name="t")
     assert DeltaTable(str(tmp_path)).version() == version
+
+
+def test_a_column_renamed_by_its_case_alone_is_refused(tmp_path: Path) -> None:
+    ensure_table(str(tmp_path), STREAM, (), name="t")
+    with pytest.raises(DeltaSchemaMismatch, match=r"Amount \(the table has amount\).*case-insensitive"):
+        ensure_table(str(tmp_path), pa.schema([("id", pa.string()), ("Amount", pa.float64())]), (), name="t")

@@ -84,6 +84,12 @@ def ensure_table(path: str, schema: Any, partition_by: Iterable[str], *, name: s
     current = pa.schema(existing.schema().to_arrow())
     wanted = {field.name: str(field.type) for field in schema}
     have = {field.name: str(field.type) for field in current}
+    folded = {name.casefold(): name for name in have}
+    renamed = [f"{name} (the table has {folded[name.casefold()]})" for name in wanted
+               if name not in have and name.casefold() in folded]
+    if renamed:
+        raise DeltaSchemaMismatch(f"Delta table {path}: the stream writes {', '.join(renamed)}; Delta's column names "
+                                  "are case-insensitive, so a column cannot be renamed by its case alone")
     common = all(have[name] == kind for name, kind in wanted.items() if name in have)
     # A column of Sluice's own that the stream no longer writes (its rescued data, one add_new_columns added) stays:
     # its new rows leave it NULL.
