@@ -74,8 +74,6 @@ def parse_json_text(frame: DataFrame, text: Column, schema: Schema, policy: Sche
     if rescue:
         suspect = suspect | F.col(CORRUPT_COLUMN).isNotNull()
     walk = record.isNotNull() & suspect
-    # Under add_new_columns a new top-level field whose name is a plain identifier becomes a column; the rest is
-    # rescued.
     # Under add_new_columns, a new top-level field may become a column when its name is a plain identifier that no
     # declared column takes in another case (Delta's names are case-insensitive); the rest is rescued.
     folded = F.array(*[F.lit(name.casefold()) for name in schema.names])

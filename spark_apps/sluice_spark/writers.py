@@ -354,10 +354,18 @@ def drift_error(batch_id: int, reason: str) -> SchemaDriftError:
                             "committed")
 
 
-def _as_text(new: Any, name: str) -> Any:
-    """A new field kept as text: a string as it is, an object or an array as its JSON."""
+# The variant types of the values a new column of each type takes as they are (a cast would truncate 1.5 to 1).
+_FITS = {"BIGINT": r"^(BIGINT|INT|SMALLINT|TINYINT|DECIMAL\((1[0-8]|[1-9]),0\))$",
+         "DOUBLE": r"^(BIGINT|INT|SMALLINT|TINYINT|DOUBLE|FLOAT|DECIMAL\(\d+,\d+\))$", "BOOLEAN": r"^BOOLEAN$"}
+
+
+def _typed(new: Any, name: str, kind: str) -> Any:
+    """A new field's value in its column's type: NULL when the value is not of a kind the type takes as it is (it is
+    rescued instead). A text column takes anything: a string as it is, anything else as its JSON."""
     value = F.try_variant_get(new, f"$.{name}", "VARIANT")
-    return F.coalesce(F.try_variant_get(value, "$", "STRING"), F.to_json(value))
+    if kind == "STRING":
+        return F.coalesce(F.try_variant_get(value, "$", "STRING"), F.to_json(value))
+    return F.when(F.schema_of_variant(value).rlike(_FITS[kind]), F.try_variant_get(value, "$", kind))
 
 
 class BatchRouter:
@@ -444,8 +452,7 @@ class BatchRouter:
             taken[name.casefold()] = name
         if not types:
             return self._rescue_new(batch, new, {}), {}
-        typed = {name: _as_text(new, name) if kind == "STRING" else F.try_variant_get(new, f"$.{name}", kind)
-                 for name, kind in types.items()}
+        typed = {name: _typed(new, name, kind) for name, kind in types.items()}
         return self._rescue_new(batch.withColumns(typed), new, types), types
 
     @staticmethod

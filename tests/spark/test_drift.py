@@ -397,7 +397,8 @@ def test_a_sigkill_in_an_add_new_columns_batch_then_a_rerun_gives_the_exact_tabl
 
 def test_add_new_columns_rescues_what_cannot_become_a_column(spark: Any, tmp_path: Path) -> None:
     """A leading '_', a declared name in another case, a value that does not fit the column an earlier batch of the
-    run added: kept in _rescued_data. A number past 64 bits keeps its digits as text."""
+    run added (text, or a fraction in a whole-number column): kept in _rescued_data. A number past 64 bits keeps its
+    digits as text."""
     import os
 
     spec = stream_spec("add_new_columns")
@@ -405,7 +406,7 @@ def test_add_new_columns_rescues_what_cannot_become_a_column(spark: Any, tmp_pat
     catalog = load_catalog(write_catalog(tmp_path, spec))
     stream, roots = catalog.get("github"), roots_in(tmp_path)
     first = land(tmp_path, "a.json", [record(30, _id="x1", Amount=5, big=12345678901234567890, rank=1)])
-    second = land(tmp_path, "b.json", [record(31, rank="first", Rank=2)])
+    second = land(tmp_path, "b.json", [record(31, rank="first", Rank=2), record(32, rank=2.5)])
     os.utime(first, (1_700_000_000, 1_700_000_000))
     os.utime(second, (1_700_000_100, 1_700_000_100))
 
@@ -418,3 +419,4 @@ def test_add_new_columns_rescues_what_cannot_become_a_column(spark: Any, tmp_pat
     assert json.loads(rows["e30"][RESCUED_COLUMN]) == {"_id": "x1", "Amount": 5}
     assert rows["e31"]["rank"] is None
     assert json.loads(rows["e31"][RESCUED_COLUMN]) == {"rank": "first", "Rank": 2}
+    assert rows["e32"]["rank"] is None and json.loads(rows["e32"][RESCUED_COLUMN]) == {"rank": 2.5}, "not truncated"
