@@ -32,14 +32,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from harness import best_of_rounds, local_spark
+from harness import best_of_rounds, local_spark, run_catalog
 from pyspark.sql import SparkSession
 
 from sluice.catalog import DEFAULT_CATALOG, Catalog, parse_catalog
 from sluice.cli.demo_producer import DemoProducer
 from sluice.operations.maintenance import maintain
 from sluice.paths import Roots
-from sluice_spark.runner import run_streams
 
 STREAM = "events_bronze"
 GOALS = {"aged_vs_fresh": 1.5}
@@ -57,13 +56,7 @@ def stream_catalog(landing: str, *, files_per_batch: int | None = None) -> Catal
 
 
 def run_once(spark: SparkSession, catalog: Catalog, roots: Roots) -> tuple[float, Any]:
-    started = time.perf_counter()
-    summary = run_streams(spark, catalog, [STREAM], roots)
-    elapsed = time.perf_counter() - started
-    stream = summary.streams[0]
-    if stream.status != "succeeded":
-        raise SystemExit(f"run failed: {stream.error}")
-    return elapsed, stream
+    return run_catalog(spark, catalog, roots, STREAM)
 
 
 def main() -> None:

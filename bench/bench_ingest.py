@@ -27,7 +27,7 @@ import time
 import uuid
 from pathlib import Path
 
-from harness import best_of_rounds, local_spark
+from harness import best_of_rounds, local_spark, run_catalog
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -35,7 +35,7 @@ from sluice.catalog import Catalog, parse_catalog
 from sluice.cli.demo_producer import EVENT_SCHEMA
 from sluice.model.schema import parse_schema
 from sluice.paths import Roots
-from sluice_spark.runner import build_routed_frame, run_streams
+from sluice_spark.runner import build_routed_frame
 
 
 def write_events(folder: Path, rows: int, files: int) -> None:
@@ -97,12 +97,7 @@ def run_parquet(spark: SparkSession, landing: Path, out: Path, *, plain: bool) -
 
 def run_sluice(spark: SparkSession, landing: Path, out: Path) -> tuple[float, int]:
     catalog, roots = bench_catalog(landing, out)
-    started = time.perf_counter()
-    summary = run_streams(spark, catalog, ["bench_events"], roots)
-    elapsed = time.perf_counter() - started
-    stream = summary.streams[0]
-    if stream.status != "succeeded":
-        raise SystemExit(f"Sluice run failed: {stream.error}")
+    elapsed, stream = run_catalog(spark, catalog, roots)
     return elapsed, stream.output_rows
 
 

@@ -18,7 +18,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
@@ -159,14 +159,8 @@ class DeltaRsStreamWriter(DataSourceStreamArrowWriter):
 
         ours = [message for message in messages if isinstance(message, DeltaCommitMessage)]
         files = [f for message in ours for f in message.files]
-        failed: dict[str, int] = {}
-        for message in ours:
-            for name, rows in message.failed.items():
-                failed[name] = failed.get(name, 0) + rows
-        new_fields: dict[str, int] = {}
-        for message in ours:
-            for name, rows in message.new_fields.items():
-                new_fields[name] = new_fields.get(name, 0) + rows
+        failed = _summed(message.failed for message in ours)
+        new_fields = _summed(message.new_fields for message in ours)
         if new_fields:
             self.abort(messages, batchId)
             raise drift_failure(batchId, new_fields, list(dict.fromkeys(o for m in ours for o in m.origins)))
@@ -209,6 +203,15 @@ class DeltaRsStreamWriter(DataSourceStreamArrowWriter):
             if isinstance(message, DeltaCommitMessage):
                 for index, target in enumerate(self.targets):
                     _remove_files(target.path, [f for f in message.files if f.table == index])
+
+
+def _summed(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Rows per name, over the executors' messages."""
+    total: dict[str, int] = {}
+    for count in counts:
+        for name, rows in count.items():
+            total[name] = total.get(name, 0) + rows
+    return total
 
 
 class _PartitionFile:

@@ -16,7 +16,7 @@ in Spark's observed metrics (:data:`EXPECTATIONS_METRIC`), one row per micro-bat
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from pyspark.sql import Column, DataFrame
@@ -28,8 +28,8 @@ from sluice.errors import CatalogError
 from sluice.model.expectations import QUARANTINE_REASON, NullResult, Violation
 from sluice.model.stream import StreamSpec
 from sluice.model.types import dotted, quote
-from sluice_spark.drift import NEW_FIELDS_COLUMN, reparse_as_text
-from sluice_spark.targets import FAILED_COLUMN, NEW_COLUMNS_COLUMN, RAW_COLUMN, REASON_COLUMN
+from sluice_spark.drift import reparse_as_text
+from sluice_spark.targets import FAILED_COLUMN, NEW_COLUMNS_COLUMN, NEW_FIELDS_COLUMN, RAW_COLUMN, REASON_COLUMN
 
 _MAX_VALUE_IN_REASON = 120
 #: The name of the observed metrics that count, per micro-batch, the rows the rules judged (``checked``), the rows
@@ -125,13 +125,16 @@ def rescued_count(progress: Iterable[StreamingQueryProgress], stream: StreamSpec
     a stream that rescues nothing."""
     if not stream.source.rescues:
         return None
-    total = 0
+    return sum(int(values["rescued"]) for values in observed(progress, RESCUE_METRIC.format(stream=stream.name)))
+
+
+def observed(progress: Iterable[StreamingQueryProgress], name: str) -> Iterator[dict[str, Any]]:
+    """The observed metrics ``name`` of each executed batch in a query's progress reports (a report without
+    ``addBatch`` is an idle trigger)."""
     for report in progress:
-        name = RESCUE_METRIC.format(stream=stream.name)
         metrics = report.observedMetrics.get(name) if "addBatch" in report.durationMs else None
         if metrics is not None:
-            total += int(metrics.asDict()["rescued"])
-    return total
+            yield metrics.asDict()
 
 
 def _raw_record(stream: StreamSpec) -> Column:
@@ -210,11 +213,7 @@ def expectation_counts(progress: Iterable[StreamingQueryProgress],
     query's progress reports (a report without ``addBatch`` is an idle trigger)."""
     checked = dropped = 0
     broke = dict.fromkeys((rule.name for rule in stream.expectations), 0)
-    for report in progress:
-        metrics = report.observedMetrics.get(EXPECTATIONS_METRIC) if "addBatch" in report.durationMs else None
-        if metrics is None:
-            continue
-        values = metrics.asDict()
+    for values in observed(progress, EXPECTATIONS_METRIC):
         checked += int(values[CHECKED_METRIC])
         dropped += int(values[DROPPED_METRIC])
         for name in broke:
