@@ -58,9 +58,14 @@ STOP_TIMEOUT = 30
 DEVSERVER = PYTHONPATH="$(CURDIR)/include" $(PYTHON) -m sluice.cli.devserver
 WHERE = --airflow-home "$(AIRFLOW_HOME)" --data-root "$(SLUICE_DATA_ROOT)"
 
+# `make run WARM=1`: warm mode. A warm server (one resident Spark driver) starts first, and the stream runs go to it
+# instead of a spark-submit each (README, "Cost").
+WARM =
+
 .PHONY: run
-run: $(AIRFLOW_HOME)/airflow.db  ## Airflow on 127.0.0.1:8080 (HOST=, PORT=), the DAGs on their schedules, a producer
-	@$(BIN)/python -m sluice.cli.devserver run --host "$(HOST)" --port "$(PORT)" --stop-timeout "$(STOP_TIMEOUT)" $(WHERE)
+run: $(AIRFLOW_HOME)/airflow.db  ## Airflow on 127.0.0.1:8080 (HOST=, PORT=, WARM=1), the DAGs on schedule, a producer
+	@$(BIN)/python -m sluice.cli.devserver run --host "$(HOST)" --port "$(PORT)" --stop-timeout "$(STOP_TIMEOUT)" \
+		$(if $(WARM),--warm) $(WHERE)
 
 .PHONY: stop
 stop:  ## stop exactly what `make run` started: Airflow, its task and Spark processes, the producer

@@ -12,16 +12,19 @@ time, four ways, in one run of this script:
   it, as for a large run (for comparison; no goal);
 - ``dag``: ``airflow dags test ingest_events_bronze`` (the health gate, then the run through the operator);
 - ``scheduler``: a running scheduler, DAG processor and API server; the run triggered through the REST API, timed
-  until the API reports the DAG run's success.
+  until the API reports the DAG run's success;
+- ``warm``: warm mode. A warm server (``spark_apps/warm_server.py``) is started once, before the rounds and outside
+  the timing; each round times a fresh ``python -m sluice warm run --stream events_bronze`` process, from its start
+  to its exit.
 
 Every side uses ``--master local[*]`` and its own data root, emptied of tables and checkpoints before each round.
 Rounds alternate the order of the sides and the best time of each is kept, because these machines are shared and
 noisy. Then the phases of the bare run (Sluice's own timings from the run summary, Spark's from the progress
 reports in the run log) and of the DAG run (its task instances) are printed.
 
-Goals: bare / spark <= 1.15 and dag / bare <= 1.15. The last line is the result as JSON.
+Goals: bare / spark <= 1.15, dag / bare <= 1.15 and warm / spark <= 0.25. The last line is the result as JSON.
 
-    python bench/bench_run_cost.py [--rounds 3] [--no-scheduler]
+    python bench/bench_run_cost.py [--rounds 3] [--no-scheduler] [--no-warm]
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ FILES, LINES = 3, 3270
 # Never: Feb 29 at midnight, last before the DAGs' start date, next in 2028. Only the bench triggers the DAG.
 NO_SCHEDULE = "0 0 29 2 *"
 # A DAG run is timed two ways: `airflow dags test` (which parses the DAG folder first) and a running scheduler.
-GOALS = {"bare_vs_spark": 1.15, "dag_vs_bare": 1.15, "scheduler_vs_bare": 1.15}
+GOALS = {"bare_vs_spark": 1.15, "dag_vs_bare": 1.15, "scheduler_vs_bare": 1.15, "warm_vs_spark": 0.25}
 
 FLOOR = '''
 import sys
@@ -200,6 +203,47 @@ class Scheduler:
                 with_group(process, 9)
 
 
+class Warm:
+    """A warm server on the world's files and its own roots; each run is a fresh command-line client."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        root = world.folder / "warm"
+        token = secrets.token_urlsafe(32)
+        roots = ["--landing-root", str(world.landing), "--lake-root", str(root / "lake"),
+                 "--checkpoint-root", str(root / "checkpoints")]
+        self.log = world.folder / "warm-server.log"
+        self.process = subprocess.Popen(
+            [str(BIN / "spark-submit"), "--master", "local[*]", str(PROJECT / "spark_apps" / "warm_server.py"),
+             "--catalog", str(world.catalog), *roots, "--port", "0"],
+            env={**world.env, "SLUICE_WARM_TOKEN": token}, stdout=self.log.open("wb"), stderr=subprocess.STDOUT,
+            start_new_session=True)
+        deadline = time.monotonic() + 300
+        address = ""
+        while not address:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the warm server did not start; see {self.log}")
+            time.sleep(0.2)
+            ready = [line for line in self.log.read_text().splitlines() if line.startswith("SLUICE_WARM_READY ")]
+            address = ready[0].split()[1] if ready else ""
+        self.env = {**world.side_env(root), "SLUICE_WARM_TOKEN": token, "SLUICE_WARM_ADDRESS": address}
+
+    def run(self) -> str:
+        self.world.root("warm")
+        done = subprocess.run([str(BIN / "python"), "-m", "sluice", "warm", "run", "--stream", STREAM],
+                              env=self.env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"the warm run failed:\n{(done.stdout + done.stderr)[-3000:]}")
+        return done.stdout
+
+    def stop(self) -> None:
+        with_group(self.process, 15)
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            with_group(self.process, 9)
+
+
 def with_group(process: subprocess.Popen[bytes], signal_number: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal_number)
@@ -224,9 +268,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-scheduler", action="store_true", help="leave out the side through a running scheduler")
+    parser.add_argument("--no-warm", action="store_true", help="leave out the side through a warm server")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="sluice-bench-cost-"))
     scheduler: Scheduler | None = None
+    warm: Warm | None = None
     try:
         world = World(folder)
         schema = ", ".join(f"{name} {kind.removesuffix(' not null')}" for name, kind in EVENT_SCHEMA.items())
@@ -254,6 +300,9 @@ def main() -> None:
                                       capture_output=True, text=True)
                 if done.returncode != 0 or "state=success" not in done.stdout + done.stderr:
                     raise RuntimeError(f"airflow dags test failed:\n{(done.stdout + done.stderr)[-3000:]}")
+            elif side == "warm":
+                assert warm is not None
+                outputs[side] = warm.run()
             else:
                 assert scheduler is not None
                 return scheduler.run()
@@ -263,6 +312,9 @@ def main() -> None:
         if not args.no_scheduler:
             scheduler = Scheduler(world)
             sides.append("scheduler")
+        if not args.no_warm:
+            warm = Warm(world)
+            sides.append("warm")
         best = best_of_rounds(sides, args.rounds, run)
 
         summary = summary_of(outputs["bare"])
@@ -284,6 +336,12 @@ def main() -> None:
         ratios = {"bare_vs_spark": best["bare"] / best["spark"], "dag_vs_bare": best["dag"] / best["bare"]}
         if "scheduler" in best:
             ratios["scheduler_vs_bare"] = best["scheduler"] / best["bare"]
+        if "warm" in best:
+            ratios["warm_vs_spark"] = best["warm"] / best["spark"]
+            warm_phases = summary_of(outputs["warm"]).get("phases_seconds", {})
+            print("warm run, inside the server (s): " + ", ".join(f"{k} {v:.2f}" for k, v in warm_phases.items())
+                  + f"; outside it (the client's start, the connection): "
+                    f"{best['warm'] - sum(warm_phases.values()):.2f}")
         print()
         print(f"plain Spark floor  {best['spark']:6.2f} s")
         print(f"Sluice, bare       {best['bare']:6.2f} s   {ratios['bare_vs_spark']:.2f}x the floor "
@@ -295,6 +353,9 @@ def main() -> None:
         if "scheduler" in best:
             print(f"Sluice, scheduler  {best['scheduler']:6.2f} s   {ratios['scheduler_vs_bare']:.2f}x bare "
                   f"(goal <= {GOALS['scheduler_vs_bare']}), {best['scheduler'] / best['spark']:.2f}x the floor")
+        if "warm" in best:
+            print(f"Sluice, warm       {best['warm']:6.2f} s   {ratios['warm_vs_spark']:.2f}x the floor "
+                  f"(goal <= {GOALS['warm_vs_spark']})")
         print(json.dumps({
             "ratios": {key: round(value, 3) for key, value in ratios.items()},
             "goals": {key: GOALS[key] for key in ratios},
@@ -306,6 +367,8 @@ def main() -> None:
     finally:
         if scheduler is not None:
             scheduler.stop()
+        if warm is not None:
+            warm.stop()
         shutil.rmtree(folder, ignore_errors=True)
 
 

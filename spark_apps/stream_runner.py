@@ -19,11 +19,9 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from sluice.catalog import load_catalog
-from sluice.connections.kafka import env_secrets, scrub
 from sluice.constants import DeltaEngine, RunStatus
 from sluice.errors import SluiceError
 from sluice.paths import Roots
-from sluice.storage.lock import LockHeld
 from sluice.summary import PhaseClock, RunSummary, StreamRunSummary
 
 
@@ -43,11 +41,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def emit(summary: RunSummary, summary_file: str | None) -> None:
-    secrets = env_secrets()
-    for stream in summary.streams:
-        if stream.error and secrets:
-            # A Spark error may quote a client option; Kafka credentials must not reach XCom or the task log.
-            stream.error = scrub(stream.error, secrets)
+    from sluice_spark.runner import scrubbed
+
+    summary = scrubbed(summary)
     if summary_file:
         path = Path(summary_file)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -58,7 +54,7 @@ def emit(summary: RunSummary, summary_file: str | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     clock = PhaseClock()
-    from sluice_spark.runner import run_streams
+    from sluice_spark.runner import run_or_refuse
     from sluice_spark.session import configure_sluice
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -78,15 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     clock.lap("session")
     try:
         engine = DeltaEngine(args.engine) if args.engine else None
-        try:
-            summary = run_streams(spark, catalog, args.streams, roots, run_id=args.run_id, engine=engine,
-                                  clock=clock)
-        except SluiceError as exc:
-            # A held lock clears when the other run ends, so a retry can succeed; other refusals need a fix.
-            retryable = isinstance(exc, LockHeld)
-            summary = RunSummary(spark.sparkContext.applicationId, [
-                StreamRunSummary(stream=name, status=RunStatus.FAILED, error=str(exc), retryable=retryable)
-                for name in args.streams])
+        summary = run_or_refuse(spark, catalog, args.streams, roots, run_id=args.run_id, engine=engine, clock=clock)
         emit(summary, args.summary_file)
         for stream in summary.streams:
             logging.info("stream %s: %s", stream.stream, json.dumps(stream.__dict__, default=str))

@@ -6,6 +6,7 @@
     python -m sluice maintain [--stream NAME ...]            compact, vacuum and checkpoint the Delta tables
     python -m sluice demo                                    the demo: files in, one run, the tables printed
     python -m sluice demo-producer --landing-root DIR ...    demo events into a landing zone or a Kafka topic
+    python -m sluice warm run --stream NAME | ping           a run on the warm server (warm mode), or its status
 
 Each command's module is imported only when it runs.
 """
@@ -16,7 +17,8 @@ import importlib
 import sys
 
 COMMANDS = {"status": "sluice.cli.status", "health": "sluice.cli.health", "repair": "sluice.cli.repair",
-            "maintain": "sluice.cli.maintain", "demo": "sluice.cli.demo", "demo-producer": "sluice.cli.demo_producer"}
+            "maintain": "sluice.cli.maintain", "demo": "sluice.cli.demo", "demo-producer": "sluice.cli.demo_producer",
+            "warm": "sluice.cli.warm"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -18,12 +20,15 @@ from sluice.catalog import DEFAULT_CATALOG
 from sluice.connections.storage import DEFAULT_CONNECTION as STORAGE_CONNECTION
 from sluice.constants import RunStatus
 from sluice.paths import Roots
+from sluice.warm import CONNECTION_ID as WARM_CONNECTION
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from sluice.catalog import Catalog
     from sluice.operations.backfill import BackfillRequest
+    from sluice.summary import RunSummary
+    from sluice.warm import WarmAddress
     from sluice_airflow.hooks import SluiceSparkSubmitHook
 
 DEFAULT_SPARK_CONN_ID = "sluice_spark"
@@ -59,6 +64,25 @@ def storage_environment(roots: Roots, conn_id: str, log: Any) -> dict[str, str]:
         mask_secret(secret)
     log.info("Object storage through connection %r: %s", conn_id, described(env))
     return env
+
+
+def warm_address(conn_id: str) -> WarmAddress | None:
+    """The warm server of this deployment: the Airflow connection ``conn_id`` (host, port, and the token as its
+    password), read in the worker at run time; None (a cold run through spark-submit) when it is not defined."""
+    from airflow.sdk import BaseHook
+
+    from sluice.errors import SluiceError
+    from sluice.warm import DEFAULT_PORT, WarmAddress, require_token
+
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except Exception:  # the task SDK raises its own not-found error type
+        return None
+    try:
+        return WarmAddress(host=str(conn.host or "127.0.0.1"), port=int(conn.port or DEFAULT_PORT),
+                           token=require_token(conn.password, where=f"connection {conn_id!r}: password"))
+    except SluiceError as exc:
+        raise AirflowFailException(str(exc)) from None
 
 
 class SluiceOperator(BaseOperator):
@@ -194,15 +218,52 @@ class StreamRunOperator(SparkAppOperator):
     :param streams: catalog stream names (templated)
     :param health_gates: stream name -> the task id of its health check in this DAG. A stream whose check did not
         succeed (no report in XCom) is left out of the run, and the task fails after the others ran, naming it.
+    :param warm_conn_id: Airflow connection of the deployment's warm server (warm mode: host, port, the token as
+        password). When it is defined the run goes to that server instead of spark-submit; see :mod:`sluice.warm`.
     """
 
     template_fields: Sequence[str] = ("streams", *SparkAppOperator.template_fields)
     ui_color = "#d7ecfb"
 
-    def __init__(self, *, streams: list[str], health_gates: dict[str, str] | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, streams: list[str], health_gates: dict[str, str] | None = None,
+                 warm_conn_id: str = WARM_CONNECTION, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.streams = streams
         self.health_gates = health_gates
+        self.warm_conn_id = warm_conn_id
+        self._warm_connection: socket.socket | None = None
+
+    def run_warm(self, address: WarmAddress, run_id: str) -> RunSummary:
+        """The run on the warm server: its log lines into the task log; killing the task closes the connection,
+        and the server stops the run. The server holds its own credentials: this task sends none."""
+        from sluice.warm import WarmRefused, WarmServerGone, run
+
+        catalog = self.stream_catalog()
+        if any(stream.connections for stream in catalog.select(list(self.streams))) or self.storage_environment():
+            self.log.info("Warm mode: the warm server reads Kafka and object storage with the credentials it was "
+                          "started with, not this task's connections")
+        self.log.info("Running %s on the warm server at %s", ", ".join(self.streams), address)
+        try:
+            return run(address, list(self.streams), catalog=self.catalog_path(), roots=self.resolved_roots(),
+                       run_id=run_id, engine=self.engine or None, on_log=self.log.info,
+                       on_connected=self._keep_connection)
+        except WarmRefused as exc:
+            raise AirflowFailException(str(exc)) from None
+        except WarmServerGone as exc:
+            raise AirflowException(str(exc)) from None
+        finally:
+            self._warm_connection = None
+
+    def _keep_connection(self, connection: socket.socket) -> None:
+        self._warm_connection = connection
+
+    def on_kill(self) -> None:
+        connection = getattr(self, "_warm_connection", None)
+        if connection is not None:  # the server sees its client go, and stops the run's queries
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+            connection.close()
+        super().on_kill()
 
     def secret_env(self) -> dict[str, str]:
         """The Spark options of every Kafka connection the streams use, one ``SLUICE_KAFKA_CONN_<ID>`` JSON variable
@@ -239,11 +300,18 @@ class StreamRunOperator(SparkAppOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         stopped = self._gated(context)
         run_id = f"{self.dag_id}/{context['run_id']}/{self.task_id}"
-        with tempfile.TemporaryDirectory(prefix="sluice-run-") as folder:
-            summary_file = str(Path(folder) / "summary.json")
-            failure = self.submit("stream_runner.py", self.application_args(run_id=run_id, summary_file=summary_file),
-                                  name=f"sluice-{'-'.join(self.streams)}")
-            summary = self._hook.stream_summary(summary_file) if self._hook is not None else None
+        warm = warm_address(self.warm_conn_id)
+        summary: RunSummary | None
+        failure: AirflowException | None = None
+        if warm is not None:
+            summary = self.run_warm(warm, run_id)
+        else:
+            with tempfile.TemporaryDirectory(prefix="sluice-run-") as folder:
+                summary_file = str(Path(folder) / "summary.json")
+                failure = self.submit("stream_runner.py",
+                                      self.application_args(run_id=run_id, summary_file=summary_file),
+                                      name=f"sluice-{'-'.join(self.streams)}")
+                summary = self._hook.stream_summary(summary_file) if self._hook is not None else None
         if summary is None:
             raise AirflowException(f"Spark run of {self.streams} produced no run summary: {failure}")
         for stream in summary.streams:

@@ -1,8 +1,9 @@
 """Named crash points for recovery tests, off unless ``SLUICE_FAULT_POINT`` is set.
 
-A recovery test sets ``SLUICE_FAULT_POINT=<point>[:<batch>]`` and ``SLUICE_FAULT_DIR`` on a spark-submit run. When
+A recovery test sets ``SLUICE_FAULT_POINT=<point>[:<batch>][,...]`` and ``SLUICE_FAULT_DIR`` on a spark-submit run. When
 the run reaches the point, this module writes ``<dir>/<point>.reached`` holding its own pid and then blocks, so the
-test can SIGKILL the whole application at exactly that point. Production runs never set the variable.
+test can SIGKILL the whole application at exactly that point, or kill something else (a warm run's client) and then
+let the run go on by creating ``<dir>/<point>.release``. Production runs never set the variable.
 """
 
 from __future__ import annotations
@@ -13,12 +14,17 @@ import time
 POINTS = ("executor_written", "before_commit", "between_commits", "after_commit", "run_logged")
 
 
+def _wanted(point: str, batch_id: int | None) -> bool:
+    """Whether ``SLUICE_FAULT_POINT`` (``point[:batch]``, several separated by commas) names this arrival."""
+    for wanted in os.environ.get("SLUICE_FAULT_POINT", "").split(","):
+        name, _, batch = wanted.strip().partition(":")
+        if name == point and not (batch and batch_id is not None and int(batch) != batch_id):
+            return True
+    return False
+
+
 def reach(point: str, batch_id: int | None = None) -> None:
-    wanted = os.environ.get("SLUICE_FAULT_POINT")
-    if not wanted:
-        return
-    name, _, batch = wanted.partition(":")
-    if name != point or (batch and batch_id is not None and int(batch) != batch_id):
+    if not _wanted(point, batch_id):
         return
     folder = os.environ.get("SLUICE_FAULT_DIR")
     if not folder:
@@ -30,5 +36,6 @@ def reach(point: str, batch_id: int | None = None) -> None:
             handle.write(str(os.getpid()))
     except FileExistsError:
         return
-    while True:  # wait for the SIGKILL the test sends once it sees the marker
-        time.sleep(3600)
+    release = os.path.join(folder, f"{point}.release")
+    while not os.path.exists(release):  # wait for the SIGKILL the test sends once it sees the marker
+        time.sleep(0.05)

@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import re
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -25,6 +26,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming import StreamingQuery
 
 from sluice.catalog import Catalog
+from sluice.connections.kafka import env_secrets, scrub
 from sluice.constants import (
     CORRUPT_COLUMN,
     INGEST_TIME_COLUMN,
@@ -51,7 +53,7 @@ from sluice.paths import Roots
 from sluice.storage import runlog
 from sluice.storage.checkpoint import CheckpointReader, ensure_query_id
 from sluice.storage.delta import added_columns, batch_commits, ensure_table, table_version
-from sluice.storage.lock import HeldLock
+from sluice.storage.lock import HeldLock, LockHeld
 from sluice.storage.object_lock import lock_for
 from sluice.summary import PhaseClock, RunSummary, StreamRunSummary
 from sluice.times import iso_utc
@@ -78,6 +80,8 @@ from sluice_spark.transforms import apply_transform
 from sluice_spark.writers import SinkRequest, sink_and_dead_letter
 
 log = logging.getLogger(__name__)
+
+CANCELLED = "the run was cancelled (its client went away) and its queries were stopped"
 
 _STREAM_COLUMN = "_dead_letter_stream"
 _DEAD_LETTER_FIELDS = (
@@ -450,9 +454,12 @@ def error_message(error: BaseException) -> str:
 
 def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: Roots, *,
                 run_id: str | None = None, engine: DeltaEngine | None = None,
-                clock: PhaseClock | None = None) -> RunSummary:
+                clock: PhaseClock | None = None, cancel: threading.Event | None = None) -> RunSummary:
     """Run the named streams to the end of their available input, concurrently, and summarise each. ``clock``
-    (from the application's start) gets a lap per phase: lock, prepare, query, finish, run_log."""
+    (from the application's start) gets a lap per phase: lock, prepare, query, finish, run_log. Setting ``cancel``
+    (the warm server does, when the run's client goes away) stops the run's queries; their streams fail, retryably.
+    """
+    cancel = cancel or threading.Event()
     run_id = run_id or str(uuid.uuid4())
     clock = clock or PhaseClock()
     streams = catalog.select(names)
@@ -472,27 +479,54 @@ def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: 
         running: list[tuple[PreparedStream, StreamingQuery]] = []
         try:
             for item in prepared:
+                if cancel.is_set():
+                    break
                 running.append((item, start_stream(item)))
                 await_sources(running[-1][1])
             for item, query in running:
-                await_query(item.spec.name, query, held[item.spec.name])
+                await_query(item.spec.name, query, held[item.spec.name], cancel)
         finally:
             for _, query in running:
                 if query.isActive:
                     query.stop()
         clock.lap("query")
         summaries = [finish_stream(item, query, started) for item, query in running]
+        summaries += [item.summary for item in prepared[len(running):]]  # cancelled before they started
         for summary in summaries:
             summary.started_at = iso_utc(started_at)
             if held[summary.stream].lost:  # the cause, whatever else the stopped query reported
                 summary.status, summary.retryable = RunStatus.FAILED, True
                 summary.error = "lost the stream's lock to another run during this run; it was stopped"
+            elif cancel.is_set() and summary.status != RunStatus.SUCCEEDED:
+                summary.status, summary.retryable = RunStatus.FAILED, True
+                summary.error = CANCELLED
         clock.lap("finish")
         write_run_log(roots, [runlog.run_row(summary) for summary in summaries],
                       [row for item, query in running for row in batch_rows(item.spec.name, run_id, query)])
         faults.reach("run_logged")
         clock.lap("run_log")
     return RunSummary(app_id=spark.sparkContext.applicationId, streams=summaries, phases_seconds=clock.seconds)
+
+
+def run_or_refuse(spark: SparkSession, catalog: Catalog, names: list[str], roots: Roots, **options: Any) -> RunSummary:
+    """:func:`run_streams`, with a refusal before anything ran (a held lock, a bad root) as every stream's failed
+    summary. A held lock clears when the other run ends, so a retry can succeed; other refusals need a fix."""
+    try:
+        return run_streams(spark, catalog, names, roots, **options)
+    except SluiceError as exc:
+        return RunSummary(spark.sparkContext.applicationId, [
+            StreamRunSummary(stream=name, status=RunStatus.FAILED, error=str(exc), retryable=isinstance(exc, LockHeld))
+            for name in names])
+
+
+def scrubbed(summary: RunSummary) -> RunSummary:
+    """``summary`` without the secrets this process was given: a Spark error may quote a client option, and
+    Kafka credentials must not reach XCom or the task log."""
+    secrets = env_secrets()
+    for stream in summary.streams:
+        if stream.error and secrets:
+            stream.error = scrub(stream.error, secrets)
+    return summary
 
 
 def write_run_log(roots: Roots, runs: list[dict[str, Any]], batches: list[dict[str, Any]]) -> None:
@@ -543,18 +577,19 @@ def await_sources(query: StreamingQuery, timeout: float = 120.0) -> None:
         time.sleep(0.05)
 
 
-def await_query(name: str, query: StreamingQuery, lock: HeldLock) -> None:
-    """Wait for a query to end; stop it if another run took its lock (this run's heartbeat stalled past expiry).
-    A query's error is left for the caller to read from ``query.exception()``."""
+def await_query(name: str, query: StreamingQuery, lock: HeldLock, cancel: threading.Event | None = None) -> None:
+    """Wait for a query to end; stop it if another run took its lock (this run's heartbeat stalled past expiry) or
+    the run was cancelled. A query's error is left for the caller to read from ``query.exception()``."""
     while True:
         try:
-            if query.awaitTermination(2):
+            if query.awaitTermination(1):
                 return
         except Exception as exc:
             log.error("query %s failed: %s", name, exc)
             return
-        if lock.lost:
-            log.error("query %s lost its lock to another run; stopping it", name)
+        if lock.lost or (cancel is not None and cancel.is_set()):
+            log.error("query %s: %s; stopping it", name,
+                      "lost its lock to another run" if lock.lost else CANCELLED)
             query.stop()
             return
 

@@ -48,7 +48,11 @@ SCHEDULING_COMPONENTS = (
     ("triggerer", ("airflow", "triggerer", "--skip-serve-logs")),
 )
 API_COMPONENTS = (("api-server", ("airflow", "api-server")),)
-SESSIONS = {"scheduling": SCHEDULING_COMPONENTS, "api-server": API_COMPONENTS}
+# `make run WARM=1`: warm mode's server (one resident Spark driver, spark_apps/warm_server.py), its command built at
+# start from the deployment's catalog and roots.
+SESSIONS = {"scheduling": SCHEDULING_COMPONENTS, "api-server": API_COMPONENTS, "warm": ()}
+WARM_PORT = 15041
+WARM_READY_TIMEOUT = 300
 
 
 def say(message: str = "", *, error: bool = False) -> None:
@@ -340,8 +344,41 @@ def spawn_session(name: str) -> subprocess.Popen[bytes]:
                             start_new_session=True)
 
 
-def run(address: Address, airflow_home: str, data_root: str, stop_timeout: float) -> int:
-    """`make run`: Airflow's components and the demo producer until a signal, `make stop`, or their end."""
+def warm_environment(port: int) -> dict[str, str]:
+    """The token of a new warm server, and the Airflow connection ``sluice_warm`` that points the runs at it."""
+    import json
+    import secrets
+
+    token = secrets.token_urlsafe(32)
+    connection = {"conn_type": "generic", "host": "127.0.0.1", "port": port, "password": token}
+    return {"SLUICE_WARM_TOKEN": token, "AIRFLOW_CONN_SLUICE_WARM": json.dumps(connection)}
+
+
+def warm_command(port: int) -> list[str]:
+    """spark-submit of the warm server, on the catalog and roots the DAGs use."""
+    from sluice.catalog import DEFAULT_CATALOG
+    from sluice.paths import Roots
+
+    server = Path(__file__).resolve().parents[3] / "spark_apps" / "warm_server.py"
+    catalog = os.environ.get("SLUICE_CATALOG") or str(DEFAULT_CATALOG)
+    return ["spark-submit", "--master", "local[*]", str(server), "--catalog", catalog, *Roots.from_env().as_args(),
+            "--host", "127.0.0.1", "--port", str(port)]
+
+
+def wait_for_warm(leader: subprocess.Popen[bytes], port: int) -> bool:
+    """Waits until the warm server listens (it warms up first), so that no scheduled run finds it missing."""
+    deadline = time.monotonic() + WARM_READY_TIMEOUT
+    while not port_taken("127.0.0.1", port):
+        if leader.poll() is not None or time.monotonic() >= deadline:
+            say(f"make run: the warm server did not start listening on port {port}", error=True)
+            return False
+        time.sleep(0.5)
+    return True
+
+
+def run(address: Address, airflow_home: str, data_root: str, stop_timeout: float, *, warm: bool = False) -> int:
+    """`make run`: Airflow's components and the demo producer until a signal, `make stop`, or their end; with
+    ``warm``, first a warm server that the stream runs go to."""
     record = Path(airflow_home) / RECORD_NAME
     stopper = Stopper(record, airflow_home, stop_timeout)
     if stopper.running():
@@ -361,13 +398,28 @@ def run(address: Address, airflow_home: str, data_root: str, stop_timeout: float
     unpaused = unpaused_dags(unpause.stdout)
     if unpaused:
         say("Unpaused the DAGs that the metadata database had paused: " + " ".join(unpaused))
-    say(f"Starting Airflow (scheduler, dag-processor, triggerer, api-server on {address.host} port {address.port})")
-    say(f"and the demo producer: a round of events every 60 s into {data_root}/landing")
+    if warm and port_taken("127.0.0.1", WARM_PORT):
+        say(f"make run: another program listens on the warm server's port {WARM_PORT}", error=True)
+        return 1
     for signum in STOP_SIGNALS:
         signal.signal(signum, interrupt)
     try:
+        # `make stop` stops the sessions in the record's order: the runs' scheduling first, then the warm server,
+        # then the API server; the warm server starts first, so that no scheduled run finds it missing.
+        warm_line = ""
+        if warm:
+            say(f"Starting the warm server on 127.0.0.1 port {WARM_PORT}: the stream runs go to it (warm mode)")
+            os.environ.update(warm_environment(WARM_PORT))
+            server = spawn_session("warm")
+            warm_line = f"warm {server.pid} {started_at(server.pid)}\n"
+            record.write_text(warm_line)
+            if not wait_for_warm(server, WARM_PORT):
+                stopper.stop_all(quiet=True)
+                return 1
+        say(f"Starting Airflow (scheduler, dag-processor, triggerer, api-server on {address.host} port {address.port})")
+        say(f"and the demo producer: a round of events every 60 s into {data_root}/landing")
         scheduling = spawn_session("scheduling")
-        record.write_text(f"scheduling {scheduling.pid} {started_at(scheduling.pid)}\n")
+        record.write_text(f"scheduling {scheduling.pid} {started_at(scheduling.pid)}\n{warm_line}")
         api = spawn_session("api-server")
         with record.open("a") as lines:
             lines.write(f"api-server {api.pid} {started_at(api.pid)}\n")
@@ -434,7 +486,8 @@ def session(name: str) -> int:
     lock = threading.Lock()
     children: list[subprocess.Popen[bytes]] = []
     threads = []
-    for component, command in SESSIONS[name]:
+    components = [("warm", tuple(warm_command(WARM_PORT)))] if name == "warm" else SESSIONS[name]
+    for component, command in components:
         child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         assert child.stdout is not None
         thread = threading.Thread(target=prefix_lines, args=(component, child.stdout, lock), daemon=True)
@@ -545,6 +598,7 @@ def parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("run", parents=[where, stopping], help="Airflow, its DAGs on schedule, a producer")
     serve.add_argument("--host", default="127.0.0.1", help="the address of the UI and the REST API")
     serve.add_argument("--port", type=port_number, default=8080, help="their port")
+    serve.add_argument("--warm", action="store_true", help="warm mode: the stream runs go to a resident Spark driver")
     commands.add_parser("stop", parents=[where, stopping], help="stop exactly what `run` started")
     tidy = commands.add_parser("clean", parents=[where], help="delete the data, the Airflow home and the caches")
     tidy.add_argument("--checkout", default=os.getcwd(), help="the checkout that everything deleted must be inside")
@@ -561,7 +615,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not getattr(options, option):
             parser().error(f"{name} is required when the environment does not set it")
     if options.command == "run":
-        return run(Address(options.host, options.port), options.airflow_home, options.data_root, options.stop_timeout)
+        return run(Address(options.host, options.port), options.airflow_home, options.data_root, options.stop_timeout,
+                   warm=options.warm)
     if options.command == "stop":
         record = Path(options.airflow_home) / RECORD_NAME
         return 0 if Stopper(record, options.airflow_home, options.stop_timeout).stop_all() else 1

@@ -1,0 +1,282 @@
+"""The warm server: one resident Spark driver that runs catalog streams on request (see :mod:`sluice.warm`).
+
+A cold run starts a JVM, imports Sluice and its Python data sources, and plans its first query on a cold JIT: most
+of a small run. The warm server pays that once. Each request runs in a thread of its own, on a new session of the
+one Spark application (``SparkSession.newSession``: its own SQL settings and data source registrations, the shared
+JVM and executors), through the same :func:`~sluice_spark.runner.run_streams` as ``stream_runner.py``.
+
+Why not a Spark Connect server: on Spark 4.2 a Connect client's ``foreachBatch`` starts a Python process on the
+server per query, and a Python data source writer starts one to plan and one to commit each batch; each costs about
+2 s (measured on this project's machines, against 13 s for the whole cold run), so a warm run through Connect costs
+about 0.35x a cold run, not the 0.25x this mode is for. Here the batch functions run in the driver's own Python.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import queue
+import select
+import signal
+import socket
+import socketserver
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from sluice.catalog import load_catalog
+from sluice.constants import DeltaEngine
+from sluice.errors import SluiceError
+from sluice.paths import Roots
+from sluice.summary import PhaseClock, RunSummary
+from sluice.warm import MAX_REQUEST_BYTES, WarmRefused, WarmRequest, answer
+from sluice_spark.runner import run_or_refuse, scrubbed
+
+log = logging.getLogger(__name__)
+# How often a run's connection is checked for its client having gone away, in seconds.
+CLIENT_CHECK_SECONDS = 0.2
+REQUEST_TIMEOUT_SECONDS = 30.0
+
+
+def same_place(mine: str, theirs: str) -> bool:
+    """Whether two catalog paths or roots name the same place (local paths after resolving links)."""
+    def normal(path: str) -> str:
+        if "://" in path and not path.startswith("file://"):
+            return path.rstrip("/")
+        return os.path.realpath(path.removeprefix("file://"))
+
+    return normal(mine) == normal(theirs)
+
+
+class WarmServer(socketserver.ThreadingTCPServer):
+    """Serves :class:`~sluice.warm.WarmRequest` s for one catalog and one set of roots."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, spark: SparkSession, *, host: str, port: int, token: str, catalog: str, roots: Roots) -> None:
+        super().__init__((host, port), _Connection)
+        self.spark, self.token, self.catalog, self.roots = spark, token, catalog, roots
+        self.app_id = spark.sparkContext.applicationId
+        self._runs: dict[str, threading.Event] = {}
+        self._runs_lock = threading.Lock()
+        self._counter = 0
+
+    @contextlib.contextmanager
+    def registered(self, cancel: threading.Event) -> Iterator[str]:
+        with self._runs_lock:
+            self._counter += 1
+            name = f"warm-run-{self._counter}"
+            self._runs[name] = cancel
+        try:
+            yield name
+        finally:
+            with self._runs_lock:
+                del self._runs[name]
+
+    def active_runs(self) -> int:
+        with self._runs_lock:
+            return len(self._runs)
+
+    def cancel_all(self) -> None:
+        with self._runs_lock:
+            for cancel in self._runs.values():
+                cancel.set()
+
+    def refusal(self, request: WarmRequest) -> str | None:
+        """Why this server cannot run ``request`` for its client: it serves another catalog or other roots."""
+        assert request.catalog is not None and request.roots is not None
+        if not same_place(self.catalog, request.catalog):
+            return f"catalog: this server serves {self.catalog}, the client runs {request.catalog}"
+        for name in Roots.__dataclass_fields__:
+            mine, theirs = getattr(self.roots, name), getattr(request.roots, name)
+            if not same_place(mine, theirs):
+                return f"roots.{name}: this server serves {mine}, the client has {theirs}"
+        return None
+
+    def run(self, request: WarmRequest, cancel: threading.Event) -> RunSummary:
+        """The request's run, on a session of its own; a catalog or lock refusal becomes a failed summary."""
+        clock = PhaseClock()
+        spark = self.spark.newSession()
+        catalog = load_catalog(self.catalog)  # read per run: an edited catalog takes effect at the next run
+        catalog.select(list(request.streams))
+        catalog.check_roots(self.roots)
+        clock.lap("catalog")
+        return run_or_refuse(spark, catalog, list(request.streams), self.roots, run_id=request.run_id,
+                             engine=DeltaEngine(request.engine) if request.engine else None, clock=clock,
+                             cancel=cancel)
+
+
+class _ThreadLog(logging.Handler):
+    """Queues the log records of one thread (a run's), for its connection to send to the client."""
+
+    def __init__(self, thread: threading.Thread) -> None:
+        super().__init__(logging.INFO)
+        self.thread, self.lines = thread, queue.SimpleQueue[str]()
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.thread == self.thread.ident:
+            self.lines.put(self.format(record))
+
+
+class _Connection(socketserver.StreamRequestHandler):
+    server: WarmServer
+
+    def handle(self) -> None:
+        self.connection.settimeout(REQUEST_TIMEOUT_SECONDS)
+        try:
+            line = self.rfile.readline(MAX_REQUEST_BYTES + 1)
+            request = WarmRequest.parse(line, self.server.token)
+            if request.command == "ping":
+                self.send(pong={"app_id": self.server.app_id, "catalog": self.server.catalog,
+                                "roots": self.server.roots.__dict__, "active_runs": self.server.active_runs(),
+                                "pid": os.getpid()})
+                return
+            refusal = self.server.refusal(request)
+            if refusal:
+                raise WarmRefused(refusal)
+        except (WarmRefused, OSError) as exc:
+            log.warning("refused a request from %s: %s", self.client_address[0], exc)
+            with contextlib.suppress(OSError):
+                self.send(refused=str(exc))
+            return
+        self.connection.settimeout(None)
+        self.serve_run(request)
+
+    def send(self, **message: Any) -> None:
+        self.wfile.write(answer(**message))
+        self.wfile.flush()
+
+    def serve_run(self, request: WarmRequest) -> None:
+        cancel = threading.Event()
+        result: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                result["summary"] = self.server.run(request, cancel)
+            except SluiceError as exc:  # the catalog refused the request (an unknown stream, a bad root)
+                result["refused"] = str(exc)
+            except Exception as exc:  # a bug must reach the client, not vanish in a thread
+                log.exception("run of %s failed", list(request.streams))
+                result["refused"] = f"the warm server failed: {exc!r}"
+
+        with self.server.registered(cancel) as name:
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            handler = _ThreadLog(thread)
+            root = logging.getLogger()
+            log.info("%s: %s for %s", name, list(request.streams), self.client_address[0])
+            handler.lines.put(f"warm server {self.server.app_id} (pid {os.getpid()}): {name} runs "
+                              f"{', '.join(request.streams)}")
+            root.addHandler(handler)
+            try:
+                thread.start()
+                gone = False
+                while thread.is_alive():
+                    thread.join(CLIENT_CHECK_SECONDS)
+                    gone = gone or self._drain(handler) or self._client_gone()
+                    if gone and not cancel.is_set():
+                        log.warning("%s: the client went away; stopping its queries", name)
+                        cancel.set()
+                gone = gone or self._drain(handler)
+            finally:
+                root.removeHandler(handler)
+        log.info("%s: done", name)
+        if not gone:  # the run is over and no longer counted as active when its client reads the answer
+            with contextlib.suppress(OSError):
+                if "summary" in result:
+                    self.send(summary=json.loads(scrubbed(result["summary"]).to_json()))
+                else:
+                    self.send(refused=result.get("refused", "the run ended without a summary"))
+
+    def _drain(self, handler: _ThreadLog) -> bool:
+        """Send the run's queued log lines; True when the client is gone."""
+        try:
+            while True:
+                self.send(log=handler.lines.get_nowait())
+        except queue.Empty:
+            return False
+        except OSError:
+            return True
+
+    def _client_gone(self) -> bool:
+        """True when the client closed its end (it sends nothing after its request)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
+
+# The first run of a fresh JVM plans and compiles everything once (about 5 s more than the next run, measured): the
+# server pays that at start, on a throwaway stream that takes the runner's common paths (JSON with a malformed line,
+# a SQL transform, rules, a partitioned table and its dead-letter table, the run log).
+WARM_UP_CATALOG = """
+version: 1
+streams:
+  - name: warm_up
+    source:
+      type: files
+      format: json
+      path: events
+      schema:
+        id: bigint not null
+        kind: string
+        at: timestamp not null
+        amount: decimal(12,2)
+    transform: {sql: "SELECT *, lower(kind) AS kind_lower, to_date(at) AS day FROM source"}
+    expectations:
+      positive: {check: "amount IS NULL OR amount >= 0", on_violation: quarantine}
+    sink: {format: delta, path: warm_up, partition_by: [day], mode: append, engine: rs}
+    dead_letter: {path: _dead_letter/warm_up}
+    checkpoint: warm_up
+    schedule: "0 0 * * *"
+"""
+WARM_UP_RECORDS = (
+    '{"id": 1, "kind": "A", "at": "2026-01-01T00:00:00Z", "amount": 1.5}\n'
+    '{"id": 2, "kind": "B", "at": "2026-01-01T00:01:00Z", "amount": -1}\n'
+    '{"id": 3, "kind": "C", "at": "2026-01-01T00:02:00Z", "extra": true}\n'
+    'not json\n'
+)
+
+
+def warm_up(spark: SparkSession) -> None:
+    """Run a throwaway stream on temporary roots, so that the first real run is as fast as the next."""
+    from sluice_spark.runner import run_streams
+
+    with tempfile.TemporaryDirectory(prefix="sluice-warm-up-") as folder:
+        roots = Roots(landing=f"{folder}/landing", lake=f"{folder}/lake", checkpoints=f"{folder}/checkpoints")
+        Path(roots.landing, "events").mkdir(parents=True)
+        Path(roots.landing, "events", "one.json").write_text(WARM_UP_RECORDS, encoding="utf-8")
+        catalog_path = Path(folder, "catalog.yaml")
+        catalog_path.write_text(WARM_UP_CATALOG, encoding="utf-8")
+        summary = run_streams(spark.newSession(), load_catalog(catalog_path), ["warm_up"], roots)
+        if not summary.ok:
+            raise SluiceError(f"the warm server's warm-up run failed: {summary.streams[0].error}")
+
+
+def serve(spark: SparkSession, *, host: str, port: int, token: str, catalog: str, roots: Roots) -> None:
+    """Serve until SIGTERM or SIGINT; then cancel the runs in flight, wait for them, and return."""
+    warm_up(spark)
+    server = WarmServer(spark, host=host, port=port, token=token, catalog=catalog, roots=roots)
+
+    def stop(signum: int, _frame: Any) -> None:
+        log.info("signal %d: cancelling %d run(s) and stopping", signum, server.active_runs())
+        server.cancel_all()
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    print(f"SLUICE_WARM_READY {host}:{server.server_address[1]} {server.app_id}", flush=True)
+    try:
+        server.serve_forever(poll_interval=0.5)
+    finally:
+        server.server_close()
+        while server.active_runs():
+            threading.Event().wait(0.2)

@@ -1,0 +1,156 @@
+"""Warm mode: a real warm server (``spark-submit spark_apps/warm_server.py``) serves runs to real clients.
+
+The runs are checked against the oracle computed from the files with the json module, as the cold runs are; the
+crash test kills the client in the middle of a batch (the server must stop the run and free the stream), then the
+server itself (SIGKILL of its process group), and a run on a new server must leave the exact tables.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sluice.catalog import load_catalog
+from sluice.cli.demo_producer import DemoProducer
+from sluice.constants import RunStatus
+from sluice.paths import Roots
+from sluice.storage.delta import read_table
+from sluice.storage.lock import read_lock
+from sluice.warm import WarmAddress, WarmRefused, WarmServerGone, ping, run
+from tests.helpers import events_stream, expected_events, roots_in, table_rows, write_catalog
+from tests.warm_server import Server
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+PROJECT = Path(__file__).resolve().parents[2]
+NOW = dt.datetime(2026, 11, 23, 8, 0, tzinfo=dt.timezone.utc)
+CLIENT = [sys.executable, "-m", "sluice", "warm", "run", "--stream", "events"]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path, Roots]]:
+    folder = tmp_path_factory.mktemp("warm")
+    catalog = write_catalog(folder, events_stream(trigger={"max_files_per_trigger": 1}))
+    roots = roots_in(folder)
+    server = Server(folder, catalog, roots)
+    try:
+        yield server, catalog, roots
+    finally:
+        server.stop()
+
+
+def bronze(path: str) -> list[tuple[Any, ...]]:
+    columns = ["event_id", "event_type", "user_id", "amount", "event_date"]
+    return [(*row[:4], row[4].isoformat()) for row in table_rows(path, columns)]
+
+
+def assert_exact(catalog: Path, roots: Roots) -> None:
+    stream = load_catalog(catalog).get("events")
+    expected_good, expected_bad = expected_events(Path(roots.landing) / "events")
+    assert bronze(stream.sink_path(roots)) == expected_good
+    assert read_table(stream.dead_letter_table_path(roots)).num_rows == expected_bad
+
+
+def test_warm_runs_are_exactly_once_and_match_the_oracle(world: tuple[Server, Path, Roots]) -> None:
+    server, catalog, roots = world
+    producer = DemoProducer(roots.landing, seed=5, malformed_rate=0.05)
+    for index in range(2):
+        producer.events_file(lines=80, now=NOW + dt.timedelta(minutes=index))
+    logs: list[str] = []
+    first = run(server.address, ["events"], catalog=str(catalog), roots=roots, run_id="warm-1", on_log=logs.append)
+    assert first.ok and first.streams[0].batches == 2 and first.streams[0].run_id == "warm-1"
+    assert any(f"warm server {first.app_id}" in line and "runs events" in line for line in logs)
+    assert_exact(catalog, roots)
+
+    # The command-line client, a new file: only it is read, as the next scheduled run would.
+    producer.events_file(lines=80, now=NOW + dt.timedelta(minutes=5))
+    done = subprocess.run(CLIENT, env=server.client_env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.split("SLUICE_RUN_SUMMARY ", 1)[1])
+    assert summary["app_id"] == first.app_id and summary["streams"][0]["batches"] == 1
+    assert_exact(catalog, roots)
+    # Nothing new: an idle run commits nothing.
+    idle = run(server.address, ["events"], catalog=str(catalog), roots=roots)
+    assert idle.ok and idle.streams[0].batches == 0
+    assert read_lock(load_catalog(catalog).get("events").checkpoint_path(roots)) is None
+    assert ping(server.address)["active_runs"] == 0
+
+
+def test_the_server_refuses_what_it_cannot_run(world: tuple[Server, Path, Roots], tmp_path: Path) -> None:
+    server, catalog, roots = world
+    wrong = WarmAddress(server.address.host, server.address.port, "x" * 32)
+    with pytest.raises(WarmRefused, match="token"):
+        ping(wrong)
+    elsewhere = Roots(roots.landing, str(tmp_path), roots.checkpoints)
+    with pytest.raises(WarmRefused, match=r"roots\.lake"):
+        run(server.address, ["events"], catalog=str(catalog), roots=elsewhere)
+    with pytest.raises(WarmRefused, match="catalog"):
+        run(server.address, ["events"], catalog=str(tmp_path / "other.yaml"), roots=roots)
+    with pytest.raises(WarmRefused, match="nope"):
+        run(server.address, ["nope"], catalog=str(catalog), roots=roots)
+    with pytest.raises(WarmRefused, match="streams"):
+        run(server.address, ["../x"], catalog=str(catalog), roots=roots)
+    # The token is never echoed, and a server that is not there is a retryable error.
+    assert server.token not in server.output()
+    with pytest.raises(WarmServerGone, match="cannot reach"):
+        ping(WarmAddress("127.0.0.1", 1, server.token))
+
+
+def test_a_killed_client_stops_its_run_and_a_killed_server_loses_nothing(tmp_path: Path) -> None:
+    catalog = write_catalog(tmp_path, events_stream(trigger={"max_files_per_trigger": 1}))
+    roots = roots_in(tmp_path)
+    producer = DemoProducer(roots.landing, seed=9, malformed_rate=0.08)
+    for index in range(3):  # three batches: 0, 1 and 2
+        producer.events_file(lines=60, now=NOW + dt.timedelta(minutes=index))
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    server = Server(tmp_path, catalog, roots, ("SLUICE_FAULT_POINT", "before_commit:1,after_commit:2"),
+                    ("SLUICE_FAULT_DIR", str(faults)))
+    try:
+        # The client dies while batch 1 waits to commit: the server must stop the run and free the stream.
+        client = subprocess.Popen(CLIENT, env=server.client_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  start_new_session=True)
+        deadline = time.monotonic() + 240
+        while not (faults / "before_commit.reached").exists():
+            assert client.poll() is None and time.monotonic() < deadline, server.output()[-3000:]
+            time.sleep(0.05)
+        os.killpg(client.pid, signal.SIGKILL)
+        client.wait(timeout=30)
+        server.wait_for_line("the client went away; stopping its queries")
+        (faults / "before_commit.release").touch()
+        server.wait_for_line(": done")
+        stream = load_catalog(catalog).get("events")
+        assert read_lock(stream.checkpoint_path(roots)) is None
+        assert ping(server.address)["active_runs"] == 0
+
+        # The next run takes the stream up again, and the server dies after batch 2's Delta commits.
+        client = subprocess.Popen(CLIENT, env=server.client_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True)
+        while not (faults / "after_commit.reached").exists():
+            assert client.poll() is None and time.monotonic() < deadline, server.output()[-3000:]
+            time.sleep(0.05)
+        server.kill()
+        output, _ = client.communicate(timeout=60)
+        assert client.returncode == 3 and "closed the connection before the run's summary" in output
+    finally:
+        server.kill()
+
+    # A new server, the same roots: the rerun finishes the stream, and every row is there exactly once.
+    server = Server(tmp_path, catalog, roots)
+    try:
+        summary = run(server.address, ["events"], catalog=str(catalog), roots=roots)
+        assert summary.ok, summary.streams[0].error
+        assert summary.streams[0].status == RunStatus.SUCCEEDED
+        assert_exact(catalog, roots)
+    finally:
+        server.stop()

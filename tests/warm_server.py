@@ -1,0 +1,76 @@
+"""A real warm server (``spark-submit spark_apps/warm_server.py``) for the tests, in its own process group."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sluice.paths import Roots
+from sluice.warm import TOKEN_ENV, WarmAddress
+
+SERVER = Path(__file__).resolve().parents[1] / "spark_apps" / "warm_server.py"
+
+
+class Server:
+    """A warm server in its own process group, its output in a file."""
+
+    def __init__(self, folder: Path, catalog: Path, roots: Roots, *env: tuple[str, str]) -> None:
+        self.token = secrets.token_urlsafe(32)
+        self.log = folder / f"server-{time.monotonic_ns()}.log"
+        command = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
+                   "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
+                   str(SERVER), "--catalog", str(catalog), *roots.as_args(), "--port", "0"]
+        environ = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+                   TOKEN_ENV: self.token, **dict(env)}
+        self.process = subprocess.Popen(command, env=environ, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        self.address = WarmAddress.parse(self._ready(), self.token)
+        self.client_env = {**os.environ, TOKEN_ENV: self.token, "SLUICE_WARM_ADDRESS": str(self.address),
+                           "SLUICE_CATALOG": str(catalog), "SLUICE_LANDING_ROOT": roots.landing,
+                           "SLUICE_LAKE_ROOT": roots.lake, "SLUICE_CHECKPOINT_ROOT": roots.checkpoints}
+
+    def _ready(self, timeout: float = 240) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.output().splitlines():
+                if line.startswith("SLUICE_WARM_READY "):
+                    return line.split()[1]
+            if self.process.poll() is not None:
+                raise AssertionError(f"warm server exited with {self.process.returncode}:\n{self.output()[-3000:]}")
+            time.sleep(0.1)
+        raise AssertionError(f"warm server not ready in {timeout}s:\n{self.output()[-3000:]}")
+
+    def output(self) -> str:
+        return self.log.read_text(encoding="utf-8", errors="replace")
+
+    def wait_for_line(self, text: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.output():
+            assert time.monotonic() < deadline, f"{text!r} not in the server's log:\n{self.output()[-3000:]}"
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=60)
+
+    def stop(self) -> None:
+        """SIGTERM, as `make stop` and compose send; the server must exit by itself."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise AssertionError(f"warm server ignored SIGTERM:\n{self.output()[-3000:]}") from None
+
+    def ping(self) -> dict[str, object]:
+        from sluice.warm import ping
+
+        return ping(self.address)
