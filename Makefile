@@ -65,7 +65,7 @@ WARM =
 .PHONY: run
 run: $(AIRFLOW_HOME)/airflow.db  ## Airflow on 127.0.0.1:8080 (HOST=, PORT=, WARM=1), the DAGs on schedule, a producer
 	@$(BIN)/python -m sluice.cli.devserver run --host "$(HOST)" --port "$(PORT)" --stop-timeout "$(STOP_TIMEOUT)" \
-		$(if $(WARM),--warm) $(WHERE)
+		$(if $(filter 1 true yes,$(WARM)),--warm) $(WHERE)
 
 .PHONY: stop
 stop:  ## stop exactly what `make run` started: Airflow, its task and Spark processes, the producer

@@ -12,6 +12,7 @@ flight). Clients: the stream DAGs' run tasks when the Airflow connection ``sluic
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -19,6 +20,7 @@ import sys
 from pyspark.sql import SparkSession
 
 from sluice.catalog import load_catalog
+from sluice.connections.kafka import missing_environment
 from sluice.errors import SluiceError
 from sluice.paths import Roots
 from sluice.warm import DEFAULT_PORT, TOKEN_ENV, require_token
@@ -44,8 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     roots = Roots(landing=args.landing_root, lake=args.lake_root, checkpoints=args.checkpoint_root)
     try:
-        token = require_token(os.environ.pop(TOKEN_ENV, None))  # out of the environment the runs' workers inherit
-        load_catalog(args.catalog).check_roots(roots)
+        # Out of this process's environment, and so out of what its threads' subprocesses inherit. The JVM (and the
+        # Python workers it starts) keep the one spark-submit gave them: run the server as a user of its own.
+        token = require_token(os.environ.pop(TOKEN_ENV, None))
+        catalog = load_catalog(args.catalog)
+        catalog.check_roots(roots)
+        # Kafka's options from Airflow's connections, before the Spark workers inherit the environment.
+        os.environ.update(missing_environment(conn for stream in catalog for conn in stream.connections))
     except SluiceError as exc:
         print(f"sluice: {exc}", file=sys.stderr)
         return 2
@@ -53,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         serve(spark, host=args.host, port=args.port, token=token, catalog=os.path.abspath(args.catalog), roots=roots)
     finally:
-        spark.stop()
+        with contextlib.suppress(Exception):  # a SIGTERM to the whole process group stops the JVM as well
+            spark.stop()
     return 0
 
 

@@ -30,7 +30,11 @@ class Server:
                    TOKEN_ENV: self.token, **dict(env)}
         self.process = subprocess.Popen(command, env=environ, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
                                         start_new_session=True)
-        self.address = WarmAddress.parse(self._ready(), self.token)
+        try:
+            self.address = WarmAddress.parse(self._ready(), self.token)
+        except BaseException:
+            self.kill()
+            raise
         self.client_env = {**os.environ, TOKEN_ENV: self.token, "SLUICE_WARM_ADDRESS": str(self.address),
                            "SLUICE_CATALOG": str(catalog), "SLUICE_LANDING_ROOT": roots.landing,
                            "SLUICE_LAKE_ROOT": roots.lake, "SLUICE_CHECKPOINT_ROOT": roots.checkpoints}
@@ -61,16 +65,31 @@ class Server:
         self.process.wait(timeout=60)
 
     def stop(self) -> None:
-        """SIGTERM, as `make stop` and compose send; the server must exit by itself."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
+        """SIGTERM to spark-submit's JVM alone, as ``docker stop`` sends its first process: the JVM stops, and the
+        Python driver, which serves the runs, must notice and exit by itself, not linger on the port."""
+        if self.process.poll() is not None:
+            return
+        driver = int(str(self.ping()["pid"]))
+        self.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while alive(driver) or self.process.poll() is None:
+            if time.monotonic() > deadline:
                 self.kill()
-                raise AssertionError(f"warm server ignored SIGTERM:\n{self.output()[-3000:]}") from None
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(driver, signal.SIGKILL)
+                raise AssertionError(f"the warm server outlived its SIGTERM:\n{self.output()[-3000:]}")
+            time.sleep(0.1)
 
     def ping(self) -> dict[str, object]:
         from sluice.warm import ping
 
         return ping(self.address)
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie has exited)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return False

@@ -12,8 +12,9 @@ Each message is one line of UTF-8 JSON:
   "engine": ..., "catalog": ..., "roots": {...}}``. The catalog and the roots are the client's, and only compared
   with the server's: a request never points the server at a path (a server serves one catalog and one set of roots,
   given when it starts).
-- answers: ``{"log": "..."}`` any number of times, then one of ``{"summary": {...}}``, ``{"pong": {...}}`` or
-  ``{"refused": "..."}``.
+- answers: ``{"log": "..."}`` any number of times, then one of ``{"summary": {...}}``, ``{"pong": {...}}``,
+  ``{"refused": "..."}`` (the request cannot run as it is: not retryable) or ``{"error": "..."}`` (the server
+  failed: retryable).
 
 The connection is the run's lifeline: when the client goes away (its Airflow task was killed, or it crashed), the
 server stops the run's queries and releases their locks, as killing a cold run's spark-submit does. When the server
@@ -55,7 +56,11 @@ CONNECT_TIMEOUT_SECONDS = 10.0
 COMMANDS = ("run", "ping")
 # sluice.catalog.DEFAULT_CATALOG, without importing the catalog package (0.2 s): the client starts in under 0.1 s.
 BUNDLED_CATALOG = Path(__file__).parent / "streams.yaml"
-_RUN_ID = re.compile(r"[\x20-\x7e]{1,250}")
+# An Airflow run's id is "<dag id>/<run id>/<task id>", each up to 250 characters.
+_RUN_ID = re.compile(r"[\x20-\x7e]{1,1024}")
+# TCP keepalive on both ends: a peer whose host vanished (a lost node, a partition) is noticed in about a minute,
+# not never: a run has no read timeout, since it takes as long as it takes.
+KEEPALIVE = {"TCP_KEEPIDLE": 30, "TCP_KEEPINTVL": 10, "TCP_KEEPCNT": 3}
 _STREAM = re.compile(r"[A-Za-z0-9_]{1,128}")
 
 
@@ -80,8 +85,15 @@ class WarmAddress:
 
     @classmethod
     def parse(cls, address: str, token: str) -> WarmAddress:
-        """``host:port`` (or ``host``, on the default port) and the token."""
-        host, _, port = address.strip().rpartition(":") if ":" in address else (address.strip(), "", "")
+        """``host:port``, ``[ipv6]:port``, or a host alone (an IPv6 address alone too) on the default port."""
+        text = address.strip()
+        if text.startswith("["):
+            host, _, rest = text[1:].partition("]")
+            port = rest.removeprefix(":")
+        elif text.count(":") == 1:
+            host, _, port = text.partition(":")
+        else:
+            host, port = text, ""
         try:
             number = int(port) if port else DEFAULT_PORT
         except ValueError:
@@ -147,7 +159,7 @@ class WarmRequest:
             raise WarmRefused(f"streams: a non-empty list of catalog stream names, got {streams!r}")
         run_id = body.get("run_id")
         if run_id is not None and not (isinstance(run_id, str) and _RUN_ID.fullmatch(run_id)):
-            raise WarmRefused("run_id: printable ASCII, 1 to 250 characters")
+            raise WarmRefused("run_id: printable ASCII, 1 to 1024 characters")
         engine = body.get("engine")
         if engine is not None and engine not in {item.value for item in DeltaEngine}:
             raise WarmRefused(f"engine: one of {', '.join(item.value for item in DeltaEngine)}, got {engine!r}")
@@ -173,14 +185,29 @@ def _connection(address: WarmAddress) -> Iterator[socket.socket]:
         raise WarmServerGone(f"cannot reach the warm server at {address}: {exc.strerror or exc}; start it "
                              "(spark_apps/warm_server.py, `make run WARM=1`) or unset warm mode") from None
     try:
-        sock.settimeout(None)  # a run takes as long as it takes; the server answers or closes
+        sock.settimeout(None)  # a run takes as long as it takes; the server answers, closes, or its host vanishes
+        keep_alive(sock)
         yield sock
     finally:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)  # the server sees its client go now, whoever still holds the socket
         sock.close()
 
 
+def keep_alive(sock: socket.socket) -> None:
+    """Turn on TCP keepalive with :data:`KEEPALIVE`'s timings, where the platform has them."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in KEEPALIVE.items():
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
 def _answers(sock: socket.socket, address: WarmAddress) -> Iterator[dict[str, Any]]:
-    reader = sock.makefile("rb")
+    with sock.makefile("rb") as reader:
+        yield from _lines(reader, address)
+
+
+def _lines(reader: Any, address: WarmAddress) -> Iterator[dict[str, Any]]:
     while True:
         try:
             line = reader.readline(MAX_ANSWER_BYTES)
@@ -214,6 +241,8 @@ def request(address: WarmAddress, body: WarmRequest, on_log: Callable[[str], Non
                     on_log(str(message["log"]))
             elif "refused" in message:
                 raise WarmRefused(f"the warm server at {address} refused the request: {message['refused']}")
+            elif "error" in message:  # the server failed, not the request: a retry may succeed
+                raise WarmServerGone(f"the warm server at {address} failed during the run: {message['error']}")
             else:
                 return message
     raise WarmServerGone(f"the warm server at {address} closed the connection before the run's summary (it stopped "

@@ -70,13 +70,14 @@ def warm_address(conn_id: str) -> WarmAddress | None:
     """The warm server of this deployment: the Airflow connection ``conn_id`` (host, port, and the token as its
     password), read in the worker at run time; None (a cold run through spark-submit) when it is not defined."""
     from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
 
     from sluice.errors import SluiceError
     from sluice.warm import DEFAULT_PORT, WarmAddress, require_token
 
     try:
         conn = BaseHook.get_connection(conn_id)
-    except Exception:  # the task SDK raises its own not-found error type
+    except AirflowNotFoundException:  # any other error (the API server, a secrets backend) fails the task
         return None
     try:
         return WarmAddress(host=str(conn.host or "127.0.0.1"), port=int(conn.port or DEFAULT_PORT),
@@ -215,6 +216,12 @@ class StreamRunOperator(SparkAppOperator):
     versions, query ids) is the task's XCom return value. The task fails when Spark fails or any stream fails,
     and killing the task stops the Spark application. Takes the :class:`SparkAppOperator` arguments.
 
+    In warm mode (the connection ``warm_conn_id`` is defined) the run goes to the deployment's warm server instead
+    (:mod:`sluice.warm`): the task log holds the runner's log lines (Spark's own log stays in the server's), the
+    summary is the same, and killing the task closes the connection, which stops the run. A task that sets
+    ``conf``, ``env_vars``, ``spark_submit_kwargs`` or ``application`` runs cold: only an application of its own
+    can take them.
+
     :param streams: catalog stream names (templated)
     :param health_gates: stream name -> the task id of its health check in this DAG. A stream whose check did not
         succeed (no report in XCom) is left out of the run, and the task fails after the others ran, naming it.
@@ -251,8 +258,6 @@ class StreamRunOperator(SparkAppOperator):
             raise AirflowFailException(str(exc)) from None
         except WarmServerGone as exc:
             raise AirflowException(str(exc)) from None
-        finally:
-            self._warm_connection = None
 
     def _keep_connection(self, connection: socket.socket) -> None:
         self._warm_connection = connection
@@ -301,6 +306,11 @@ class StreamRunOperator(SparkAppOperator):
         stopped = self._gated(context)
         run_id = f"{self.dag_id}/{context['run_id']}/{self.task_id}"
         warm = warm_address(self.warm_conn_id)
+        own = [name for name in ("conf", "env_vars", "spark_submit_kwargs", "application") if getattr(self, name)]
+        if warm is not None and own:
+            self.log.info("This task sets %s, which only a Spark application of its own can take: it runs cold, "
+                          "not on the warm server at %s", ", ".join(own), warm)
+            warm = None
         summary: RunSummary | None
         failure: AirflowException | None = None
         if warm is not None:

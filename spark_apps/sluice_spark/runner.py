@@ -81,7 +81,9 @@ from sluice_spark.writers import SinkRequest, sink_and_dead_letter
 
 log = logging.getLogger(__name__)
 
-CANCELLED = "the run was cancelled (its client went away) and its queries were stopped"
+LOST_LOCK = "lost the stream's lock to another run during this run; it was stopped"
+CANCELLED = ("the run was cancelled (its client went away, or the warm server is stopping); its queries were "
+             "stopped before the end of their input")
 
 _STREAM_COLUMN = "_dead_letter_stream"
 _DEAD_LETTER_FIELDS = (
@@ -477,14 +479,17 @@ def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: 
         clock.lap("prepare")
         started, started_at = time.monotonic(), time.time()
         running: list[tuple[PreparedStream, StreamingQuery]] = []
+        cancelled = {item.spec.name for item in prepared}  # until it starts, or ends by itself
         try:
             for item in prepared:
                 if cancel.is_set():
                     break
                 running.append((item, start_stream(item)))
+                cancelled.discard(item.spec.name)
                 await_sources(running[-1][1])
             for item, query in running:
-                await_query(item.spec.name, query, held[item.spec.name], cancel)
+                if await_query(item.spec.name, query, held[item.spec.name], cancel) == CANCELLED:
+                    cancelled.add(item.spec.name)
         finally:
             for _, query in running:
                 if query.isActive:
@@ -496,8 +501,9 @@ def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: 
             summary.started_at = iso_utc(started_at)
             if held[summary.stream].lost:  # the cause, whatever else the stopped query reported
                 summary.status, summary.retryable = RunStatus.FAILED, True
-                summary.error = "lost the stream's lock to another run during this run; it was stopped"
-            elif cancel.is_set() and summary.status != RunStatus.SUCCEEDED:
+                summary.error = LOST_LOCK
+            elif summary.stream in cancelled and summary.status in (RunStatus.SUCCEEDED, RunStatus.PENDING):
+                # A stopped query reports no error, and the batches it ran reconcile: it did not reach the end.
                 summary.status, summary.retryable = RunStatus.FAILED, True
                 summary.error = CANCELLED
         clock.lap("finish")
@@ -577,20 +583,21 @@ def await_sources(query: StreamingQuery, timeout: float = 120.0) -> None:
         time.sleep(0.05)
 
 
-def await_query(name: str, query: StreamingQuery, lock: HeldLock, cancel: threading.Event | None = None) -> None:
+def await_query(name: str, query: StreamingQuery, lock: HeldLock, cancel: threading.Event | None = None) -> str | None:
     """Wait for a query to end; stop it if another run took its lock (this run's heartbeat stalled past expiry) or
-    the run was cancelled. A query's error is left for the caller to read from ``query.exception()``."""
+    the run was cancelled. Returns why it was stopped, None when it ended by itself. A query's error is left for the
+    caller to read from ``query.exception()``."""
     while True:
         try:
             if query.awaitTermination(1):
-                return
+                return None
         except Exception as exc:
             log.error("query %s failed: %s", name, exc)
-            return
-        if lock.lost or (cancel is not None and cancel.is_set()):
-            log.error("query %s: %s; stopping it", name,
-                      "lost its lock to another run" if lock.lost else CANCELLED)
+            return None
+        why = LOST_LOCK if lock.lost else CANCELLED if cancel is not None and cancel.is_set() else None
+        if why is not None:
+            log.error("query %s: %s; stopping it", name, why)
             query.stop()
-            return
+            return why
 
 

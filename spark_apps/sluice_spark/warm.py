@@ -18,12 +18,12 @@ import json
 import logging
 import os
 import queue
-import select
 import signal
 import socket
 import socketserver
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,11 +31,12 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from sluice.catalog import load_catalog
+from sluice.connections.kafka import env_secrets, missing_environment, scrub
 from sluice.constants import DeltaEngine
 from sluice.errors import SluiceError
 from sluice.paths import Roots
 from sluice.summary import PhaseClock, RunSummary
-from sluice.warm import MAX_REQUEST_BYTES, WarmRefused, WarmRequest, answer
+from sluice.warm import MAX_REQUEST_BYTES, WarmRefused, WarmRequest, answer, keep_alive
 from sluice_spark.runner import run_or_refuse, scrubbed
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,17 @@ class WarmServer(socketserver.ThreadingTCPServer):
         self._runs: dict[str, threading.Event] = {}
         self._runs_lock = threading.Lock()
         self._counter = 0
+        self._sessions: dict[tuple[str, ...], SparkSession] = {}
+
+    def session_for(self, streams: tuple[str, ...]) -> SparkSession:
+        """The session that runs these streams, made once and kept: each new session registers a streaming query
+        listener bus with the shared SparkContext that is never removed, so a session per run would pile them up.
+        The streams' locks keep two runs of one set from using a session at once."""
+        key = tuple(sorted(streams))
+        with self._runs_lock:
+            if key not in self._sessions:
+                self._sessions[key] = self.spark.newSession()
+            return self._sessions[key]
 
     @contextlib.contextmanager
     def registered(self, cancel: threading.Event) -> Iterator[str]:
@@ -101,35 +113,42 @@ class WarmServer(socketserver.ThreadingTCPServer):
         return None
 
     def run(self, request: WarmRequest, cancel: threading.Event) -> RunSummary:
-        """The request's run, on a session of its own; a catalog or lock refusal becomes a failed summary."""
+        """The request's run, on its streams' own session; a catalog or lock refusal becomes a failed summary."""
         clock = PhaseClock()
-        spark = self.spark.newSession()
+        spark = self.session_for(request.streams)
         catalog = load_catalog(self.catalog)  # read per run: an edited catalog takes effect at the next run
-        catalog.select(list(request.streams))
+        streams = catalog.select(list(request.streams))
         catalog.check_roots(self.roots)
+        # Kafka's options as a run task gives a cold run, from the server's own Airflow connections: a stream
+        # added to the catalog since the server started may use a connection it has not read yet.
+        os.environ.update(missing_environment(conn for stream in streams for conn in stream.connections))
         clock.lap("catalog")
         return run_or_refuse(spark, catalog, list(request.streams), self.roots, run_id=request.run_id,
                              engine=DeltaEngine(request.engine) if request.engine else None, clock=clock,
                              cancel=cancel)
 
 
-class _ThreadLog(logging.Handler):
-    """Queues the log records of one thread (a run's), for its connection to send to the client."""
+class _RunLog(logging.Handler):
+    """Queues a run's log records, for its connection to send to the client: those of the run's thread and of its
+    streams' lock heartbeats, without the secrets this process holds (a query's error may quote a Kafka option).
+    Spark's own (JVM) log and the batch functions' stay in the server's log."""
 
-    def __init__(self, thread: threading.Thread) -> None:
+    def __init__(self, thread: threading.Thread, streams: tuple[str, ...]) -> None:
         super().__init__(logging.INFO)
         self.thread, self.lines = thread, queue.SimpleQueue[str]()
+        self.heartbeats = {f"sluice-lock-{name}" for name in streams}
         self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.thread == self.thread.ident:
-            self.lines.put(self.format(record))
+        if record.thread == self.thread.ident or record.threadName in self.heartbeats:
+            self.lines.put(scrub(self.format(record), env_secrets()))
 
 
 class _Connection(socketserver.StreamRequestHandler):
     server: WarmServer
 
     def handle(self) -> None:
+        keep_alive(self.connection)
         self.connection.settimeout(REQUEST_TIMEOUT_SECONDS)
         try:
             line = self.rfile.readline(MAX_REQUEST_BYTES + 1)
@@ -163,13 +182,13 @@ class _Connection(socketserver.StreamRequestHandler):
                 result["summary"] = self.server.run(request, cancel)
             except SluiceError as exc:  # the catalog refused the request (an unknown stream, a bad root)
                 result["refused"] = str(exc)
-            except Exception as exc:  # a bug must reach the client, not vanish in a thread
+            except Exception as exc:  # the server failed (py4j, a stopped SparkContext): the client may retry
                 log.exception("run of %s failed", list(request.streams))
-                result["refused"] = f"the warm server failed: {exc!r}"
+                result["error"] = scrub(f"{type(exc).__name__}: {exc}", env_secrets())[:2000]
 
         with self.server.registered(cancel) as name:
             thread = threading.Thread(target=target, name=name, daemon=True)
-            handler = _ThreadLog(thread)
+            handler = _RunLog(thread, request.streams)
             root = logging.getLogger()
             log.info("%s: %s for %s", name, list(request.streams), self.client_address[0])
             handler.lines.put(f"warm server {self.server.app_id} (pid {os.getpid()}): {name} runs "
@@ -192,10 +211,12 @@ class _Connection(socketserver.StreamRequestHandler):
             with contextlib.suppress(OSError):
                 if "summary" in result:
                     self.send(summary=json.loads(scrubbed(result["summary"]).to_json()))
+                elif "refused" in result:
+                    self.send(refused=result["refused"])
                 else:
-                    self.send(refused=result.get("refused", "the run ended without a summary"))
+                    self.send(error=result.get("error", "the run ended without a summary"))
 
-    def _drain(self, handler: _ThreadLog) -> bool:
+    def _drain(self, handler: _RunLog) -> bool:
         """Send the run's queued log lines; True when the client is gone."""
         try:
             while True:
@@ -206,10 +227,11 @@ class _Connection(socketserver.StreamRequestHandler):
             return True
 
     def _client_gone(self) -> bool:
-        """True when the client closed its end (it sends nothing after its request)."""
+        """True when the client closed its end (it sends nothing after its request), or its host vanished."""
         try:
-            readable, _, _ = select.select([self.connection], [], [], 0)
-            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+            return self.connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
         except OSError:
             return True
 
@@ -261,6 +283,25 @@ def warm_up(spark: SparkSession) -> None:
             raise SluiceError(f"the warm server's warm-up run failed: {summary.streams[0].error}")
 
 
+# Seconds the runs get to end after the JVM went away, before the driver exits anyway.
+ORPHAN_GRACE_SECONDS = 10.0
+
+
+def _exit_with_the_jvm(server: WarmServer, jvm_pid: int) -> None:
+    """End this driver when the JVM that started it (its parent: spark-submit's) is gone. A SIGTERM that reaches the
+    JVM alone (``docker stop``, a kill of spark-submit's pid) would otherwise leave a driver that still takes runs
+    it can no longer run."""
+    while os.getppid() == jvm_pid:
+        threading.Event().wait(1.0)
+    log.error("the Spark JVM (pid %d) is gone: cancelling %d run(s) and exiting", jvm_pid, server.active_runs())
+    server.cancel_all()
+    threading.Thread(target=server.shutdown, daemon=True).start()
+    deadline = time.monotonic() + ORPHAN_GRACE_SECONDS
+    while server.active_runs() and time.monotonic() < deadline:
+        threading.Event().wait(0.2)
+    os._exit(1)
+
+
 def serve(spark: SparkSession, *, host: str, port: int, token: str, catalog: str, roots: Roots) -> None:
     """Serve until SIGTERM or SIGINT; then cancel the runs in flight, wait for them, and return."""
     warm_up(spark)
@@ -273,6 +314,8 @@ def serve(spark: SparkSession, *, host: str, port: int, token: str, catalog: str
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    threading.Thread(target=_exit_with_the_jvm, args=(server, os.getppid()), name="sluice-warm-watchdog",
+                     daemon=True).start()
     print(f"SLUICE_WARM_READY {host}:{server.server_address[1]} {server.app_id}", flush=True)
     try:
         server.serve_forever(poll_interval=0.5)

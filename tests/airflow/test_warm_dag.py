@@ -48,6 +48,5 @@ def test_the_ingest_dag_runs_on_the_warm_server(airflow_db: Path, tmp_path: Path
         assert (stream["output_rows"], stream["dead_letter_rows"]) == (len(good), bad)
         [health] = xcom_value(dag.dag_id, run.run_id, "checkpoint_health")
         assert health["status"] == "OK"
-        assert server.token not in json.dumps(summary)
     finally:
         server.stop()

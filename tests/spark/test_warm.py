@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,7 +41,9 @@ CLIENT = [sys.executable, "-m", "sluice", "warm", "run", "--stream", "events"]
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path, Roots]]:
     folder = tmp_path_factory.mktemp("warm")
-    catalog = write_catalog(folder, events_stream(trigger={"max_files_per_trigger": 1}))
+    clicks = events_stream("clicks", trigger={"max_files_per_trigger": 1})
+    clicks["source"] = {**clicks["source"], "path": "clicks/events"}
+    catalog = write_catalog(folder, events_stream(trigger={"max_files_per_trigger": 1}), clicks)
     roots = roots_in(folder)
     server = Server(folder, catalog, roots)
     try:
@@ -84,6 +87,35 @@ def test_warm_runs_are_exactly_once_and_match_the_oracle(world: tuple[Server, Pa
     assert idle.ok and idle.streams[0].batches == 0
     assert read_lock(load_catalog(catalog).get("events").checkpoint_path(roots)) is None
     assert ping(server.address)["active_runs"] == 0
+
+
+def test_two_streams_run_side_by_side_on_one_server(world: tuple[Server, Path, Roots]) -> None:
+    server, catalog, roots = world
+    DemoProducer(roots.landing, seed=6).events_file(lines=70, now=NOW + dt.timedelta(minutes=30))
+    clicks = DemoProducer(Path(roots.landing) / "clicks", seed=7, malformed_rate=0.1)
+    for index in range(2):
+        clicks.events_file(lines=50, now=NOW + dt.timedelta(minutes=index))
+    summaries: dict[str, Any] = {}
+    logs: dict[str, list[str]] = {"events": [], "clicks": []}
+
+    def one(name: str) -> None:
+        summaries[name] = run(server.address, [name], catalog=str(catalog), roots=roots, on_log=logs[name].append)
+
+    threads = [threading.Thread(target=one, args=(name,)) for name in logs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert summaries["events"].ok and summaries["events"].streams[0].batches == 1
+    assert summaries["clicks"].ok and summaries["clicks"].streams[0].batches == 2
+    for name, other in (("events", "clicks"), ("clicks", "events")):  # each client gets its own run's lines
+        assert any(f"runs {name}" in line for line in logs[name])
+        assert not any(f"runs {other}" in line for line in logs[name])
+    assert_exact(catalog, roots)
+    stream = load_catalog(catalog).get("clicks")
+    expected_good, expected_bad = expected_events(Path(roots.landing) / "clicks" / "events")
+    assert bronze(stream.sink_path(roots)) == expected_good
+    assert read_table(stream.dead_letter_table_path(roots)).num_rows == expected_bad
 
 
 def test_the_server_refuses_what_it_cannot_run(world: tuple[Server, Path, Roots], tmp_path: Path) -> None:

@@ -23,6 +23,8 @@ import yaml
 
 PROJECT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = PROJECT / "docker-compose.yaml"
+# Warm mode's override file: docker compose -f docker-compose.yaml -f docker-compose.warm.yaml up
+WARM_FILE = PROJECT / "docker-compose.warm.yaml"
 ENV_EXAMPLE = PROJECT / ".env.example"
 DOCKER_DIR = PROJECT / "include" / "docker"
 AIRFLOW_DOCKERFILE = DOCKER_DIR / "airflow.Dockerfile"
@@ -274,7 +276,7 @@ def test_bind_mounts_exist_in_the_repository_or_are_data_created_at_run_time() -
 
 def test_every_variable_is_defaulted_or_listed_in_env_example() -> None:
     listed = set(env_example())
-    used = substitutions()
+    used = substitutions() + substitutions(yaml.safe_load(WARM_FILE.read_text(encoding="utf-8")))
     assert used, "the compose file substitutes no variable at all"
     undocumented = {name for name, op in used if op not in (":-", "-") and name not in listed}
     assert not undocumented, f"set in neither a default nor .env.example: {sorted(undocumented)}"
@@ -619,3 +621,44 @@ def test_no_image_leaves_etc_passwd_writable() -> None:
         text = path.read_text(encoding="utf-8")
         assert re.search(r"^ARG SLUICE_UID=\d+$", text, flags=re.MULTILINE), f"{path.name} lacks ARG SLUICE_UID"
         assert 'useradd --uid "${SLUICE_UID}"' in text, f"{path.name} does not create the user at build time"
+
+
+def test_the_warm_override_adds_a_warm_server_and_points_the_run_tasks_at_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sluice.warm import WarmAddress
+    from sluice_airflow.operators import warm_address
+
+    warm = yaml.safe_load(WARM_FILE.read_text(encoding="utf-8"))
+    base = services()
+    assert set(warm["services"]) == {"sluice-warm"} | (AIRFLOW_SERVICES - {"airflow-init"})
+    server = warm["services"]["sluice-warm"]
+    assert server["image"] == load_compose()["x-airflow-common"]["image"]
+    assert "ports" not in server, "the warm server takes runs on the compose network only"
+    assert "sluice warm ping" in " ".join(server["healthcheck"]["test"])
+    assert server["depends_on"] == {"spark-master": {"condition": "service_healthy"}}
+    assert warm["services"]["airflow-scheduler"]["depends_on"] == {"sluice-warm": {"condition": "service_healthy"}}
+    assert server["environment"]["SPARK_LOCAL_HOSTNAME"] == "sluice-warm"
+    command = server["command"]
+
+    def option(name: str) -> str:
+        return str(command[command.index(name) + 1])
+
+    assert (PROJECT / option("--catalog").removeprefix("/opt/sluice/")).is_file()
+    assert any(PROJECT / str(part).removeprefix("/opt/sluice/") == PROJECT / "spark_apps" / "warm_server.py"
+               for part in command)
+    scheduler_env = base["airflow-scheduler"]["environment"]
+    for flag, root in (("--landing-root", "SLUICE_LANDING_ROOT"), ("--lake-root", "SLUICE_LAKE_ROOT"),
+                       ("--checkpoint-root", "SLUICE_CHECKPOINT_ROOT")):
+        assert option(flag) == scheduler_env[root], f"the server must serve the run tasks' {root}"
+    assert server["environment"]["AIRFLOW_CONN_SLUICE_KAFKA"] == scheduler_env["AIRFLOW_CONN_SLUICE_KAFKA"]
+
+    # The token is a required secret, and the connection every Airflow service gets carries it to that port.
+    found = substitutions(warm)
+    assert {op for name, op in found if name == "SLUICE_WARM_SECRET"} == {":?"}
+    assert "SLUICE_WARM_SECRET" in env_example() and not env_example()["SLUICE_WARM_SECRET"]
+    secret = "s" * 40
+    assert interpolate(server["environment"]["SLUICE_WARM_TOKEN"], {"SLUICE_WARM_SECRET": secret}) == secret
+    for name in AIRFLOW_SERVICES - {"airflow-init"}:
+        connection = interpolate(warm["services"][name]["environment"]["AIRFLOW_CONN_SLUICE_WARM"],
+                                 {"SLUICE_WARM_SECRET": secret})
+        monkeypatch.setenv("AIRFLOW_CONN_SLUICE_WARM", connection)
+        assert warm_address("sluice_warm") == WarmAddress("sluice-warm", int(option("--port")), secret), name

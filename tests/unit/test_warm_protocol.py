@@ -53,7 +53,7 @@ def test_a_good_request_round_trips() -> None:
     (line(streams=["../etc"]), "streams"),
     (line(streams=["a b"]), "streams"),
     (line(run_id="x\ny"), "run_id"),
-    (line(run_id="r" * 251), "run_id"),
+    (line(run_id="r" * 1025), "run_id"),
     (line(engine="spark"), "engine"),
     (line(catalog=None), "catalog"),
     (line(roots={"lake": "/x"}), "roots"),
@@ -68,7 +68,7 @@ def test_a_bad_request_is_refused_naming_its_field(raw: bytes, field: str) -> No
         WarmRequest.parse(raw, TOKEN)
 
 
-def test_the_token_is_checked_before_anything_else_and_never_echoed() -> None:
+def test_the_token_is_checked_before_any_field_and_never_echoed() -> None:
     with pytest.raises(WarmRefused) as refused:
         WarmRequest.parse(line(token="u" * 32, command="exec"), TOKEN)
     assert "token" in str(refused.value) and "u" * 32 not in str(refused.value)
@@ -154,9 +154,40 @@ def test_a_server_that_goes_away_mid_run_is_retryable(fake_server: Callable[...,
         ping(address)
 
 
+def test_a_server_that_fails_is_retryable_and_a_refusal_is_not(fake_server: Callable[..., WarmAddress]) -> None:
+    address = fake_server(lambda connection, _: connection.sendall(answer(error="Py4JError: gateway closed")))
+    with pytest.raises(WarmServerGone, match="failed during the run: Py4JError"):
+        run(address, ["events"], catalog="/c.yaml", roots=ROOTS)
+
+
+def test_ipv6_addresses() -> None:
+    assert WarmAddress.parse("[::1]:15050", TOKEN) == WarmAddress("::1", 15050, TOKEN)
+    assert WarmAddress.parse("::1", TOKEN) == WarmAddress("::1", 15041, TOKEN)
+
+
+def test_an_airflow_run_id_fits() -> None:
+    run_id = f"{'d' * 250}/{'r' * 250}/{'t' * 250}"
+    request = WarmRequest(command="run", streams=("events",), run_id=run_id, catalog="/c.yaml", roots=ROOTS)
+    assert WarmRequest.parse(request.to_line(TOKEN), TOKEN).run_id == run_id
+
+
 def test_no_server_is_retryable() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     with pytest.raises(WarmServerGone, match="cannot reach the warm server"):
         ping(WarmAddress("127.0.0.1", port, TOKEN))
+
+
+def test_a_warm_server_reads_kafka_options_from_airflow_connections_it_lacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sluice.connections.kafka import env_name, missing_environment
+
+    monkeypatch.setenv("AIRFLOW_CONN_WARM_KAFKA", json.dumps(
+        {"conn_type": "kafka", "login": "sluice", "password": "p4ss", "extra": {
+            "bootstrap.servers": "kafka:9092", "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN"}}))
+    env = missing_environment(["warm_kafka", "warm_kafka", "not_defined"], environ={})
+    assert set(env) == {env_name("warm_kafka")}  # an undefined connection is left for the run to name
+    options = json.loads(env[env_name("warm_kafka")])
+    assert options["kafka.bootstrap.servers"] == "kafka:9092" and 'password="p4ss"' in options["kafka.sasl.jaas.config"]
+    # What the environment gives already (a run task's, an operator's) is kept.
+    assert missing_environment(["warm_kafka"], environ={env_name("warm_kafka"): "{}"}) == {}

@@ -338,20 +338,21 @@ def interrupt(signum: int, frame: FrameType | None) -> NoReturn:
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def spawn_session(name: str) -> subprocess.Popen[bytes]:
+def spawn_session(name: str, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Starts session ``name`` as the leader of a new session: its pid is the session id."""
     return subprocess.Popen([sys.executable, "-m", "sluice.cli.devserver", "session", name], stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+                            start_new_session=True, env=None if env is None else {**os.environ, **env})
 
 
-def warm_environment(port: int) -> dict[str, str]:
-    """The token of a new warm server, and the Airflow connection ``sluice_warm`` that points the runs at it."""
+def warm_environment(port: int) -> tuple[dict[str, str], dict[str, str]]:
+    """A new warm server's token, as its own environment, and the Airflow connection ``sluice_warm`` that points
+    Airflow's runs at it, as Airflow's."""
     import json
     import secrets
 
     token = secrets.token_urlsafe(32)
     connection = {"conn_type": "generic", "host": "127.0.0.1", "port": port, "password": token}
-    return {"SLUICE_WARM_TOKEN": token, "AIRFLOW_CONN_SLUICE_WARM": json.dumps(connection)}
+    return {"SLUICE_WARM_TOKEN": token}, {"AIRFLOW_CONN_SLUICE_WARM": json.dumps(connection)}
 
 
 def warm_command(port: int) -> list[str]:
@@ -409,8 +410,9 @@ def run(address: Address, airflow_home: str, data_root: str, stop_timeout: float
         warm_line = ""
         if warm:
             say(f"Starting the warm server on 127.0.0.1 port {WARM_PORT}: the stream runs go to it (warm mode)")
-            os.environ.update(warm_environment(WARM_PORT))
-            server = spawn_session("warm")
+            server_env, airflow_env = warm_environment(WARM_PORT)
+            os.environ.update(airflow_env)
+            server = spawn_session("warm", server_env)
             warm_line = f"warm {server.pid} {started_at(server.pid)}\n"
             record.write_text(warm_line)
             if not wait_for_warm(server, WARM_PORT):

@@ -19,6 +19,7 @@ Pure Python: no pyspark, and Airflow only inside :func:`connection_fields`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -209,6 +210,19 @@ def client_config(conn: ConnectionFields) -> dict[str, str]:
 def env_name(conn_id: str) -> str:
     """The environment variable that carries a connection's Spark options to the driver."""
     return ENV_PREFIX + re.sub(r"[^A-Za-z0-9]", "_", conn_id).upper()
+
+
+def missing_environment(conn_ids: Iterable[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``SLUICE_KAFKA_CONN_<ID>`` for each connection that ``environ`` lacks, read from Airflow's connections (its
+    ``AIRFLOW_CONN_*`` variables or secrets backends), as a run task gives a cold run: what a warm server, which no
+    task starts, needs to reach Kafka. A connection that cannot be read is left out: the stream's run names it."""
+    environ = os.environ if environ is None else environ
+    env: dict[str, str] = {}
+    for conn_id in dict.fromkeys(conn_ids):
+        if env_name(conn_id) not in environ:
+            with contextlib.suppress(SluiceError, KeyError, ValueError):
+                env[env_name(conn_id)] = json.dumps(spark_options(connection_fields(conn_id)))
+    return env
 
 
 def options_from_env(conn_id: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
