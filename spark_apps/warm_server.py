@@ -20,7 +20,7 @@ import sys
 from pyspark.sql import SparkSession
 
 from sluice.catalog import load_catalog
-from sluice.connections.kafka import missing_environment
+from sluice.connections.kafka import airflow_environment
 from sluice.errors import SluiceError
 from sluice.paths import Roots
 from sluice.warm import DEFAULT_PORT, TOKEN_ENV, require_token
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         catalog = load_catalog(args.catalog)
         catalog.check_roots(roots)
         # Kafka's options from Airflow's connections, before the Spark workers inherit the environment.
-        os.environ.update(missing_environment(conn for stream in catalog for conn in stream.connections))
+        os.environ.update(airflow_environment(conn for stream in catalog for conn in stream.connections))
     except SluiceError as exc:
         print(f"sluice: {exc}", file=sys.stderr)
         return 2

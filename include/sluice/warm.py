@@ -200,6 +200,8 @@ def keep_alive(sock: socket.socket) -> None:
     for name, value in KEEPALIVE.items():
         if hasattr(socket, name):
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    if hasattr(socket, "TCP_USER_TIMEOUT"):  # data sent and unacknowledged this long: the peer is gone
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 60_000)
 
 
 def _answers(sock: socket.socket, address: WarmAddress) -> Iterator[dict[str, Any]]:

@@ -239,6 +239,7 @@ class StreamRunOperator(SparkAppOperator):
         self.health_gates = health_gates
         self.warm_conn_id = warm_conn_id
         self._warm_connection: socket.socket | None = None
+        self._killed = False
 
     def run_warm(self, address: WarmAddress, run_id: str) -> RunSummary:
         """The run on the warm server: its log lines into the task log; killing the task closes the connection,
@@ -259,15 +260,35 @@ class StreamRunOperator(SparkAppOperator):
         except WarmServerGone as exc:
             raise AirflowException(str(exc)) from None
 
+    def warm_target(self) -> WarmAddress | None:
+        """The warm server this run goes to: None (a cold run) without the ``warm_conn_id`` connection, or when the
+        task sets what only a Spark application of its own can take (its Spark settings, another Spark or storage
+        connection)."""
+        warm = warm_address(self.warm_conn_id)
+        own = [name for name in ("conf", "env_vars", "spark_submit_kwargs", "application") if getattr(self, name)]
+        own += [name for name, default in (("conn_id", DEFAULT_SPARK_CONN_ID), ("storage_conn_id", STORAGE_CONNECTION))
+                if getattr(self, name) != default]
+        if warm is not None and own:
+            self.log.info("This task sets %s, which only a Spark application of its own can take: it runs cold, "
+                          "not on the warm server at %s", ", ".join(own), warm)
+            return None
+        return warm
+
     def _keep_connection(self, connection: socket.socket) -> None:
         self._warm_connection = connection
+        if self._killed:  # killed while connecting: the server must not start the run
+            self._close_warm_connection()
 
-    def on_kill(self) -> None:
-        connection = getattr(self, "_warm_connection", None)
+    def _close_warm_connection(self) -> None:
+        connection = self._warm_connection
         if connection is not None:  # the server sees its client go, and stops the run's queries
             with contextlib.suppress(OSError):
                 connection.shutdown(socket.SHUT_RDWR)
             connection.close()
+
+    def on_kill(self) -> None:
+        self._killed = True
+        self._close_warm_connection()
         super().on_kill()
 
     def secret_env(self) -> dict[str, str]:
@@ -305,12 +326,7 @@ class StreamRunOperator(SparkAppOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         stopped = self._gated(context)
         run_id = f"{self.dag_id}/{context['run_id']}/{self.task_id}"
-        warm = warm_address(self.warm_conn_id)
-        own = [name for name in ("conf", "env_vars", "spark_submit_kwargs", "application") if getattr(self, name)]
-        if warm is not None and own:
-            self.log.info("This task sets %s, which only a Spark application of its own can take: it runs cold, "
-                          "not on the warm server at %s", ", ".join(own), warm)
-            warm = None
+        warm = self.warm_target()
         summary: RunSummary | None
         failure: AirflowException | None = None
         if warm is not None:

@@ -486,7 +486,7 @@ def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: 
                     break
                 running.append((item, start_stream(item)))
                 cancelled.discard(item.spec.name)
-                await_sources(running[-1][1])
+                await_sources(running[-1][1], cancel)
             for item, query in running:
                 if await_query(item.spec.name, query, held[item.spec.name], cancel) == CANCELLED:
                     cancelled.add(item.spec.name)
@@ -573,13 +573,14 @@ def _finite(value: float | None) -> float | None:
     return None if value is None or math.isnan(value) or math.isinf(value) else float(value)
 
 
-def await_sources(query: StreamingQuery, timeout: float = 120.0) -> None:
+def await_sources(query: StreamingQuery, cancel: threading.Event, timeout: float = 120.0) -> None:
     """Wait until a started query has initialized its sources. A Python data source starts a Python worker on the
     driver that must connect back within Spark's fixed 10 s; several queries starting at once on a small, busy
     driver miss it (measured: six at once on 2 cores under load). Starting them one after another costs a second
     each."""
     deadline = time.monotonic() + timeout
-    while query.isActive and query.status["message"] == "Initializing sources" and time.monotonic() < deadline:
+    while (query.isActive and query.status["message"] == "Initializing sources" and time.monotonic() < deadline
+           and not cancel.is_set()):
         time.sleep(0.05)
 
 

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import queue
+import select
 import signal
 import socket
 import socketserver
@@ -31,7 +32,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from sluice.catalog import load_catalog
-from sluice.connections.kafka import env_secrets, missing_environment, scrub
+from sluice.connections.kafka import airflow_environment, env_secrets, scrub
 from sluice.constants import DeltaEngine
 from sluice.errors import SluiceError
 from sluice.paths import Roots
@@ -43,6 +44,10 @@ log = logging.getLogger(__name__)
 # How often a run's connection is checked for its client having gone away, in seconds.
 CLIENT_CHECK_SECONDS = 0.2
 REQUEST_TIMEOUT_SECONDS = 30.0
+SEND_TIMEOUT_SECONDS = 60.0
+# Seconds a cancelled run's queries get to stop (a batch in flight finishes or is interrupted) before the server
+# exits so that their locks are freed.
+STOP_DEADLINE_SECONDS = 300
 
 
 def same_place(mine: str, theirs: str) -> bool:
@@ -74,7 +79,7 @@ class WarmServer(socketserver.ThreadingTCPServer):
         """The session that runs these streams, made once and kept: each new session registers a streaming query
         listener bus with the shared SparkContext that is never removed, so a session per run would pile them up.
         The streams' locks keep two runs of one set from using a session at once."""
-        key = tuple(sorted(streams))
+        key = tuple(sorted(set(streams)))
         with self._runs_lock:
             if key not in self._sessions:
                 self._sessions[key] = self.spark.newSession()
@@ -119,9 +124,9 @@ class WarmServer(socketserver.ThreadingTCPServer):
         catalog = load_catalog(self.catalog)  # read per run: an edited catalog takes effect at the next run
         streams = catalog.select(list(request.streams))
         catalog.check_roots(self.roots)
-        # Kafka's options as a run task gives a cold run, from the server's own Airflow connections: a stream
-        # added to the catalog since the server started may use a connection it has not read yet.
-        os.environ.update(missing_environment(conn for stream in streams for conn in stream.connections))
+        # Kafka's options as a run task gives a cold run, read again from the server's Airflow connections before
+        # each run: a rotated password, or a stream added since the server started, takes effect now.
+        os.environ.update(airflow_environment(conn for stream in streams for conn in stream.connections))
         clock.lap("catalog")
         return run_or_refuse(spark, catalog, list(request.streams), self.roots, run_id=request.run_id,
                              engine=DeltaEngine(request.engine) if request.engine else None, clock=clock,
@@ -166,7 +171,8 @@ class _Connection(socketserver.StreamRequestHandler):
             with contextlib.suppress(OSError):
                 self.send(refused=str(exc))
             return
-        self.connection.settimeout(None)
+        # A client that stops reading (frozen, or its host gone with data unacknowledged) counts as gone after this.
+        self.connection.settimeout(SEND_TIMEOUT_SECONDS)
         self.serve_run(request)
 
     def send(self, **message: Any) -> None:
@@ -178,6 +184,7 @@ class _Connection(socketserver.StreamRequestHandler):
         result: dict[str, Any] = {}
 
         def target() -> None:
+            log.info("%s: running %s", threading.current_thread().name, ", ".join(request.streams))
             try:
                 result["summary"] = self.server.run(request, cancel)
             except SluiceError as exc:  # the catalog refused the request (an unknown stream, a bad root)
@@ -196,13 +203,21 @@ class _Connection(socketserver.StreamRequestHandler):
             root.addHandler(handler)
             try:
                 thread.start()
-                gone = False
+                gone, cancelled_at = False, None
                 while thread.is_alive():
                     thread.join(CLIENT_CHECK_SECONDS)
                     gone = gone or self._drain(handler) or self._client_gone()
                     if gone and not cancel.is_set():
                         log.warning("%s: the client went away; stopping its queries", name)
                         cancel.set()
+                    if cancel.is_set():
+                        cancelled_at = cancelled_at or time.monotonic()
+                        if time.monotonic() - cancelled_at > STOP_DEADLINE_SECONDS:
+                            # Its locks stay fresh while this process lives, so no later run of its streams could
+                            # start: end the process, and a dead pid frees them (the checkpoint keeps them exact).
+                            log.critical("%s: its queries did not stop within %d s of the cancel; exiting", name,
+                                         STOP_DEADLINE_SECONDS)
+                            os._exit(1)
                 gone = gone or self._drain(handler)
             finally:
                 root.removeHandler(handler)
@@ -227,11 +242,17 @@ class _Connection(socketserver.StreamRequestHandler):
             return True
 
     def _client_gone(self) -> bool:
-        """True when the client closed its end (it sends nothing after its request), or its host vanished."""
-        try:
-            return self.connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-        except BlockingIOError:
+        """True when the client closed its end (it sends nothing after its request), or its host vanished. Polled,
+        not read: a read of a socket with a (send) timeout would wait for data first."""
+        poller = select.poll()
+        poller.register(self.connection.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
+        events = poller.poll(0)
+        if not events:
             return False
+        if events[0][1] & (select.POLLHUP | select.POLLERR):
+            return True
+        try:
+            return self.connection.recv(1, socket.MSG_PEEK) == b""
         except OSError:
             return True
 
@@ -307,10 +328,14 @@ def serve(spark: SparkSession, *, host: str, port: int, token: str, catalog: str
     warm_up(spark)
     server = WarmServer(spark, host=host, port=port, token=token, catalog=catalog, roots=roots)
 
-    def stop(signum: int, _frame: Any) -> None:
+    def stopping(signum: int) -> None:
         log.info("signal %d: cancelling %d run(s) and stopping", signum, server.active_runs())
         server.cancel_all()
-        threading.Thread(target=server.shutdown, daemon=True).start()
+        server.shutdown()
+
+    def stop(signum: int, _frame: Any) -> None:
+        # In a thread: the main thread may hold a lock the handler's work needs (it runs between its bytecodes).
+        threading.Thread(target=stopping, args=(signum,), daemon=True).start()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
@@ -321,5 +346,6 @@ def serve(spark: SparkSession, *, host: str, port: int, token: str, catalog: str
         server.serve_forever(poll_interval=0.5)
     finally:
         server.server_close()
-        while server.active_runs():
+        deadline = time.monotonic() + STOP_DEADLINE_SECONDS
+        while server.active_runs() and time.monotonic() < deadline:
             threading.Event().wait(0.2)

@@ -248,3 +248,43 @@ def test_the_health_check_reads_s3_roots_with_the_storage_connection(
     assert "Object storage through connection 'sluice_storage'" in logged and "'AWS_SECRET_ACCESS_KEY': '***'" in logged
     assert secret not in logged and secret not in json_module.dumps(result)
     assert os.environ["AWS_SECRET_ACCESS_KEY"] == secret, "the task process reads the store with the connection"
+
+
+WARM_TOKEN = "w" * 32
+
+
+def test_a_run_goes_warm_only_with_the_connection_and_nothing_an_own_application_needs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from sluice.warm import WarmAddress
+
+    monkeypatch.delenv("AIRFLOW_CONN_SLUICE_WARM", raising=False)
+    assert make_operator(streams=["events_bronze"]).warm_target() is None  # no connection: cold
+    monkeypatch.setenv("AIRFLOW_CONN_SLUICE_WARM", json.dumps(
+        {"conn_type": "generic", "host": "warm-host", "port": 15050, "password": WARM_TOKEN}))
+    assert make_operator(streams=["events_bronze"]).warm_target() == WarmAddress("warm-host", 15050, WARM_TOKEN)
+    for own in ({"conf": {"spark.executor.memory": "8g"}}, {"env_vars": {"X": "1"}}, {"conn_id": "other_spark"},
+                {"storage_conn_id": "other_store"}, {"spark_submit_kwargs": {"jars": "x.jar"}}):
+        assert make_operator(streams=["events_bronze"], **own).warm_target() is None, own
+    monkeypatch.setenv("AIRFLOW_CONN_SLUICE_WARM", json.dumps(
+        {"conn_type": "generic", "host": "warm-host", "port": 15050, "password": "short"}))
+    with pytest.raises(AirflowFailException, match="password"):
+        make_operator(streams=["events_bronze"]).warm_target()
+
+
+def test_killing_a_warm_task_closes_its_connection_even_before_it_is_made() -> None:
+    import socket
+
+    operator = make_operator(streams=["events_bronze"])
+    near, far = socket.socketpair()
+    operator._keep_connection(near)
+    operator.on_kill()
+    assert far.recv(1) == b""  # the server side sees the client go
+    operator = make_operator(streams=["events_bronze"])
+    operator.on_kill()  # killed while the catalog loads: the connection made next is closed at once
+    near, far = socket.socketpair()
+    operator._keep_connection(near)
+    assert far.recv(1) == b"" and near.fileno() == -1

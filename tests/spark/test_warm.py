@@ -25,9 +25,11 @@ from sluice.catalog import load_catalog
 from sluice.cli.demo_producer import DemoProducer
 from sluice.constants import RunStatus
 from sluice.paths import Roots
+from sluice.storage import runlog
 from sluice.storage.delta import read_table
 from sluice.storage.lock import read_lock
 from sluice.warm import WarmAddress, WarmRefused, WarmServerGone, ping, run
+from sluice_spark.runner import CANCELLED
 from tests.helpers import events_stream, expected_events, roots_in, table_rows, write_catalog
 from tests.warm_server import Server
 
@@ -108,9 +110,9 @@ def test_two_streams_run_side_by_side_on_one_server(world: tuple[Server, Path, R
         thread.join(timeout=300)
     assert summaries["events"].ok and summaries["events"].streams[0].batches == 1
     assert summaries["clicks"].ok and summaries["clicks"].streams[0].batches == 2
-    for name, other in (("events", "clicks"), ("clicks", "events")):  # each client gets its own run's lines
-        assert any(f"runs {name}" in line for line in logs[name])
-        assert not any(f"runs {other}" in line for line in logs[name])
+    for name, other in (("events", "clicks"), ("clicks", "events")):  # each client gets its own run's log lines
+        assert any(f": running {name}" in line for line in logs[name])
+        assert not any(f": running {other}" in line for line in logs[name])
     assert_exact(catalog, roots)
     stream = load_catalog(catalog).get("clicks")
     expected_good, expected_bad = expected_events(Path(roots.landing) / "clicks" / "events")
@@ -159,10 +161,16 @@ def test_a_killed_client_stops_its_run_and_a_killed_server_loses_nothing(tmp_pat
         os.killpg(client.pid, signal.SIGKILL)
         client.wait(timeout=30)
         server.wait_for_line("the client went away; stopping its queries")
+        # The run stops its query (which waits for the batch in flight) before the batch may go on: released earlier,
+        # batch 1 would commit and batch 2 start before the run's next look at the cancel.
+        server.wait_for_line("query events: the run was cancelled")
         (faults / "before_commit.release").touch()
         server.wait_for_line(": done")
         stream = load_catalog(catalog).get("events")
         assert read_lock(stream.checkpoint_path(roots)) is None
+        # The run log says the run did not finish, and why: a stopped query is no success.
+        [cancelled] = runlog.runs(roots.lake, "events")
+        assert cancelled["status"] == RunStatus.FAILED and cancelled["error"] == CANCELLED
         assert ping(server.address)["active_runs"] == 0
 
         # The next run takes the stream up again, and the server dies after batch 2's Delta commits.

@@ -634,7 +634,12 @@ def test_the_warm_override_adds_a_warm_server_and_points_the_run_tasks_at_it(mon
     assert server["image"] == load_compose()["x-airflow-common"]["image"]
     assert "ports" not in server, "the warm server takes runs on the compose network only"
     assert "sluice warm ping" in " ".join(server["healthcheck"]["test"])
-    assert server["depends_on"] == {"spark-master": {"condition": "service_healthy"}}
+    assert server["depends_on"] == {name: {"condition": "service_healthy"} for name in SPARK_SERVICES}
+    # The image's entrypoint would run the command as `airflow spark-submit ...`; the server keeps cores for the rest.
+    assert server["entrypoint"] == ["/usr/bin/dumb-init", "--"] and server["command"][0] == "spark-submit"
+    cores = with_defaults(server["command"][server["command"].index("--conf") + 1])
+    worker_cores = int(with_defaults(base["spark-worker"]["environment"]["SPARK_WORKER_CORES"]))
+    assert cores == "spark.cores.max=1" and worker_cores > 1, "a cold run must find a core the server leaves free"
     assert warm["services"]["airflow-scheduler"]["depends_on"] == {"sluice-warm": {"condition": "service_healthy"}}
     assert server["environment"]["SPARK_LOCAL_HOSTNAME"] == "sluice-warm"
     command = server["command"]

@@ -179,15 +179,19 @@ def test_no_server_is_retryable() -> None:
         ping(WarmAddress("127.0.0.1", port, TOKEN))
 
 
-def test_a_warm_server_reads_kafka_options_from_airflow_connections_it_lacks(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sluice.connections.kafka import env_name, missing_environment
+def test_a_warm_server_reads_kafka_options_from_airflow_connections(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sluice.connections.kafka import airflow_environment, env_name
 
-    monkeypatch.setenv("AIRFLOW_CONN_WARM_KAFKA", json.dumps(
-        {"conn_type": "kafka", "login": "sluice", "password": "p4ss", "extra": {
-            "bootstrap.servers": "kafka:9092", "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN"}}))
-    env = missing_environment(["warm_kafka", "warm_kafka", "not_defined"], environ={})
-    assert set(env) == {env_name("warm_kafka")}  # an undefined connection is left for the run to name
+    def define(password: str) -> None:
+        monkeypatch.setenv("AIRFLOW_CONN_WARM_KAFKA", json.dumps(
+            {"conn_type": "kafka", "login": "sluice", "password": password, "extra": {
+                "bootstrap.servers": "kafka:9092", "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN"}}))
+
+    define("p4ss")
+    env = airflow_environment(["warm_kafka", "warm_kafka", "not_defined"])
+    assert set(env) == {env_name("warm_kafka")}  # an undefined connection is left to the server's environment
     options = json.loads(env[env_name("warm_kafka")])
     assert options["kafka.bootstrap.servers"] == "kafka:9092" and 'password="p4ss"' in options["kafka.sasl.jaas.config"]
-    # What the environment gives already (a run task's, an operator's) is kept.
-    assert missing_environment(["warm_kafka"], environ={env_name("warm_kafka"): "{}"}) == {}
+    define("rotated")  # read again before each run: a rotated password takes effect at the next one
+    assert 'password="rotated"' in json.loads(airflow_environment(["warm_kafka"])[env_name("warm_kafka")])[
+        "kafka.sasl.jaas.config"]

@@ -212,16 +212,15 @@ def env_name(conn_id: str) -> str:
     return ENV_PREFIX + re.sub(r"[^A-Za-z0-9]", "_", conn_id).upper()
 
 
-def missing_environment(conn_ids: Iterable[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``SLUICE_KAFKA_CONN_<ID>`` for each connection that ``environ`` lacks, read from Airflow's connections (its
-    ``AIRFLOW_CONN_*`` variables or secrets backends), as a run task gives a cold run: what a warm server, which no
-    task starts, needs to reach Kafka. A connection that cannot be read is left out: the stream's run names it."""
-    environ = os.environ if environ is None else environ
+def airflow_environment(conn_ids: Iterable[str]) -> dict[str, str]:
+    """``SLUICE_KAFKA_CONN_<ID>`` for each connection that Airflow defines (its ``AIRFLOW_CONN_*`` variables or
+    secrets backends), read now, as a run task gives a cold run: what a warm server, which no task starts, reads
+    before each run, so that a rotated password takes effect at the next run. A connection Airflow does not define
+    is left to the environment the server was started with; the stream's run names it if it is missing there too."""
     env: dict[str, str] = {}
     for conn_id in dict.fromkeys(conn_ids):
-        if env_name(conn_id) not in environ:
-            with contextlib.suppress(SluiceError, KeyError, ValueError):
-                env[env_name(conn_id)] = json.dumps(spark_options(connection_fields(conn_id)))
+        with contextlib.suppress(SluiceError, KeyError, ValueError):
+            env[env_name(conn_id)] = json.dumps(spark_options(connection_fields(conn_id)))
     return env
 
 
