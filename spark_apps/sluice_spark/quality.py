@@ -106,10 +106,9 @@ def flag_dead_letters(frame: DataFrame, stream: StreamSpec) -> DataFrame:
     """
     reason = dead_letter_reason(stream)
     policy = stream.source.schema_evolution
-    if policy is SchemaEvolution.FAIL_ON_NEW_COLUMNS and NEW_FIELDS_COLUMN in frame.columns:
+    if policy is SchemaEvolution.FAIL_ON_NEW_COLUMNS:
         # A row with fields the schema does not declare stops its batch (``fail_on_new_columns``); it rides with the
-        # dead letters past the stateful steps, to the writers that refuse the batch. (A Parquet source checks its
-        # files' footers before the run instead, and has no such column.)
+        # dead letters past the stateful steps, to the writers that refuse the batch.
         new_fields = F.concat(F.lit("new field(s) not in the declared schema: "),
                               F.array_join(F.col(NEW_FIELDS_COLUMN), ", "))
         reason = F.coalesce(reason, F.when(F.col(NEW_FIELDS_COLUMN).isNotNull(), new_fields))

@@ -21,7 +21,6 @@ from deltalake import DeltaTable
 
 from sluice.catalog import load_catalog
 from sluice.constants import RESCUED_COLUMN
-from sluice.errors import SchemaDriftError
 from sluice.storage.delta import read_table
 from sluice_spark.runner import run_streams
 from tests.helpers import events_stream, roots_in, write_catalog
@@ -421,44 +420,3 @@ def test_add_new_columns_rescues_what_cannot_become_a_column(spark: Any, tmp_pat
     assert rows["e31"]["rank"] is None
     assert json.loads(rows["e31"][RESCUED_COLUMN]) == {"rank": "first", "Rank": 2}
     assert rows["e32"]["rank"] is None and json.loads(rows["e32"][RESCUED_COLUMN]) == {"rank": 2.5}, "not truncated"
-
-
-def test_parquet_files_that_grow_columns_have_them_rescued_or_stop_the_run(spark: Any, tmp_path: Path) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    def catalog_with(policy: str) -> Any:
-        source = {"type": "files", "format": "parquet", "path": "users", "schema_evolution": policy,
-                  "schema": {"user_id": "string not null", "country": "string"}}
-        return load_catalog(write_catalog(tmp_path, events_stream(
-            "users", source=source, transform="identity", sink={"path": "bronze/users", "engine": "rs"})))
-
-    roots = roots_in(tmp_path)
-    folder = Path(roots.landing) / "users"
-    folder.mkdir(parents=True)
-    pq.write_table(pa.table({"user_id": ["u1", "u2"], "country": ["DE", None]}), folder / "part-0.parquet")
-    catalog = catalog_with("fail_on_new_columns")
-    assert run_streams(spark, catalog, ["users"], roots).streams[0].output_rows == 2
-    table = catalog.get("users").sink_path(roots)
-    version = DeltaTable(table).version()
-    grown = pa.table({"user_id": ["u3", "u4"], "Country": ["FR", "IT"], "coupon": ["X1", None],
-                      "score": pa.array([7, None], pa.int64()),
-                      "meta": pa.array([{"a": 1, "tags": ["x"]}, None], pa.struct([("a", pa.int32()),
-                                                                                    ("tags", pa.list_(pa.string()))]))})
-    pq.write_table(grown, folder / "part-1.parquet")
-
-    # fail_on_new_columns: the run stops before its first batch, naming the columns (not `Country`: Spark matches
-    # Parquet's columns without case) and the file.
-    with pytest.raises(SchemaDriftError) as failed:
-        run_streams(spark, catalog, ["users"], roots)
-    assert "'coupon' (1 file(s)), 'meta' (1 file(s)), 'score' (1 file(s))" in str(failed.value)
-    assert "part-1.parquet" in str(failed.value) and "Country" not in str(failed.value)
-    assert DeltaTable(table).version() == version
-
-    # rescue: the same files, read once; every value the schema does not declare is in _rescued_data.
-    summary = run_streams(spark, catalog_with("rescue"), ["users"], roots).streams[0]
-    assert summary.status == "succeeded" and summary.output_rows == 2 and summary.rescued_rows == 1
-    rows = {row["user_id"]: row for row in read_table(table).to_pylist()}
-    assert sorted(rows) == ["u1", "u2", "u3", "u4"] and rows["u3"]["country"] == "FR"
-    assert json.loads(rows["u3"][RESCUED_COLUMN]) == {"coupon": "X1", "score": 7, "meta": {"a": 1, "tags": ["x"]}}
-    assert rows["u4"][RESCUED_COLUMN] is None and rows["u1"][RESCUED_COLUMN] is None

@@ -42,7 +42,7 @@ POLICIES = {
     FileFormat.JSON: (SchemaEvolution.RESCUE, SchemaEvolution.ADD_NEW_COLUMNS, SchemaEvolution.FAIL_ON_NEW_COLUMNS,
                       SchemaEvolution.NONE),
     FileFormat.CSV: (SchemaEvolution.RESCUE, SchemaEvolution.NONE),
-    FileFormat.PARQUET: (SchemaEvolution.RESCUE, SchemaEvolution.FAIL_ON_NEW_COLUMNS, SchemaEvolution.NONE),
+    FileFormat.PARQUET: (SchemaEvolution.NONE,),
 }
 # What a JSON source reads as something other than strict UTF-8 JSON: the drift policies find new fields with
 # Spark's strict parser, so they take none of these.

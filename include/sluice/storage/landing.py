@@ -19,7 +19,6 @@ import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 from sluice.errors import SluiceError
@@ -258,28 +257,3 @@ def unread_files(stream: StreamSpec, roots: Roots, state: SourceState) -> Unread
             unread.behind_horizon += 1
     unread.files.sort(key=lambda found: found.path)
     return unread
-
-
-def next_run_files(stream: StreamSpec, roots: Roots) -> list[str]:
-    """The paths of the files the stream's next run will read (:func:`unread_files`, from its checkpoint)."""
-    return [found.path for found in unread_files(stream, roots, SourceState.of(stream, CheckpointReader(
-        stream.checkpoint_path(roots)))).files]
-
-
-def undeclared_parquet_columns(paths: list[str], declared: list[str]) -> dict[str, tuple[Any, list[str]]]:
-    """The top-level columns of Parquet files that ``declared`` does not name (compared without case, as Spark's
-    Parquet reader matches them): each with its Arrow type and the files that hold it. Only the files' footers are
-    read."""
-    import pyarrow.parquet as pq
-
-    known = {name.casefold() for name in declared}
-    found: dict[str, tuple[Any, list[str]]] = {}
-    for path in paths:
-        try:
-            schema = pq.read_schema(path)
-        except (OSError, ValueError) as exc:  # Spark's reader fails on it with its own message
-            raise SluiceError(f"cannot read the Parquet footer of {path}: {exc}") from exc
-        for column in schema:
-            if column.name.casefold() not in known:
-                found.setdefault(column.name, (column.type, []))[1].append(path)
-    return found

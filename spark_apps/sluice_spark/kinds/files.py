@@ -12,7 +12,6 @@ reader keeps it.
 
 from __future__ import annotations
 
-import glob
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
@@ -20,12 +19,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamReader
 
 from sluice.constants import CORRUPT_COLUMN, RESCUED_COLUMN, SOURCE_FILE_COLUMN, FileFormat, SchemaEvolution
-from sluice.errors import SchemaDriftError, SluiceError
 from sluice.kinds.files import FileSource
 from sluice.model.stream import StreamSpec, TriggerSpec
-from sluice.model.types import quote
 from sluice.paths import Roots
-from sluice.storage.landing import next_run_files, undeclared_parquet_columns
 from sluice_spark.drift import parse_json_text, rescue_csv
 from sluice_spark.session import require_hadoop_connector
 
@@ -43,7 +39,6 @@ def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | N
     """The landing folder (or ``path``, a backfill's glob of the files it selected) as a streaming DataFrame."""
     source = stream.source
     assert isinstance(source, FileSource)
-    selection = path  # a backfill's files; None: the files the stream's checkpoint has not read
     if path is None:
         path = stream.source_path(roots)
         require_hadoop_connector(spark, path, f"stream '{stream.name}': landing folder")
@@ -66,58 +61,14 @@ def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | N
         )
         frame = reader.load(path)
     else:
-        extras = _parquet_drift(stream, roots, selection) if policy is not SchemaEvolution.NONE else {}
-        if extras:
-            schema += ", " + ", ".join(f"{quote(name)} {kind}" for name, kind in extras.items())
         frame = reader.schema(schema).load(path).withColumn(
             CORRUPT_COLUMN, F.lit(None).cast("string")
         )
-        if policy is SchemaEvolution.RESCUE:
-            rescued = F.to_json(F.struct(*[F.col(quote(name)) for name in extras])) if extras else F.lit(None)
-            # to_json leaves out null fields: a row that holds none of them rescues nothing.
-            frame = frame.withColumn(RESCUED_COLUMN, F.when(rescued != "{}", rescued).cast("string"))
-            return frame.select(*source.schema.names, CORRUPT_COLUMN, RESCUED_COLUMN,
-                                F.col("_metadata.file_path").alias(SOURCE_FILE_COLUMN))
     frame = frame.select(*source.schema.names, CORRUPT_COLUMN, F.col("_metadata.file_path").alias(SOURCE_FILE_COLUMN))
     if policy is SchemaEvolution.RESCUE:
         frame = frame.select(*source.schema.names, CORRUPT_COLUMN, rescue_csv(source).alias(RESCUED_COLUMN),
                              SOURCE_FILE_COLUMN)
     return frame
-
-
-def _parquet_drift(stream: StreamSpec, roots: Roots, path: str | None) -> dict[str, str]:
-    """The columns the run's Parquet files hold beyond the declared schema, as Spark SQL types, from their footers
-    (Spark's Parquet reader would leave them out without a word). The files are the ones the run reads: the
-    stream's unread files, or a backfill's selection. Under ``fail_on_new_columns`` any such column stops the run
-    before its first batch, naming the columns and the files."""
-    from pyspark.sql.pandas.types import from_arrow_type
-
-    source = stream.source
-    if path is None:
-        files = next_run_files(stream, roots)
-    elif "://" in path:
-        raise SluiceError(f"stream '{stream.name}': a Parquet backfill under schema_evolution "
-                          f"{source.schema_evolution.value} reads a local landing zone only")
-    else:
-        files = sorted(glob.glob(path))
-    extras = undeclared_parquet_columns(files, source.schema.names)
-    if not extras:
-        return {}
-    if source.schema_evolution is SchemaEvolution.FAIL_ON_NEW_COLUMNS:
-        named = ", ".join(f"'{name}' ({len(found)} file(s))" for name, (_, found) in sorted(extras.items()))
-        origins = sorted({origin for _, found in extras.values() for origin in found})
-        raise SchemaDriftError(f"stream '{stream.name}': new field(s) not in the declared schema in the files of "
-                               f"this run: {named}; from {', '.join(origins[:5])}"
-                               f"{f' and {len(origins) - 5} more' if len(origins) > 5 else ''}; nothing of this "
-                               "run was read or committed")
-    kinds: dict[str, str] = {}
-    for name, (arrow_type, found) in sorted(extras.items()):
-        try:
-            kinds[name] = from_arrow_type(arrow_type).simpleString()
-        except Exception as exc:  # a type Spark cannot read is no column it could rescue
-            raise SluiceError(f"stream '{stream.name}': column {name!r} of {found[0]} has the Parquet type "
-                              f"{arrow_type}, which Spark cannot read ({exc})") from None
-    return kinds
 
 
 def _limited(reader: DataStreamReader, trigger: TriggerSpec) -> DataStreamReader:
