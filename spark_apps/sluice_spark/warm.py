@@ -157,6 +157,8 @@ class _Connection(socketserver.StreamRequestHandler):
         self.connection.settimeout(REQUEST_TIMEOUT_SECONDS)
         try:
             line = self.rfile.readline(MAX_REQUEST_BYTES + 1)
+            if not line:  # a port probe (`make run` waiting for the server, a healthcheck) closes without a word
+                return
             request = WarmRequest.parse(line, self.server.token)
             if request.command == "ping":
                 self.send(pong={"app_id": self.server.app_id, "catalog": self.server.catalog,

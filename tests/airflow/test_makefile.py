@@ -253,6 +253,38 @@ def test_make_run_after_make_demo_runs_the_dags_on_loopback_and_make_stop_stops_
         run.close()
 
 
+def test_make_run_warm_sends_the_runs_to_a_warm_server_and_make_stop_stops_it(after_make_demo: dict[str, str],
+                                                                              tmp_path: Path) -> None:
+    env = after_make_demo
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    run = MakeRun(tmp_path / "make-run.log", env, f"PORT={port}", "WARM=1")
+    try:
+        run.wait_until_up(f"{base}/api/v2/monitor/health")
+        assert "the stream runs go to it (warm mode)" in run.output()
+        _, login = http(f"{base}/auth/token")
+        token = login["access_token"]
+        status, started = http(f"{base}/api/v2/dags/ingest_events_bronze/dagRuns", token=token,
+                               body={"logical_date": None})  # type: ignore[dict-item]
+        assert status == 200, started
+        run_id = started["dag_run_id"]
+
+        def finished() -> str | None:
+            _, body = http(f"{base}/api/v2/dags/ingest_events_bronze/dagRuns/{run_id}", token=token)
+            return body["state"] if body["state"] in ("success", "failed") else None
+
+        assert wait_for(finished, f"the DAG run {run_id}", 240) == "success", run.output()[-4000:]
+        _, xcom = http(f"{base}/api/v2/dags/ingest_events_bronze/dagRuns/{run_id}/taskInstances/run_stream/"
+                       "xcomEntries/return_value", token=token)
+        summary = xcom["value"] if isinstance(xcom["value"], dict) else json.loads(xcom["value"])
+        ready = next(line for line in run.output().splitlines() if "SLUICE_WARM_READY" in line)
+        assert summary["app_id"] == ready.split()[-1], "the run went to a Spark application of its own, not warm"
+        stop_and_check_nothing_is_left(run, env, port)
+        assert port_is_free(15041), "the warm server's port is still taken after make stop"
+    finally:
+        run.close()
+
+
 def test_make_run_on_another_address_asks_for_the_generated_password(after_make_demo: dict[str, str],
                                                                     tmp_path: Path) -> None:
     env = after_make_demo
