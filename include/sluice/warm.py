@@ -206,23 +206,19 @@ def keep_alive(sock: socket.socket) -> None:
 
 def _answers(sock: socket.socket, address: WarmAddress) -> Iterator[dict[str, Any]]:
     with sock.makefile("rb") as reader:
-        yield from _lines(reader, address)
-
-
-def _lines(reader: Any, address: WarmAddress) -> Iterator[dict[str, Any]]:
-    while True:
-        try:
-            line = reader.readline(MAX_ANSWER_BYTES)
-        except OSError as exc:
-            raise WarmServerGone(f"the warm server at {address} went away: {exc}") from None
-        if not line:
-            return
-        try:
-            message = json.loads(line)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise WarmServerGone(f"the warm server at {address} sent a line that is not JSON") from None
-        if isinstance(message, dict):
-            yield message
+        while True:
+            try:
+                line = reader.readline(MAX_ANSWER_BYTES)
+            except OSError as exc:
+                raise WarmServerGone(f"the warm server at {address} went away: {exc}") from None
+            if not line:
+                return
+            try:
+                message = json.loads(line)
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                raise WarmServerGone(f"the warm server at {address} sent a line that is not JSON") from None
+            if isinstance(message, dict):
+                yield message
 
 
 def request(address: WarmAddress, body: WarmRequest, on_log: Callable[[str], None] | None = None,

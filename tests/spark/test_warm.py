@@ -30,7 +30,8 @@ from sluice.storage.delta import read_table
 from sluice.storage.lock import read_lock
 from sluice.warm import WarmAddress, WarmRefused, WarmServerGone, ping, run
 from sluice_spark.runner import CANCELLED
-from tests.helpers import events_stream, expected_events, roots_in, table_rows, write_catalog
+from tests.helpers import events_stream, expected_events, roots_in, write_catalog
+from tests.spark.test_ingest import bronze
 from tests.warm_server import Server
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -52,11 +53,6 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Pa
         yield server, catalog, roots
     finally:
         server.stop()
-
-
-def bronze(path: str) -> list[tuple[Any, ...]]:
-    columns = ["event_id", "event_type", "user_id", "amount", "event_date"]
-    return [(*row[:4], row[4].isoformat()) for row in table_rows(path, columns)]
 
 
 def assert_exact(catalog: Path, roots: Roots) -> None:
