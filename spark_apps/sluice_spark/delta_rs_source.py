@@ -14,6 +14,11 @@ Options:
 - ``maxFilesPerTrigger`` / ``maxBytesPerTrigger``: the rate limit.
 - ``skipChangeCommits``: skip versions that remove data (a DELETE, UPDATE or MERGE); without it such a version
   fails the query, as delta-spark's source does, because an append-only reader cannot apply it.
+
+The query reads with the table's schema when it starts. A version of that run with an older schema is read with it
+when the change was additive (a file without a column reads it as NULL); any other change (a column dropped,
+renamed or retyped since) stops the query, naming the version. A column the table gains after the query started is
+read by the next run.
 """
 
 from __future__ import annotations
@@ -181,11 +186,21 @@ class DeltaRsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return parts
 
     def _check_schema(self, commit: VersionFiles) -> None:
-        if commit.schema_string is None:
+        """Refuse a version whose schema the query's cannot read: one with a column the query's schema lacks or
+        types otherwise (the table dropped, renamed or retyped it later, or changed after the query started)."""
+        from pyspark.sql.types import StructType
+
+        if commit.schema_string is None or commit.schema_string == self.schema_string:
             return
-        if self.schema_string is not None and commit.schema_string != self.schema_string:
-            raise DeltaSourceError(f"{self.path}: the table's schema changed at version {commit.version}; restart "
-                                   "the stream with a new checkpoint to read the new schema")
+        ours = {column.name: column.dataType for column in self.schema.fields}
+        for column in StructType.fromJson(json.loads(commit.schema_string)).fields:
+            if _without_nullability(ours.get(column.name)) != _without_nullability(column.dataType):
+                now = ours[column.name].simpleString() if column.name in ours else "no such column"
+                raise DeltaSourceError(
+                    f"{self.path}: version {commit.version} has the column {column.name!r} as "
+                    f"{column.dataType.simpleString()}, and this run reads the table's schema as it started ({now}); "
+                    "a run reads additive schema changes only. Restart the stream after that version "
+                    "(startingVersion) with a new checkpoint")
         self.schema_string = commit.schema_string
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -195,12 +210,34 @@ class DeltaRsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         _, relative, partition_values = partition.value
         target = to_arrow_schema(self.schema, timezone="UTC")
-        data_columns = [name for name in target.names if name not in partition_values]
-        table = pq.read_table(os.path.join(self.path, unquote(relative)), columns=data_columns)
-        for name, value in partition_values.items():
-            column_type = target.field(name).type
-            table = table.append_column(name, pa.array([value] * table.num_rows, pa.string()).cast(column_type))
+        data_file = pq.ParquetFile(os.path.join(self.path, unquote(relative)))
+        # A file written before the table gained a column has none: it reads as NULL.
+        present = set(data_file.schema_arrow.names)
+        table = data_file.read(columns=[name for name in target.names
+                                        if name not in partition_values and name in present])
+        for name in target.names:
+            if name in partition_values:
+                column = pa.array([partition_values[name]] * table.num_rows, pa.string())
+            elif name not in present:
+                column = pa.nulls(table.num_rows, target.field(name).type)
+            else:
+                continue
+            table = table.append_column(name, column.cast(target.field(name).type))
         yield from table.select(target.names).cast(target).to_batches()
 
     def commit(self, end: dict[str, int]) -> None:
         pass
+
+
+def _without_nullability(data_type: Any) -> Any:
+    """A Spark type with every nested field nullable and no metadata: what two schemas must share for one to
+    read the other's files."""
+    from pyspark.sql.types import ArrayType, MapType, StructField, StructType
+
+    if isinstance(data_type, StructType):
+        return StructType([StructField(field.name, _without_nullability(field.dataType)) for field in data_type])
+    if isinstance(data_type, ArrayType):
+        return ArrayType(_without_nullability(data_type.elementType))
+    if isinstance(data_type, MapType):
+        return MapType(_without_nullability(data_type.keyType), _without_nullability(data_type.valueType))
+    return data_type

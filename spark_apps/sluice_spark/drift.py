@@ -1,4 +1,4 @@
-"""Schema drift in Spark: what a JSON record holds that its declared schema does not read.
+"""Schema drift in Spark: what a record holds that its declared schema does not read.
 
 Under a drift policy (``source.schema_evolution``) each record's text is parsed twice: with the declared schema, by
 Spark's JSON parser (the typed columns, as under ``none``), and as a VARIANT, which keeps every field. Walking the
@@ -16,13 +16,20 @@ the values as they arrived; the row is still good. ``fail_on_new_columns`` lists
 misfit is a dead letter as under ``none``.
 
 Everything here is a column expression (no Python UDF): the cost is the second parse of each record.
+
+A typed source (a Delta table) has no text to parse: :func:`typed_drift` compares its columns with the declared
+ones. Its new fields are the columns the schema does not declare, and its misfits the values a declared type cannot
+hold; ``add_new_columns`` gives a new column the source's own type (:data:`NEW_TYPES_COLUMN`).
 """
 
 from __future__ import annotations
 
+import json
 import operator
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Collection, Mapping
 from functools import reduce
+from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -30,8 +37,19 @@ from pyspark.sql import functions as F
 from sluice.constants import CORRUPT_COLUMN, RESCUED_COLUMN, FileFormat, SchemaEvolution
 from sluice.model.schema import Schema
 from sluice.model.sources import SourceSpec
-from sluice.model.types import IDENTIFIER, Array, DataType, Field, MapType, Primitive, Struct, quote
-from sluice_spark.targets import NEW_COLUMNS_COLUMN, NEW_FIELDS_COLUMN
+from sluice.model.types import (
+    IDENTIFIER,
+    Array,
+    DataType,
+    Field,
+    MapType,
+    Primitive,
+    Struct,
+    TypeSyntaxError,
+    parse,
+    quote,
+)
+from sluice_spark.targets import NEW_COLUMNS_COLUMN, NEW_FIELDS_COLUMN, NEW_TYPES_COLUMN
 
 _ENTRIES = "ARRAY<STRUCT<path: STRING, value: VARIANT>>"
 _RAW = "_sluice_raw"
@@ -100,6 +118,93 @@ def parse_json_text(frame: DataFrame, text: Column, schema: Schema, policy: Sche
     names = [F.col(quote(column.name)) for column in schema.columns]
     return walked.select(*names, CORRUPT_COLUMN, added.alias(name), *([NEW_COLUMNS_COLUMN] if adds else []),
                          *map(F.col, keep))
+
+
+def typed_drift(frame: DataFrame, schema: Schema, policy: SchemaEvolution, keep: Mapping[str, Column],
+                ignored: Collection[str] = ()) -> DataFrame:
+    """A typed source's rows (``frame``, every column of a Delta table) as the declared columns, ``_corrupt_record``
+    (NULL: a typed row always parses) and the policy's columns, as :func:`parse_json_text` gives them; ``keep`` are
+    carried along, and the ``ignored`` columns are the source's bookkeeping, no data (an upstream stream's ingest
+    time). Names match without case, as Delta's do.
+
+    - new fields: the columns the schema does not declare, in the rows that hold a value in them;
+    - misfits (``rescue`` and ``add_new_columns``): a value that its declared type cannot hold (a cast gives NULL);
+      under ``fail_on_new_columns`` and ``none`` the cast fails the run instead, as Spark's ANSI cast does.
+    """
+    declared = {name.lower() for name in schema.names}
+    skipped = {name.lower() for name in ignored}
+    extras = [field for field in frame.schema.fields if field.name.lower() not in declared | skipped]
+    types = {field.name: field.dataType for field in frame.schema.fields}
+    rescue = policy in (SchemaEvolution.RESCUE, SchemaEvolution.ADD_NEW_COLUMNS)
+    columns: list[Column] = []
+    misfits: list[tuple[str, Column]] = []
+    for column in schema.columns:
+        value = F.col(quote(column.name))
+        fits = _declared_sql(types[column.name]) == column.data_type.sql(nullable_only=True)
+        if fits or not rescue:
+            columns.append((value if fits else value.cast(column.sql_type)).alias(column.name))
+            continue
+        typed = value.try_cast(column.sql_type)
+        columns.append(typed.alias(column.name))
+        misfits.append((_key(column.name), F.when(typed.isNull(), value)))
+    kept = [column.alias(name) for name, column in keep.items()]
+    corrupt = F.lit(None).cast("string").alias(CORRUPT_COLUMN)
+    if policy is SchemaEvolution.FAIL_ON_NEW_COLUMNS:
+        found = F.array_compact(F.array(*[F.when(F.col(quote(field.name)).isNotNull(), F.lit(_key(field.name)))
+                                          for field in extras]))
+        new_fields = F.when(F.size(found) > 0, found) if extras else F.lit(None).cast("array<string>")
+        return frame.select(*columns, corrupt, new_fields.alias(NEW_FIELDS_COLUMN), *kept)
+    if policy is SchemaEvolution.NONE:
+        return frame.select(*columns, corrupt, *kept)
+    added = [field for field in extras if policy is SchemaEvolution.ADD_NEW_COLUMNS and _column_like(field.name)
+             and _declared_sql(field.dataType) is not None]
+    rest = [(_key(field.name), F.col(quote(field.name))) for field in extras if field not in added]
+    policy_columns = [_json_object([*rest, *misfits]).alias(RESCUED_COLUMN)]
+    if policy is SchemaEvolution.ADD_NEW_COLUMNS:
+        new = _json_object([(field.name, F.col(quote(field.name))) for field in added])
+        kinds = json.dumps({field.name: as_declared(field.dataType).sql() for field in added})
+        policy_columns += [new.alias(NEW_COLUMNS_COLUMN), F.when(new.isNotNull(), F.lit(kinds)).alias(NEW_TYPES_COLUMN)]
+    return frame.select(*columns, corrupt, *policy_columns, *kept)
+
+
+def as_declared(data_type: Any) -> DataType:
+    """A Spark type as the catalog declares it (every nested field nullable)."""
+    from pyspark.sql.types import ArrayType, StructType
+    from pyspark.sql.types import MapType as SparkMap
+
+    if isinstance(data_type, StructType):
+        return Struct(tuple(Field(field.name, as_declared(field.dataType)) for field in data_type.fields))
+    if isinstance(data_type, ArrayType):
+        return Array(as_declared(data_type.elementType))
+    if isinstance(data_type, SparkMap):
+        return MapType(as_declared(data_type.keyType), as_declared(data_type.valueType))
+    return parse(data_type.simpleString())[0]
+
+
+def _declared_sql(data_type: Any) -> str | None:
+    """:func:`as_declared` as DDL, or None for a type the catalog cannot declare (a variant)."""
+    try:
+        return as_declared(data_type).sql(nullable_only=True)
+    except TypeSyntaxError:
+        return None
+
+
+def _key(name: str) -> str:
+    """A top-level field's path in ``_rescued_data`` and in messages: its name, quoted when it is no identifier."""
+    return name if IDENTIFIER.fullmatch(name) else quote(name)
+
+
+def _column_like(name: str) -> bool:
+    """Whether a new field may become a column under ``add_new_columns`` (see :data:`_COLUMN_NAME`)."""
+    return re.fullmatch(_COLUMN_NAME[1:-1], name) is not None
+
+
+def _json_object(entries: list[tuple[str, Column]]) -> Column:
+    """The entries whose value is not NULL, as one JSON object; NULL when there is none."""
+    if not entries:
+        return F.lit(None).cast("string")
+    text = F.to_json(F.struct(*[value.alias(key) for key, value in entries]))
+    return F.when(text != "{}", text)
 
 
 def _clean(data_type: DataType, raw: Column) -> Column | None:

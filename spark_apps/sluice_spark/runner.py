@@ -48,7 +48,7 @@ from sluice.model.expectations import Violation
 from sluice.model.patterns import LookupSpec
 from sluice.model.schema import Column as DeclaredColumn
 from sluice.model.stream import StreamSpec, TriggerSpec
-from sluice.model.types import Primitive
+from sluice.model.types import parse as parse_type
 from sluice.paths import Roots
 from sluice.storage import runlog
 from sluice.storage.checkpoint import CheckpointReader, ensure_query_id
@@ -71,6 +71,7 @@ from sluice_spark.targets import (
     GOOD_ROUTE,
     NEW_COLUMNS_COLUMN,
     NEW_FIELDS_COLUMN,
+    NEW_TYPES_COLUMN,
     RAW_COLUMN,
     REASON_COLUMN,
     ROUTE_COLUMN,
@@ -94,7 +95,7 @@ _DEAD_LETTER_FIELDS = (
     (INGEST_TIME_COLUMN, "ingested_at"),
 )
 _INTERNAL_COLUMNS = {CORRUPT_COLUMN, REASON_COLUMN, RAW_COLUMN, ROUTE_COLUMN, _STREAM_COLUMN, FAILED_COLUMN,
-                     NEW_FIELDS_COLUMN, NEW_COLUMNS_COLUMN}
+                     NEW_FIELDS_COLUMN, NEW_COLUMNS_COLUMN, NEW_TYPES_COLUMN}
 
 
 @dataclass
@@ -197,7 +198,7 @@ def _route(frame: DataFrame, data: list[Column], route: Column, fan_out: list[Co
         route = F.when(failed.isNotNull(), F.lit(FAILED_ROUTE)).otherwise(route)
         failing.append(failed.alias(name))
     if stream.source.schema_evolution is SchemaEvolution.ADD_NEW_COLUMNS:  # for the writer to add (see BatchRouter)
-        failing.append(F.col(NEW_COLUMNS_COLUMN))
+        failing += [F.col(name) for name in (NEW_COLUMNS_COLUMN, NEW_TYPES_COLUMN) if name in frame.columns]
     return frame.select(*data, F.current_timestamp().alias(INGEST_TIME_COLUMN),
                         route.cast("tinyint").alias(ROUTE_COLUMN), RAW_COLUMN, REASON_COLUMN,
                         F.when(rejected, F.lit(stream.name)).alias(_STREAM_COLUMN), *fan_out, *failing)
@@ -284,7 +285,7 @@ def with_added_columns(stream: StreamSpec, roots: Roots) -> StreamSpec:
     if stream.source.schema_evolution is not SchemaEvolution.ADD_NEW_COLUMNS or stream.sink.table is None:
         return stream
     declared = {name.casefold() for name in stream.source.schema.names}
-    evolved = tuple(DeclaredColumn(name, kind, True, Primitive(kind)) for name, kind in
+    evolved = tuple(DeclaredColumn(name, kind, True, parse_type(kind)[0]) for name, kind in
                     added_columns(stream.sink_path(roots)).items() if name.casefold() not in declared)
     return replace(stream, source=replace(stream.source, evolved=evolved)) if evolved else stream
 

@@ -28,6 +28,9 @@ NEW_FIELDS_COLUMN = "_sluice_new_fields"
 # Under ``add_new_columns``, a row's new top-level fields as a JSON object (NULL on most rows): the writer adds them to
 # its table as columns, in the commit of their batch.
 NEW_COLUMNS_COLUMN = "_sluice_new_columns"
+# Beside it, for a typed source (a Delta table): the new columns' types in the source, as a JSON object of Spark SQL
+# types; the writer gives each added column its type instead of one read from the JSON values.
+NEW_TYPES_COLUMN = "_sluice_new_types"
 _MAX_EXAMPLE = 500
 _MAX_ORIGINS = 5
 

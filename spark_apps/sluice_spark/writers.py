@@ -49,6 +49,7 @@ from sluice_spark.targets import (
     GOOD_ROUTE,
     NEW_COLUMNS_COLUMN,
     NEW_FIELDS_COLUMN,
+    NEW_TYPES_COLUMN,
     TableTarget,
     drift_failure,
     expectation_failure,
@@ -181,7 +182,7 @@ def _with_added(schema: Any, added: Mapping[str, str], marker: str, rows: DataFr
     from pyspark.sql.pandas.types import to_arrow_type
 
     types = {field.name: field.dataType for field in rows.schema.fields}
-    fields = [pa.field(name, to_arrow_type(types[name]), metadata={ADDED_COLUMN_KEY: marker})
+    fields = [pa.field(name, to_arrow_type(types[name], timezone="UTC"), metadata={ADDED_COLUMN_KEY: marker})
               for name in added if name not in schema.names]
     return pa.schema([*schema, *fields])
 
@@ -349,6 +350,19 @@ def new_column_type(name: str, kinds: set[str], batch_id: int) -> str:
                                 "hold them all; declare its type in source.schema (a string holds any of them)")
 
 
+def declared_column_type(name: str, kinds: set[str], batch_id: int) -> str:
+    """The type of a new column a typed source declares (:data:`NEW_TYPES_COLUMN`): its type there, the wider one
+    when its rows came from two versions of the source that widened it (int to bigint, float to double)."""
+    if len(kinds) == 1:
+        return next(iter(kinds))
+    for wider, narrower in (("BIGINT", {"TINYINT", "SMALLINT", "INT"}), ("INT", {"TINYINT", "SMALLINT"}),
+                            ("DOUBLE", {"FLOAT"})):
+        if wider in kinds and kinds - {wider} <= narrower:
+            return wider
+    raise drift_error(batch_id, f"the new column '{name}' arrives as {', '.join(sorted(kinds))}: one column cannot "
+                                "hold them all; declare its type in source.schema")
+
+
 def drift_error(batch_id: int, reason: str) -> SchemaDriftError:
     return SchemaDriftError(f"cannot add new columns in batch {batch_id}: {reason}; nothing of this batch was "
                             "committed")
@@ -359,10 +373,15 @@ _FITS = {"BIGINT": r"^(BIGINT|INT|SMALLINT|TINYINT|DECIMAL\((1[0-8]|[1-9]),0\))$
          "DOUBLE": r"^(BIGINT|INT|SMALLINT|TINYINT|DOUBLE|FLOAT|DECIMAL\(\d+,\d+\))$", "BOOLEAN": r"^BOOLEAN$"}
 
 
-def _typed(new: Any, name: str, kind: str) -> Any:
+def _typed(new: Any, name: str, kind: str, *, declared: bool = False) -> Any:
     """A new field's value in its column's type: NULL when the value is not of a kind the type takes as it is (it is
-    rescued instead). A text column takes anything: a string as it is, anything else as its JSON."""
+    rescued instead). A text column takes anything: a string as it is, anything else as its JSON. The value of a
+    column a typed source ``declared`` is its JSON (Spark's ``to_json``), cast back to its type."""
     value = F.try_variant_get(new, f"$.{name}", "VARIANT")
+    if declared:
+        if kind == "BINARY":  # to_json writes bytes as base64
+            return F.try_to_binary(F.try_variant_get(value, "$", "STRING"), F.lit("base64"))
+        return F.try_variant_get(value, "$", kind)
     if kind == "STRING":
         return F.coalesce(F.try_variant_get(value, "$", "STRING"), F.to_json(value))
     return F.when(F.schema_of_variant(value).rlike(_FITS[kind]), F.try_variant_get(value, "$", kind))
@@ -426,11 +445,12 @@ class BatchRouter:
 
     def add_columns(self, batch: DataFrame, batch_id: int) -> tuple[DataFrame, dict[str, str]]:
         """Under ``add_new_columns``: the batch with a typed column per new top-level field that its written rows
-        brought (:data:`NEW_COLUMNS_COLUMN`), and those columns' types. A type is the one every value of the field
-        fits (whole numbers widen to double beside fractions; an object, an array or a number past 64 bits is kept as
-        its text); a field that arrives as two other kinds of value stops the batch, naming it. What cannot become a
-        column joins the row's ``_rescued_data``: a name the table has already in another case, a value that does not
-        fit the column an earlier batch of this run added."""
+        brought (:data:`NEW_COLUMNS_COLUMN`), and those columns' types. A typed source says each one's type
+        (:data:`NEW_TYPES_COLUMN`); otherwise a type is the one every value of the field fits (whole numbers widen
+        to double beside fractions; an object, an array or a number past 64 bits is kept as its text). A field that
+        arrives as two other kinds of value stops the batch, naming it. What cannot become a column joins the row's
+        ``_rescued_data``: a name the table has already in another case, a value that does not fit the column an
+        earlier batch of this run added."""
         assert self.added is not None
         sink = next(target for target in self.targets if target.route == GOOD_ROUTE)
         written = (F.col(self.route_column) == GOOD_ROUTE) & F.col(NEW_COLUMNS_COLUMN).isNotNull()
@@ -440,6 +460,11 @@ class BatchRouter:
         values = batch.where(written).select(F.explode(new.try_cast("MAP<STRING, VARIANT>")).alias("name", "value"))
         seen = {row[0]: set(row[1]) for row in values.where(~F.is_variant_null("value")).groupBy("name")
                 .agg(F.collect_set(F.schema_of_variant("value"))).collect()}
+        declared: dict[str, set[str]] = {}
+        if NEW_TYPES_COLUMN in batch.columns:
+            hints = batch.where(written).select(F.explode(F.from_json(NEW_TYPES_COLUMN, "MAP<STRING, STRING>")))
+            for name, kind in hints.distinct().collect():
+                declared.setdefault(name, set()).add(kind)
         taken = {name.casefold(): name for name in sink.table_columns}
         taken.update({name.casefold(): name for name in self.added})
         types: dict[str, str] = {}
@@ -448,11 +473,12 @@ class BatchRouter:
             if owner is not None and owner != name:
                 continue  # another case of a column's name: rescued
             earlier = self.added.get(name)  # an earlier batch of this run added it: the table has its type
-            types[name] = earlier or new_column_type(name, kinds, batch_id)
+            types[name] = earlier or (declared_column_type(name, declared[name], batch_id) if name in declared
+                                      else new_column_type(name, kinds, batch_id))
             taken[name.casefold()] = name
         if not types:
             return self._rescue_new(batch, new, {}), {}
-        typed = {name: _typed(new, name, kind) for name, kind in types.items()}
+        typed = {name: _typed(new, name, kind, declared=name in declared) for name, kind in types.items()}
         return self._rescue_new(batch.withColumns(typed), new, types), types
 
     @staticmethod

@@ -134,3 +134,19 @@ def test_a_version_that_removes_data_fails_unless_skipped(spark: Any, tmp_path: 
     assert "skipChangeCommits" in str(failure.value)
     assert ids(run(spark, table, tmp_path / "skip", skipChangeCommits="true")) == list(range(12))
     assert json.loads((tmp_path / "skip" / "offsets" / "0").read_text().splitlines()[2]) == {"version": 2}
+
+
+def test_a_run_reads_additive_schema_changes_and_stops_at_any_other(spark: Any, tmp_path: Path) -> None:
+    table = tmp_path / "silver"
+    append(table, 0, 4)
+    gained = pa.table({"id": pa.array([4], pa.int64()), "day": ["2026-11-23"], "note": ["new"]})
+    write_deltalake(str(table), gained, mode="append", schema_mode="merge", partition_by=["day"])
+    rows = [row for _, batch in run(spark, table, tmp_path / "additive") for row in batch]
+    assert sorted((row.id, row.note) for row in rows) == [(0, None), (1, None), (2, None), (3, None), (4, "new")]
+
+    # Retyped: the run reads with the latest schema, which version 0's files do not fit.
+    write_deltalake(str(table), pa.table({"id": pa.array(["x"]), "day": ["2026-11-24"]}), mode="overwrite",
+                    schema_mode="overwrite", partition_by=["day"])
+    with pytest.raises(Exception, match="version 0 has the column 'id' as bigint") as failure:
+        run(spark, table, tmp_path / "retyped")
+    assert "additive schema changes only" in str(failure.value)

@@ -16,6 +16,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
@@ -420,3 +421,154 @@ def test_add_new_columns_rescues_what_cannot_become_a_column(spark: Any, tmp_pat
     assert rows["e31"]["rank"] is None
     assert json.loads(rows["e31"][RESCUED_COLUMN]) == {"rank": "first", "Rank": 2}
     assert rows["e32"]["rank"] is None and json.loads(rows["e32"][RESCUED_COLUMN]) == {"rank": 2.5}, "not truncated"
+
+
+# -- A Delta source whose upstream table gains columns --------------------------------------------------------------
+
+UPSTREAM_SCHEMA = {"id": "string not null", "amount": "double", "code": "int"}
+GAINED = {"coupon": pa.string(), "score": pa.int32(), "seen": pa.timestamp("us", tz="UTC"),
+          "meta": pa.struct([("a", pa.int64()), ("tags", pa.list_(pa.string()))]), "user agent": pa.string()}
+
+
+def upstream_rows(first: int, count: int, *, gained: bool) -> pa.Table:
+    """Rows of the upstream table; with ``gained``, with values in the columns it gained (NULL in one row of
+    three), and ``code`` as text, one value in four of which no int can hold."""
+    ids = range(first, first + count)
+    columns: dict[str, pa.Array] = {
+        "id": pa.array([f"u{i}" for i in ids]), "amount": pa.array([i / 4 for i in ids]),
+        "code": pa.array([("x" if i % 4 == 0 else str(i)) if gained else str(i) for i in ids]),
+    }
+    if gained:
+        def value(i: int, name: str) -> Any:
+            if i % 3 == 0:
+                return None
+            return {"coupon": f"C{i}", "score": i, "seen": dt.datetime(2026, 11, 22, i % 24, tzinfo=dt.timezone.utc),
+                    "meta": {"a": i, "tags": ["x", str(i)]}, "user agent": f"curl/{i}"}[name]
+        columns.update({name: pa.array([value(i, name) for i in ids], kind) for name, kind in GAINED.items()})
+    return pa.table(columns)
+
+
+def delta_stream(policy: str | None, schema: dict[str, str] | None = None) -> dict[str, Any]:
+    source: dict[str, Any] = {"type": "delta", "path": "upstream", "schema": schema or UPSTREAM_SCHEMA}
+    if policy is not None:
+        source["schema_evolution"] = policy
+    return events_stream("downstream", source=source, transform="identity",
+                         sink={"path": "silver/downstream", "engine": "rs"}, checkpoint="silver/downstream")
+
+
+def gain_columns(tmp_path: Path, spark: Any, policy: str | None,
+                 schema: dict[str, str] | None = None) -> tuple[Any, Any, Any]:
+    """The upstream table's version 0, a run, then version 1 (old columns) and version 2 (gained columns): the
+    second run reads both, the first with files that lack the gained columns. Returns the catalog, the roots and
+    the second run's summary."""
+    from deltalake import write_deltalake
+
+    upstream = str(tmp_path / "lake" / "upstream")
+    write_deltalake(upstream, upstream_rows(0, 6, gained=False))
+    catalog = load_catalog(write_catalog(tmp_path, delta_stream(policy, schema)))
+    roots = roots_in(tmp_path)
+    [first] = run_streams(spark, catalog, ["downstream"], roots).streams
+    assert first.status == "succeeded", first.error
+    write_deltalake(upstream, upstream_rows(6, 6, gained=False), mode="append")
+    write_deltalake(upstream, upstream_rows(12, 12, gained=True), mode="append", schema_mode="merge")
+    [second] = run_streams(spark, catalog, ["downstream"], roots).streams
+    return catalog, roots, second
+
+
+def upstream_oracle(tmp_path: Path) -> dict[str, dict[str, Any]]:
+    """The upstream table's rows by id, as delta-rs reads them: the oracle."""
+    table = DeltaTable(str(tmp_path / "lake" / "upstream")).to_pyarrow_table()
+    return {row["id"]: row for row in table.to_pylist()}
+
+
+def json_value(value: Any) -> Any:
+    """A value as Spark's to_json writes it and Python's json reads it back."""
+    if isinstance(value, dt.datetime):
+        return value.strftime("%Y-%m-%dT%H:%M:%S.000Z")
+    if isinstance(value, dict):
+        return {key: json_value(item) for key, item in value.items() if item is not None}
+    return value
+
+
+def test_a_delta_source_rescues_the_columns_its_upstream_gained(spark: Any, tmp_path: Path) -> None:
+    catalog, roots, run = gain_columns(tmp_path, spark, None)
+
+    assert run.status == "succeeded", run.error
+    expected = upstream_oracle(tmp_path)
+    rows = rows_by_id(catalog.get("downstream").sink_path(roots))
+    assert sorted(rows) == sorted(expected)
+    for key, source in expected.items():
+        row = rows[key]
+        rescued = json.loads(row[RESCUED_COLUMN]) if row[RESCUED_COLUMN] else {}
+        code_fits = source["code"] != "x"
+        assert (row["amount"], row["code"]) == (source["amount"], int(source["code"]) if code_fits else None), key
+        wanted = {("`user agent`" if name == "user agent" else name): json_value(source[name])
+                  for name in GAINED if source.get(name) is not None}
+        if not code_fits:
+            wanted["code"] = "x"
+        assert rescued == wanted, key
+    assert run.rescued_rows == sum(1 for row in rows.values() if row[RESCUED_COLUMN])
+    assert DeltaTable(catalog.get("downstream").dead_letter_table_path(roots)).to_pyarrow_table().num_rows == 0
+
+
+def test_a_delta_source_under_fail_on_new_columns_names_them_and_commits_nothing(spark: Any,
+                                                                                tmp_path: Path) -> None:
+    catalog, roots, run = gain_columns(tmp_path, spark, "fail_on_new_columns", {**UPSTREAM_SCHEMA, "code": "string"})
+
+    assert run.status == "failed" and not run.retryable
+    for name in ("coupon", "score", "seen", "meta", "`user agent`"):
+        assert f"'{name}'" in (run.error or ""), name
+    table = DeltaTable(catalog.get("downstream").sink_path(roots))
+    assert table.version() == 1 and table.to_pyarrow_table().num_rows == 6, "nothing of the run is committed"
+
+    # Declared, the columns are read: the rerun reads the versions the failed run did not commit, once.
+    declared = {**UPSTREAM_SCHEMA, "code": "string", "coupon": "string", "score": "int", "seen": "timestamp",
+                "meta": "struct<a: bigint, tags: array<string>>", "`user agent`": "string"}
+    catalog = load_catalog(write_catalog(tmp_path, delta_stream("fail_on_new_columns", declared)))
+    [again] = run_streams(spark, catalog, ["downstream"], roots).streams
+    assert again.status == "succeeded", again.error
+    rows = rows_by_id(catalog.get("downstream").sink_path(roots))
+    expected = upstream_oracle(tmp_path)
+    assert sorted(rows) == sorted(expected)
+    for key, source in expected.items():
+        assert {name: rows[key][name] for name in source} == source, key
+
+
+def test_a_delta_source_under_add_new_columns_adds_them_with_their_upstream_types(spark: Any,
+                                                                                 tmp_path: Path) -> None:
+    catalog, roots, run = gain_columns(tmp_path, spark, "add_new_columns", {**UPSTREAM_SCHEMA, "code": "string"})
+
+    assert run.status == "succeeded", run.error
+    assert run.added_columns == {"coupon": "STRING", "score": "INT", "seen": "TIMESTAMP",
+                                 "meta": "STRUCT<`a`: BIGINT, `tags`: ARRAY<STRING>>"}
+    stream = catalog.get("downstream")
+    fields = {field.name: field.type for field in pa.schema(DeltaTable(stream.sink_path(roots)).schema().to_arrow())}
+    assert {name: str(fields[name]) for name in run.added_columns} == {
+        "coupon": "string", "score": "int32", "seen": "timestamp[us, tz=UTC]",
+        "meta": "struct<a: int64, tags: list<element: string>>"}
+    rows = rows_by_id(stream.sink_path(roots))
+    expected = upstream_oracle(tmp_path)
+    for key, source in expected.items():
+        row = rows[key]
+        assert {name: row[name] for name in ("id", "amount", "code", *run.added_columns)} == {
+            name: source.get(name) for name in ("id", "amount", "code", *run.added_columns)}, key
+        rescued = json.loads(row[RESCUED_COLUMN]) if row[RESCUED_COLUMN] else {}
+        assert rescued == ({"`user agent`": source["user agent"]} if source.get("user agent") else {}), key
+
+    # The next run reads the added columns as declared ones.
+    from deltalake import write_deltalake
+
+    write_deltalake(str(tmp_path / "lake" / "upstream"), upstream_rows(24, 3, gained=True), mode="append")
+    [again] = run_streams(spark, catalog, ["downstream"], roots).streams
+    assert again.status == "succeeded", again.error
+    assert again.added_columns == {}
+    assert rows_by_id(stream.sink_path(roots))["u25"]["seen"] == upstream_oracle(tmp_path)["u25"]["seen"]
+
+
+def test_a_delta_source_under_none_reads_the_declared_columns_only(spark: Any, tmp_path: Path) -> None:
+    catalog, roots, run = gain_columns(tmp_path, spark, "none", {**UPSTREAM_SCHEMA, "code": "string"})
+
+    assert run.status == "succeeded", run.error
+    table = DeltaTable(catalog.get("downstream").sink_path(roots)).to_pyarrow_table()
+    assert not set(GAINED) & set(table.column_names) and RESCUED_COLUMN not in table.column_names
+    assert sorted(table.column("id").to_pylist()) == sorted(upstream_oracle(tmp_path))

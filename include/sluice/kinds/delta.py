@@ -65,6 +65,13 @@ class DeltaSink(SinkSpec):
         return self.path
 
 
+# The drift policies of a Delta source: its new fields are the upstream table's columns the schema does not declare
+# (except an upstream stream's ingest time, lineage and rescued data), its misfits the values a declared type cannot
+# hold. A stream that reads some columns of its upstream on purpose says so with ``none``.
+POLICIES = (SchemaEvolution.RESCUE, SchemaEvolution.ADD_NEW_COLUMNS, SchemaEvolution.FAIL_ON_NEW_COLUMNS,
+            SchemaEvolution.NONE)
+
+
 class DeltaSourceKind(SourceKind):
     type = SourceType.DELTA
     needs_schedule = False
@@ -76,7 +83,7 @@ class DeltaSourceKind(SourceKind):
         path = section.folder("path")
         schema = declared_schema(section, "delta")
         options = reader_options(section, SOURCE_OPTIONS, "delta")
-        policy = schema_evolution(section, (SchemaEvolution.NONE,), "delta")
+        policy = schema_evolution(section, POLICIES, "delta")
         section.done()
         return DeltaSource(path=path, schema=schema, options=options, schema_evolution=policy)
 

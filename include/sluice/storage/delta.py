@@ -35,8 +35,30 @@ def table_version(path: str) -> int | None:
         return None
 
 
-# Delta's names of the types ``add_new_columns`` gives a new column, as Spark SQL names them.
-_ADDED_TYPES = {"string": "STRING", "long": "BIGINT", "double": "DOUBLE", "boolean": "BOOLEAN"}
+# Delta's names of its primitive types, as Spark SQL names them (a decimal's are the same in both).
+_SQL_TYPES = {"string": "STRING", "long": "BIGINT", "integer": "INT", "short": "SMALLINT", "byte": "TINYINT",
+              "double": "DOUBLE", "float": "FLOAT", "boolean": "BOOLEAN", "binary": "BINARY", "date": "DATE",
+              "timestamp": "TIMESTAMP", "timestamp_ntz": "TIMESTAMP_NTZ"}
+
+
+def sql_type(delta_type: Any) -> str | None:
+    """A type of a Delta schema (its JSON form) as Spark SQL declares it; None for one the catalog cannot declare
+    (a variant)."""
+    if isinstance(delta_type, str):
+        return _SQL_TYPES.get(delta_type) or (delta_type.upper() if delta_type.startswith("decimal(") else None)
+    kind = delta_type.get("type")
+    if kind == "array":
+        element = sql_type(delta_type["elementType"])
+        return f"ARRAY<{element}>" if element else None
+    if kind == "map":
+        key, value = sql_type(delta_type["keyType"]), sql_type(delta_type["valueType"])
+        return f"MAP<{key}, {value}>" if key and value else None
+    if kind == "struct":
+        fields = [(field["name"], sql_type(field["type"])) for field in delta_type["fields"]]
+        if not all(kind for _, kind in fields):
+            return None
+        return "STRUCT<" + ", ".join(f"`{name.replace('`', '``')}`: {kind}" for name, kind in fields) + ">"
+    return None
 
 
 def added_columns(path: str) -> dict[str, str]:
@@ -50,8 +72,9 @@ def added_columns(path: str) -> dict[str, str]:
         fields = json.loads(DeltaTable(path).schema().to_json())["fields"]
     except TableNotFoundError:
         return {}
-    return {field["name"]: _ADDED_TYPES[field["type"]] for field in fields
-            if ADDED_COLUMN_KEY in (field.get("metadata") or {}) and field["type"] in _ADDED_TYPES}
+    added = {field["name"]: sql_type(field["type"]) for field in fields
+             if ADDED_COLUMN_KEY in (field.get("metadata") or {})}
+    return {name: kind for name, kind in added.items() if kind is not None}
 
 
 def ensure_table(path: str, schema: Any, partition_by: Iterable[str], *, name: str, description: str = "") -> bool:

@@ -2,7 +2,9 @@
 
 The source reads a table by version: delta-spark's ``format("delta")`` on the jvm engine, Sluice's ``sluice_delta``
 on rs. The declared columns are selected and cast; a row that lacks a required one goes to the dead-letter table like
-a file record. ``_source_file`` carries the upstream's lineage when the table has it.
+a file record. ``_source_file`` carries the upstream's lineage when the table has it. The table's other columns
+follow the stream's drift policy (:func:`sluice_spark.drift.typed_drift`), except the upstream stream's own
+(its ingest time, and what its drift policy rescued, which stays in its table).
 
 The sink writes the stream's table, its dead-letter table and any fan-out tables, each exactly once per micro-batch.
 Appends on ``rs`` go through :mod:`sluice_spark.delta_rs_sink`, which writes Parquet on the executors. Everything
@@ -19,11 +21,19 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter
 
-from sluice.constants import CORRUPT_COLUMN, SOURCE_FILE_COLUMN, DeltaEngine, SchemaEvolution, SinkMode
+from sluice.constants import (
+    INGEST_TIME_COLUMN,
+    RESCUED_COLUMN,
+    SOURCE_FILE_COLUMN,
+    DeltaEngine,
+    SchemaEvolution,
+    SinkMode,
+)
 from sluice.errors import SluiceError
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.paths import Roots
 from sluice_spark.delta_rs_datasource import DATA_SOURCE_NAME
+from sluice_spark.drift import typed_drift
 from sluice_spark.session import register_data_sources, resolve_engine
 from sluice_spark.targets import FAILED_COLUMN, NEW_FIELDS_COLUMN, RAW_COLUMN, ROUTE_COLUMN, encode_targets
 from sluice_spark.writers import BatchRouter, SinkRequest, stream_commit_info
@@ -46,14 +56,13 @@ def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | N
     except Exception as exc:
         raise SluiceError(f"stream '{stream.name}': cannot read the Delta table {path} ({exc}); the stream that "
                           "writes it must have run once") from exc
-    missing = [name for name in stream.source.schema.names if name not in frame.columns]
+    missing = [name for name in stream.source.read_schema.names if name not in frame.columns]
     if missing:
         raise SluiceError(f"stream '{stream.name}': the Delta table {path} has no column(s) {', '.join(missing)}; "
                           f"it has {', '.join(frame.columns)}")
-    declared = [F.col(f"`{column.name}`").cast(column.sql_type).alias(column.name)
-                for column in stream.source.schema.columns]
     lineage = F.col(SOURCE_FILE_COLUMN) if SOURCE_FILE_COLUMN in frame.columns else F.lit(path)
-    return frame.select(*declared, F.lit(None).cast("string").alias(CORRUPT_COLUMN), lineage.alias(SOURCE_FILE_COLUMN))
+    return typed_drift(frame, stream.source.read_schema, stream.source.schema_evolution, {SOURCE_FILE_COLUMN: lineage},
+                       ignored=(SOURCE_FILE_COLUMN, INGEST_TIME_COLUMN, RESCUED_COLUMN))
 
 
 # Spark's output mode for each way a table is written.
