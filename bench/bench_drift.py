@@ -66,10 +66,11 @@ def write_events(folder: Path, rows: int, files: int) -> None:
         (folder / f"events-{index:04d}.json").write_text("\n".join(lines) + "\n")
 
 
-def run(spark: SparkSession, landing: Path, out: Path, policy: str) -> tuple[float, dict[str, Any]]:
+def run(spark: SparkSession, landing: Path, out: Path, policy: str, file_format: str = "json"
+        ) -> tuple[float, dict[str, Any]]:
     stream = {
         "name": "bench_events",
-        "source": {"type": "files", "format": "json", "path": str(landing), "schema": SCHEMA,
+        "source": {"type": "files", "format": file_format, "path": str(landing), "schema": SCHEMA,
                    "schema_evolution": policy},
         "sink": {"path": str(out / "table"), "engine": "rs"},
         "checkpoint": str(out / "checkpoint"),

@@ -95,7 +95,16 @@ def read_version(table: str, version: int) -> VersionFiles:
             removes = True
         elif "metaData" in action:
             schema = action["metaData"].get("schemaString")
+            _refuse_column_mapping(table, version, action["metaData"].get("configuration") or {})
     return VersionFiles(version, files, removes, schema)
+
+
+def _refuse_column_mapping(table: str, version: int, configuration: dict[str, str]) -> None:
+    """Column mapping names a table's columns apart from their Parquet files: this source reads files by name."""
+    mode = configuration.get("delta.columnMapping.mode", "none")
+    if mode != "none":
+        raise DeltaSourceError(f"{table}: version {version} sets column mapping (delta.columnMapping.mode = {mode}), "
+                               "which this source cannot read; use the jvm engine")
 
 
 def latest_version(table: str) -> int:
@@ -170,6 +179,9 @@ class DeltaRsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"version": latest_version(self.path)}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+        if self.schema_string is None and start["version"] >= 0:
+            # The versions before the range may have set the schema its first files were written with.
+            self._check_schema(VersionFiles(start["version"], schema_string=_schema_at(self.path, start["version"])))
         parts: list[InputPartition] = []
         for version in range(start["version"] + 1, end["version"] + 1):
             commit = read_version(self.path, version)
@@ -199,8 +211,9 @@ class DeltaRsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 raise DeltaSourceError(
                     f"{self.path}: version {commit.version} has the column {column.name!r} as "
                     f"{column.dataType.simpleString()}, and this run reads the table's schema as it started ({now}); "
-                    "a run reads additive schema changes only. Restart the stream after that version "
-                    "(startingVersion) with a new checkpoint")
+                    "a run reads additive schema changes only. If the table changed after this run started, the "
+                    "next run reads it; otherwise restart the stream after that version (startingVersion) with a "
+                    "new checkpoint")
         self.schema_string = commit.schema_string
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -227,6 +240,18 @@ class DeltaRsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict[str, int]) -> None:
         pass
+
+
+def _schema_at(table: str, version: int) -> str | None:
+    """The table's schema (Delta's JSON) at ``version``; None when its log no longer reaches that far back."""
+    from deltalake import DeltaTable
+
+    try:
+        snapshot = DeltaTable(table, version=version)
+    except Exception:  # cleaned up past it: the versions the run reads carry their own metaData or none changed
+        return None
+    _refuse_column_mapping(table, version, snapshot.metadata().configuration)
+    return str(snapshot.schema().to_json())
 
 
 def _without_nullability(data_type: Any) -> Any:

@@ -33,8 +33,10 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import StringType
 
 from sluice.constants import CORRUPT_COLUMN, RESCUED_COLUMN, FileFormat, SchemaEvolution
+from sluice.errors import SluiceError
 from sluice.model.schema import Schema
 from sluice.model.sources import SourceSpec
 from sluice.model.types import (
@@ -128,25 +130,41 @@ def typed_drift(frame: DataFrame, schema: Schema, policy: SchemaEvolution, keep:
     time). Names match without case, as Delta's do.
 
     - new fields: the columns the schema does not declare, in the rows that hold a value in them;
-    - misfits (``rescue`` and ``add_new_columns``): a value that its declared type cannot hold (a cast gives NULL);
-      under ``fail_on_new_columns`` and ``none`` the cast fails the run instead, as Spark's ANSI cast does.
+    - misfits (``rescue`` and ``add_new_columns``): a value that its declared type cannot hold as it is (a cast that
+      gives NULL, or loses something: 1.5 as an int), and a struct, array or map whose shape is not the declared one
+      (a field more or less, another order), which is kept whole. Under ``fail_on_new_columns`` and ``none`` a
+      value is cast as Spark casts it, and a shape that is not the declared one is refused before the run starts.
     """
-    declared = {name.lower() for name in schema.names}
     skipped = {name.lower() for name in ignored}
+    actual = {name.lower(): name for name in frame.columns}
+    declared = {name.lower() for name in schema.names}
     extras = [field for field in frame.schema.fields if field.name.lower() not in declared | skipped]
-    types = {field.name: field.dataType for field in frame.schema.fields}
+    types = {field.name.lower(): field.dataType for field in frame.schema.fields}
     rescue = policy in (SchemaEvolution.RESCUE, SchemaEvolution.ADD_NEW_COLUMNS)
     columns: list[Column] = []
     misfits: list[tuple[str, Column]] = []
     for column in schema.columns:
-        value = F.col(quote(column.name))
-        fits = _declared_sql(types[column.name]) == column.data_type.sql(nullable_only=True)
-        if fits or not rescue:
-            columns.append((value if fits else value.cast(column.sql_type)).alias(column.name))
+        value = F.col(quote(actual[column.name.lower()]))
+        source_type = types[column.name.lower()]
+        shaped = not (column.complex or _is_complex(source_type))
+        fits = _declared_sql(source_type) == column.data_type.sql(nullable_only=True)
+        if not rescue or fits:
+            if not (fits or shaped):
+                raise SluiceError(f"the column '{column.name}' is {source_type.simpleString()} in the source, declared "
+                                  f"{column.sql_type}: declare it as the source has it, or choose schema_evolution "
+                                  "rescue to keep what does not fit in _rescued_data")
+            columns.append(value.cast(column.sql_type).alias(column.name))
             continue
-        typed = value.try_cast(column.sql_type)
+        if not shaped:  # another shape: kept whole
+            typed, misfit = F.lit(None).cast(column.sql_type), value
+        else:
+            typed = value.try_cast(column.sql_type)
+            lost = typed.isNull() if isinstance(source_type, StringType) else \
+                typed.isNull() | ~F.equal_null(typed.cast(source_type), value)
+            misfit = F.when(lost, value)
+            typed = F.when(~lost, typed)
         columns.append(typed.alias(column.name))
-        misfits.append((_key(column.name), F.when(typed.isNull(), value)))
+        misfits.append((_key(column.name), misfit))
     kept = [column.alias(name) for name, column in keep.items()]
     corrupt = F.lit(None).cast("string").alias(CORRUPT_COLUMN)
     if policy is SchemaEvolution.FAIL_ON_NEW_COLUMNS:
@@ -157,12 +175,12 @@ def typed_drift(frame: DataFrame, schema: Schema, policy: SchemaEvolution, keep:
     if policy is SchemaEvolution.NONE:
         return frame.select(*columns, corrupt, *kept)
     added = [field for field in extras if policy is SchemaEvolution.ADD_NEW_COLUMNS and _column_like(field.name)
-             and _declared_sql(field.dataType) is not None]
+             and column_type(field.dataType) is not None]
     rest = [(_key(field.name), F.col(quote(field.name))) for field in extras if field not in added]
     policy_columns = [_json_object([*rest, *misfits]).alias(RESCUED_COLUMN)]
     if policy is SchemaEvolution.ADD_NEW_COLUMNS:
         new = _json_object([(field.name, F.col(quote(field.name))) for field in added])
-        kinds = json.dumps({field.name: as_declared(field.dataType).sql() for field in added})
+        kinds = json.dumps({field.name: column_type(field.dataType) for field in added})
         policy_columns += [new.alias(NEW_COLUMNS_COLUMN), F.when(new.isNotNull(), F.lit(kinds)).alias(NEW_TYPES_COLUMN)]
     return frame.select(*columns, corrupt, *policy_columns, *kept)
 
@@ -179,6 +197,38 @@ def as_declared(data_type: Any) -> DataType:
     if isinstance(data_type, SparkMap):
         return MapType(as_declared(data_type.keyType), as_declared(data_type.valueType))
     return parse(data_type.simpleString())[0]
+
+
+def column_type(data_type: Any) -> str | None:
+    """The type a new column takes under ``add_new_columns`` (its source's, as the catalog declares it), or None for
+    one whose values do not come back from their JSON as they were: bytes inside a struct, an array or a map (JSON
+    holds them as base64 text), a map whose keys are not strings, a type the catalog cannot declare (a variant).
+    Such a field is rescued instead."""
+    from pyspark.sql.types import ArrayType, BinaryType, StructType
+    from pyspark.sql.types import MapType as SparkMap
+
+    def round_trips(inner: Any, nested: bool) -> bool:
+        if isinstance(inner, StructType):
+            return all(round_trips(field.dataType, True) for field in inner.fields)
+        if isinstance(inner, ArrayType):
+            return round_trips(inner.elementType, True)
+        if isinstance(inner, SparkMap):
+            return isinstance(inner.keyType, StringType) and round_trips(inner.valueType, True)
+        return not (nested and isinstance(inner, BinaryType))
+
+    if not round_trips(data_type, False):
+        return None
+    try:
+        return as_declared(data_type).sql()
+    except TypeSyntaxError:
+        return None
+
+
+def _is_complex(data_type: Any) -> bool:
+    from pyspark.sql.types import ArrayType, StructType
+    from pyspark.sql.types import MapType as SparkMap
+
+    return isinstance(data_type, (StructType, ArrayType, SparkMap))
 
 
 def _declared_sql(data_type: Any) -> str | None:
@@ -199,11 +249,16 @@ def _column_like(name: str) -> bool:
     return re.fullmatch(_COLUMN_NAME[1:-1], name) is not None
 
 
+# Timestamps in JSON with every microsecond (Spark's default keeps milliseconds).
+_JSON_TIMES = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX",
+               "timestampNTZFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSS"}
+
+
 def _json_object(entries: list[tuple[str, Column]]) -> Column:
     """The entries whose value is not NULL, as one JSON object; NULL when there is none."""
     if not entries:
         return F.lit(None).cast("string")
-    text = F.to_json(F.struct(*[value.alias(key) for key, value in entries]))
+    text = F.to_json(F.struct(*[value.alias(key) for key, value in entries]), _JSON_TIMES)
     return F.when(text != "{}", text)
 
 
@@ -237,11 +292,14 @@ def schema_struct(schema: Schema) -> Struct:
 
 
 def reparse_as_text(source: SourceSpec) -> Column | None:
-    """A corrupt JSON or CSV record parsed again with every declared field as a string: what each field held before
-    the cast (NULL for another format)."""
+    """A corrupt JSON, CSV or Parquet record parsed again with every declared field as a string: what each field
+    held before the cast (NULL for another format)."""
     columns = ", ".join(f"{quote(name)} STRING" for name in source.read_schema.names)
     schema = f"{columns}, `{CORRUPT_COLUMN}` STRING"
-    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN, **source.record_options}
+    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}
+    if source.format is FileFormat.PARQUET:  # a record with a misfit, as JSON (:mod:`sluice_spark.parquet_drift`)
+        return F.from_json(F.col(CORRUPT_COLUMN), schema, options)
+    options.update(source.record_options)
     if source.format is FileFormat.JSON:
         return F.from_json(F.col(CORRUPT_COLUMN), schema, options)
     if source.format is FileFormat.CSV:

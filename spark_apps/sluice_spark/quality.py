@@ -23,7 +23,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.listener import StreamingQueryProgress
 
-from sluice.constants import CORRUPT_COLUMN, RESCUED_COLUMN, SchemaEvolution
+from sluice.constants import CORRUPT_COLUMN, RESCUED_COLUMN, FileFormat, SchemaEvolution
 from sluice.errors import CatalogError
 from sluice.model.expectations import QUARANTINE_REASON, NullResult, Violation
 from sluice.model.stream import StreamSpec
@@ -53,8 +53,10 @@ def dead_letter_reason(stream: StreamSpec) -> Column:
     reparsed = reparse_as_text(stream.source)
     cast_failures: list[Column] = []
     if reparsed is not None:
-        cast_failures.append(F.when(reparsed[CORRUPT_COLUMN].isNotNull() | reparsed.isNull(),
-                                    F.lit(f"malformed {kind} record")))
+        # A Parquet file pyarrow could not read says why in its one dead letter (sluice_spark.parquet_drift).
+        parquet = stream.source.format is FileFormat.PARQUET
+        malformed = F.col(CORRUPT_COLUMN) if parquet else F.lit(f"malformed {kind} record")
+        cast_failures.append(F.when(reparsed[CORRUPT_COLUMN].isNotNull() | reparsed.isNull(), malformed))
         for column in schema.columns:
             raw_value = reparsed[column.name]
             cast_failures.append(

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
@@ -425,7 +426,7 @@ def test_add_new_columns_rescues_what_cannot_become_a_column(spark: Any, tmp_pat
 
 # -- A Delta source whose upstream table gains columns --------------------------------------------------------------
 
-UPSTREAM_SCHEMA = {"id": "string not null", "amount": "double", "code": "int"}
+UPSTREAM_SCHEMA = {"id": "string not null", "amount": "double", "code": "int", "ratio": "double"}
 GAINED = {"coupon": pa.string(), "score": pa.int32(), "seen": pa.timestamp("us", tz="UTC"),
           "meta": pa.struct([("a", pa.int64()), ("tags", pa.list_(pa.string()))]), "user agent": pa.string()}
 
@@ -437,12 +438,14 @@ def upstream_rows(first: int, count: int, *, gained: bool) -> pa.Table:
     columns: dict[str, pa.Array] = {
         "id": pa.array([f"u{i}" for i in ids]), "amount": pa.array([i / 4 for i in ids]),
         "code": pa.array([("x" if i % 4 == 0 else str(i)) if gained else str(i) for i in ids]),
+        "ratio": pa.array([i / 2 for i in ids]),
     }
     if gained:
         def value(i: int, name: str) -> Any:
             if i % 3 == 0:
                 return None
-            return {"coupon": f"C{i}", "score": i, "seen": dt.datetime(2026, 11, 22, i % 24, tzinfo=dt.timezone.utc),
+            return {"coupon": f"C{i}", "score": i,
+                    "seen": dt.datetime(2026, 11, 22, i % 24, 0, 0, i, tzinfo=dt.timezone.utc),
                     "meta": {"a": i, "tags": ["x", str(i)]}, "user agent": f"curl/{i}"}[name]
         columns.update({name: pa.array([value(i, name) for i in ids], kind) for name, kind in GAINED.items()})
     return pa.table(columns)
@@ -484,14 +487,15 @@ def upstream_oracle(tmp_path: Path) -> dict[str, dict[str, Any]]:
 def json_value(value: Any) -> Any:
     """A value as Spark's to_json writes it and Python's json reads it back."""
     if isinstance(value, dt.datetime):
-        return value.strftime("%Y-%m-%dT%H:%M:%S.000Z")
+        return value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     if isinstance(value, dict):
         return {key: json_value(item) for key, item in value.items() if item is not None}
     return value
 
 
 def test_a_delta_source_rescues_the_columns_its_upstream_gained(spark: Any, tmp_path: Path) -> None:
-    catalog, roots, run = gain_columns(tmp_path, spark, None)
+    """...and the values a declared type cannot hold: text in an int, a fraction in an int (a cast would lose it)."""
+    catalog, roots, run = gain_columns(tmp_path, spark, None, {**UPSTREAM_SCHEMA, "ratio": "int"})
 
     assert run.status == "succeeded", run.error
     expected = upstream_oracle(tmp_path)
@@ -500,14 +504,17 @@ def test_a_delta_source_rescues_the_columns_its_upstream_gained(spark: Any, tmp_
     for key, source in expected.items():
         row = rows[key]
         rescued = json.loads(row[RESCUED_COLUMN]) if row[RESCUED_COLUMN] else {}
-        code_fits = source["code"] != "x"
+        code_fits, ratio_fits = source["code"] != "x", source["ratio"] == int(source["ratio"])
         assert (row["amount"], row["code"]) == (source["amount"], int(source["code"]) if code_fits else None), key
+        assert row["ratio"] == (int(source["ratio"]) if ratio_fits else None), key
         wanted = {("`user agent`" if name == "user agent" else name): json_value(source[name])
                   for name in GAINED if source.get(name) is not None}
         if not code_fits:
             wanted["code"] = "x"
+        if not ratio_fits:
+            wanted["ratio"] = source["ratio"]
         assert rescued == wanted, key
-    assert run.rescued_rows == sum(1 for row in rows.values() if row[RESCUED_COLUMN])
+    assert run.rescued_rows == sum(1 for key, row in rows.items() if row[RESCUED_COLUMN] and int(key[1:]) >= 6)
     assert DeltaTable(catalog.get("downstream").dead_letter_table_path(roots)).to_pyarrow_table().num_rows == 0
 
 
@@ -572,3 +579,167 @@ def test_a_delta_source_under_none_reads_the_declared_columns_only(spark: Any, t
     table = DeltaTable(catalog.get("downstream").sink_path(roots)).to_pyarrow_table()
     assert not set(GAINED) & set(table.column_names) and RESCUED_COLUMN not in table.column_names
     assert sorted(table.column("id").to_pylist()) == sorted(upstream_oracle(tmp_path))
+
+
+# -- Parquet files whose schema grows --------------------------------------------------------------------------------
+
+PARQUET_SCHEMA = {"id": "string not null", "actor": "struct<id: bigint, login: string>",
+                  "payload": "struct<size: int, commits: array<struct<sha: string>>, labels: map<string, bigint>>",
+                  "amount": "decimal(12,2)", "created_at": "timestamp"}
+ACTOR = pa.struct([("id", pa.int64()), ("login", pa.string())])
+COMMITS = pa.list_(pa.struct([("sha", pa.string())]))
+PAYLOAD = pa.struct([("size", pa.int32()), ("commits", COMMITS), ("labels", pa.map_(pa.string(), pa.int64()))])
+AT = dt.datetime(2026, 11, 22, 8, 0, tzinfo=dt.timezone.utc)
+
+
+def parquet_rows(first: int, count: int) -> dict[str, list[Any]]:
+    ids = range(first, first + count)
+    return {"id": [f"p{i}" for i in ids], "actor": [{"id": i, "login": f"user{i}"} for i in ids],
+            "payload": [{"size": i, "commits": [{"sha": f"{i:04x}"}], "labels": [("bug", i)]} for i in ids],
+            "amount": [Decimal(i) / 4 for i in ids], "created_at": [AT + dt.timedelta(hours=i) for i in ids]}
+
+
+def write_parquet(tmp_path: Path, name: str, table: pa.Table) -> Path:
+    folder = tmp_path / "landing" / "github"
+    folder.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, folder / name)
+    return folder / name
+
+
+def fitting_parquet(first: int, count: int) -> pa.Table:
+    return pa.table(parquet_rows(first, count), schema=pa.schema([
+        ("id", pa.string()), ("actor", ACTOR), ("payload", PAYLOAD), ("amount", pa.decimal128(12, 2)),
+        ("created_at", pa.timestamp("us", tz="UTC"))]))
+
+
+def drifted_parquet() -> pa.Table:
+    """Six rows whose file grew: new top-level columns (one that is no identifier), a new field in a struct and in an
+    array's element, amounts as text (two that no decimal holds), nanosecond timestamps, an actor id past 64 bits."""
+    rows = parquet_rows(10, 6)
+    ids = range(10, 16)
+    return pa.table({
+        "id": rows["id"],
+        "actor": pa.array([{"id": (2**63 + 5) if i == 12 else i, "login": f"user{i}", "site_admin": i % 2 == 0}
+                           for i in ids], pa.struct([("id", pa.uint64()), ("login", pa.string()),
+                                                     ("site_admin", pa.bool_())])),
+        "payload": pa.array([{"size": i, "commits": [{"sha": "a1", "verified": i == 11}, {"sha": "b2"}],
+                              "labels": [("bug", i)]} for i in ids],
+                            pa.struct([("size", pa.int32()),
+                                       ("commits", pa.list_(pa.struct([("sha", pa.string()),
+                                                                       ("verified", pa.bool_())]))),
+                                       ("labels", pa.map_(pa.string(), pa.int64()))])),
+        "amount": ["twelve" if i == 13 else "n/a" if i == 14 else f"{i}.50" for i in ids],
+        "created_at": pa.array([AT + dt.timedelta(hours=i) for i in ids], pa.timestamp("ns", tz="UTC")),
+        "coupon": [f"C{i}" if i % 3 else None for i in ids],
+        "score": pa.array([i for i in ids], pa.int32()),
+        "user.agent": [f"curl/{i}" for i in ids],
+    })
+
+
+def parquet_stream(policy: str | None) -> dict[str, Any]:
+    return stream_spec(policy, PARQUET_SCHEMA, format="parquet")
+
+
+def test_parquet_files_whose_schema_grows_are_rescued_value_by_value(spark: Any, tmp_path: Path) -> None:
+    catalog = load_catalog(write_catalog(tmp_path, parquet_stream(None)))
+    stream, roots = catalog.get("github"), roots_in(tmp_path)
+    assert stream.source.schema_evolution.value == "rescue"
+    write_parquet(tmp_path, "a-first.parquet", fitting_parquet(0, 4))
+    [first] = run_streams(spark, catalog, ["github"], roots).streams
+    assert first.status == "succeeded", first.error
+    assert (first.input_rows, first.output_rows, first.rescued_rows) == (4, 4, 0)
+
+    write_parquet(tmp_path, "b-drifted.parquet", drifted_parquet())
+    (tmp_path / "landing" / "github" / "c-broken.parquet").write_bytes(b"PAR1 not really a parquet file")
+    [run] = run_streams(spark, catalog, ["github"], roots).streams
+
+    assert run.status == "succeeded", run.error
+    assert (run.input_rows, run.output_rows, run.dead_letter_rows) == (7, 6, 1)
+    rows = rows_by_id(stream.sink_path(roots))
+    assert sorted(rows) == sorted(f"p{i}" for i in (0, 1, 2, 3, 10, 11, 12, 13, 14, 15))
+    for i in range(10, 16):
+        row = rows[f"p{i}"]
+        rescued = json.loads(row[RESCUED_COLUMN])
+        wanted: dict[str, Any] = {"actor.site_admin": i % 2 == 0, "payload.commits[0].verified": i == 11,
+                                  "score": i, "`user.agent`": f"curl/{i}"}
+        if i % 3:
+            wanted["coupon"] = f"C{i}"
+        if i == 12:
+            wanted["actor.id"] = 2**63 + 5
+        if i in (13, 14):
+            wanted["amount"] = "twelve" if i == 13 else "n/a"
+        assert rescued == wanted, i
+        assert row["actor"]["id"] == (None if i == 12 else i) and row["actor"]["login"] == f"user{i}"
+        assert row["payload"]["commits"] == [{"sha": "a1"}, {"sha": "b2"}]
+        assert row["amount"] == (None if i in (13, 14) else Decimal(f"{i}.50"))
+        assert row["created_at"] == AT + dt.timedelta(hours=i)
+    assert run.rescued_rows == 6
+    [dead] = read_table(stream.dead_letter_table_path(roots)).to_pylist()
+    assert dead["reason"].startswith("unreadable Parquet file: ") and dead["source_file"].endswith("c-broken.parquet")
+
+
+def test_parquet_files_under_fail_on_new_columns_name_the_fields_and_commit_nothing(spark: Any,
+                                                                                   tmp_path: Path) -> None:
+    catalog = load_catalog(write_catalog(tmp_path, parquet_stream("fail_on_new_columns")))
+    stream, roots = catalog.get("github"), roots_in(tmp_path)
+    write_parquet(tmp_path, "a-first.parquet", fitting_parquet(0, 4))
+    [first] = run_streams(spark, catalog, ["github"], roots).streams
+    assert first.status == "succeeded", first.error
+    version = DeltaTable(stream.sink_path(roots)).version()
+
+    write_parquet(tmp_path, "b-drifted.parquet", drifted_parquet())
+    [run] = run_streams(spark, catalog, ["github"], roots).streams
+
+    assert run.status == "failed" and not run.retryable
+    for path in ("coupon", "score", "`user.agent`", "actor.site_admin", "payload.commits[0].verified"):
+        assert f"'{path}'" in (run.error or ""), path
+    assert "b-drifted.parquet" in (run.error or "")
+    assert DeltaTable(stream.sink_path(roots)).version() == version
+
+
+def test_parquet_files_under_add_new_columns_add_them_with_their_parquet_types(spark: Any, tmp_path: Path) -> None:
+    catalog = load_catalog(write_catalog(tmp_path, parquet_stream("add_new_columns")))
+    stream, roots = catalog.get("github"), roots_in(tmp_path)
+    write_parquet(tmp_path, "a-first.parquet", fitting_parquet(0, 4))
+    write_parquet(tmp_path, "b-drifted.parquet", drifted_parquet())
+    [run] = run_streams(spark, catalog, ["github"], roots).streams
+
+    assert run.status == "succeeded", run.error
+    assert run.added_columns == {"coupon": "STRING", "score": "INT"}
+    fields = {field.name: str(field.type) for field in pa.schema(DeltaTable(stream.sink_path(roots)).schema()
+                                                                .to_arrow())}
+    assert (fields["coupon"], fields["score"]) == ("string", "int32")
+    rows = rows_by_id(stream.sink_path(roots))
+    for i in range(10, 16):
+        row = rows[f"p{i}"]
+        assert (row["coupon"], row["score"]) == (f"C{i}" if i % 3 else None, i), i
+        assert json.loads(row[RESCUED_COLUMN])["`user.agent`"] == f"curl/{i}"
+    assert rows["p0"]["coupon"] is None and rows["p0"]["score"] is None
+
+
+def test_a_parquet_backfill_reads_its_files_under_the_streams_policy(spark: Any, tmp_path: Path) -> None:
+    """A replace over every file gives back the same table: the same typed values, the same rescued data."""
+    from sluice.operations.backfill import parse_request
+    from sluice_spark.backfill import run_backfill
+
+    spec = {**parquet_stream(None), "backfill": {"event_time_column": "created_at"}}
+    catalog = load_catalog(write_catalog(tmp_path, spec))
+    stream, roots = catalog.get("github"), roots_in(tmp_path)
+    write_parquet(tmp_path, "a-first.parquet", fitting_parquet(0, 4))
+    write_parquet(tmp_path, "b-drifted.parquet", drifted_parquet())
+    [run] = run_streams(spark, catalog, ["github"], roots).streams
+    assert run.status == "succeeded", run.error
+    before = rows_by_id(stream.sink_path(roots))
+
+    request = parse_request({"stream": "github", "start": (AT - dt.timedelta(days=1)).isoformat(),
+                             "end": (AT + dt.timedelta(days=2)).isoformat(), "mode": "replace",
+                             "select_by": "event_time"}, catalog, run_id="again")
+    summary = run_backfill(spark, catalog, request, roots)
+
+    assert summary.ok and summary.files == 2, summary
+    assert summary.rows_written == 10 and summary.rows_replaced == 10
+    after = rows_by_id(stream.sink_path(roots))
+    assert sorted(after) == sorted(before)
+    for key, row in after.items():
+        assert {**row, "_ingested_at": None} == {**before[key], "_ingested_at": None}, key
+    assert json.loads(after["p13"][RESCUED_COLUMN])["amount"] == "twelve"

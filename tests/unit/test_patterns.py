@@ -110,6 +110,7 @@ def test_a_stream_stream_join_parses() -> None:
     stream = parse_catalog(catalog_with(impressions(join={"type": "left_outer"}))).get("attributed")
     assert stream.patterns.join is not None and stream.patterns.join.max_delay_seconds == 3600
     assert stream.output_columns == ("ad_id", "impression_id", "impression_time", "click_id", "click_time")
+    assert stream.patterns.join.source.schema_evolution.value == "none", "the joined side rescues nothing"
 
 
 @pytest.mark.parametrize(("fields", "fragments"), [
@@ -124,6 +125,8 @@ def test_a_stream_stream_join_parses() -> None:
     ({"join": {"source": {**CLICKS, "schema": {**CLICKS["schema"], "impression_id": "string"}}}},
      ["join.source.schema", "impression_id", "both sides"]),
     ({"join": {"type": "full"}}, ["join.type", "inner, left_outer"]),
+    ({"join": {"source": {**CLICKS, "schema_evolution": "rescue"}}},
+     ["join.source.schema_evolution", "reads its declared columns only; it takes none"]),
 ])
 def test_refused_joins(fields: dict[str, Any], fragments: list[str]) -> None:
     rejects(catalog_with(impressions(**fields)), "stream 'attributed'", *fragments)

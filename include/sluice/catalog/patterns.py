@@ -6,10 +6,11 @@ This module has no pyspark import: the catalog is validated in the Airflow sched
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 
-from sluice.constants import SinkMode
+from sluice.constants import SchemaEvolution, SinkMode
 from sluice.errors import CatalogError
 from sluice.kinds import parse_source
 from sluice.kinds.delta import DeltaSink, DeltaSource
@@ -79,9 +80,15 @@ def parse_lookups(owner: Section, key: str) -> tuple[LookupSpec, ...]:
 def parse_join(section: Section) -> JoinSpec | None:
     if not section.raw:
         return None
-    source = parse_source(section.section("source", required=True))
+    joined = section.section("source", required=True)
+    source = parse_source(joined)
     if not isinstance(source, DeltaSource):
         raise section.error("source.type", "the joined stream must be a Delta table (type: delta)")
+    # A join keeps whole rows in its state: the joined side reads its declared columns, as under none.
+    if "schema_evolution" in joined.raw and source.schema_evolution is not SchemaEvolution.NONE:
+        raise joined.error("schema_evolution", "the joined side of a stream-stream join reads its declared columns "
+                                               "only; it takes none")
+    source = dataclasses.replace(source, schema_evolution=SchemaEvolution.NONE)
     watermark = parse_watermark(section.section("watermark", required=True))
     assert watermark is not None
     within = section.section("within", required=True)

@@ -37,12 +37,15 @@ FORMAT_OPTIONS = {
        "multiLine", "lineSep", "ignoreLeadingWhiteSpace", "ignoreTrailingWhiteSpace"},
     FileFormat.PARQUET: _COMMON_OPTIONS | {"mergeSchema", "datetimeRebaseMode", "int96RebaseMode"},
 }
+# The options of Spark's Parquet reader: a drift policy reads Parquet files with pyarrow instead.
+_SPARK_PARQUET_OPTIONS = frozenset({"mergeSchema", "datetimeRebaseMode", "int96RebaseMode"})
 # The drift policies each format follows (:class:`~sluice.constants.SchemaEvolution`).
 POLICIES = {
     FileFormat.JSON: (SchemaEvolution.RESCUE, SchemaEvolution.ADD_NEW_COLUMNS, SchemaEvolution.FAIL_ON_NEW_COLUMNS,
                       SchemaEvolution.NONE),
     FileFormat.CSV: (SchemaEvolution.RESCUE, SchemaEvolution.NONE),
-    FileFormat.PARQUET: (SchemaEvolution.NONE,),
+    FileFormat.PARQUET: (SchemaEvolution.RESCUE, SchemaEvolution.ADD_NEW_COLUMNS,
+                         SchemaEvolution.FAIL_ON_NEW_COLUMNS, SchemaEvolution.NONE),
 }
 # What a JSON source reads as something other than strict UTF-8 JSON: the drift policies find new fields with
 # Spark's strict parser, so they take none of these.
@@ -101,6 +104,11 @@ class FilesKind(SourceKind):
         policy = schema_evolution(section, POLICIES[file_format], file_format.value)
         if file_format is FileFormat.JSON and policy is not SchemaEvolution.NONE:
             check_strict_json(section, options, policy)
+        if file_format is FileFormat.PARQUET and policy is not SchemaEvolution.NONE:
+            for key in sorted(options.keys() & _SPARK_PARQUET_OPTIONS):
+                raise section.error(f"options.{key}", f"schema_evolution {policy.value} reads each Parquet file with "
+                                                      "pyarrow, which takes no Spark reader option; set "
+                                                      "schema_evolution: none to read with Spark's reader")
         section.done()
         return FileSource(format=file_format, path=path, schema=schema, options=options, schema_evolution=policy)
 

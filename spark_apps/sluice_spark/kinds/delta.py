@@ -56,13 +56,18 @@ def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | N
     except Exception as exc:
         raise SluiceError(f"stream '{stream.name}': cannot read the Delta table {path} ({exc}); the stream that "
                           "writes it must have run once") from exc
-    missing = [name for name in stream.source.read_schema.names if name not in frame.columns]
+    present = {name.lower() for name in frame.columns}
+    missing = [name for name in stream.source.read_schema.names if name.lower() not in present]
     if missing:
         raise SluiceError(f"stream '{stream.name}': the Delta table {path} has no column(s) {', '.join(missing)}; "
                           f"it has {', '.join(frame.columns)}")
     lineage = F.col(SOURCE_FILE_COLUMN) if SOURCE_FILE_COLUMN in frame.columns else F.lit(path)
-    return typed_drift(frame, stream.source.read_schema, stream.source.schema_evolution, {SOURCE_FILE_COLUMN: lineage},
-                       ignored=(SOURCE_FILE_COLUMN, INGEST_TIME_COLUMN, RESCUED_COLUMN))
+    try:
+        return typed_drift(frame, stream.source.read_schema, stream.source.schema_evolution,
+                           {SOURCE_FILE_COLUMN: lineage},
+                           ignored=(SOURCE_FILE_COLUMN, INGEST_TIME_COLUMN, RESCUED_COLUMN))
+    except SluiceError as error:
+        raise SluiceError(f"stream '{stream.name}': the Delta table {path}: {error}") from None
 
 
 # Spark's output mode for each way a table is written.

@@ -12,6 +12,7 @@ reader keeps it.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
@@ -21,8 +22,10 @@ from pyspark.sql.streaming import DataStreamReader
 from sluice.constants import CORRUPT_COLUMN, RESCUED_COLUMN, SOURCE_FILE_COLUMN, FileFormat, SchemaEvolution
 from sluice.kinds.files import FileSource
 from sluice.model.stream import StreamSpec, TriggerSpec
+from sluice.model.types import quote
 from sluice.paths import Roots
 from sluice_spark.drift import parse_json_text, rescue_csv
+from sluice_spark.parquet_drift import conform_files, output_columns
 from sluice_spark.session import require_hadoop_connector
 
 # The options of Spark's file source that the text reader takes as they are; a JSON record's own options (dates,
@@ -48,6 +51,8 @@ def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | N
     policy = source.schema_evolution
     if source.format is FileFormat.JSON and policy is not SchemaEvolution.NONE:
         return _json_text(spark, stream, path, trigger)
+    if source.format is FileFormat.PARQUET and policy is not SchemaEvolution.NONE:
+        return _parquet_files(spark, stream, path, trigger)
     reader = _limited(spark.readStream.format(source.format.value).options(**source.options), trigger)
 
     schema = source.schema.ddl(nullable_only=True)
@@ -77,6 +82,29 @@ def _limited(reader: DataStreamReader, trigger: TriggerSpec) -> DataStreamReader
     if trigger.max_bytes_per_trigger:
         reader = reader.option("maxBytesPerTrigger", trigger.max_bytes_per_trigger)
     return reader
+
+
+def _parquet_files(spark: SparkSession, stream: StreamSpec, path: str, trigger: TriggerSpec) -> DataFrame:
+    """Parquet files as bytes, each read whole by pyarrow on an executor and compared with the declared schema
+    (:mod:`sluice_spark.parquet_drift`)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType
+
+    source = stream.source
+    options = {key: value for key, value in source.options.items() if key in _FILE_OPTIONS}
+    files = _limited(spark.readStream.format("binaryFile").options(**options), trigger) \
+        .schema("path STRING, modificationTime TIMESTAMP, length BIGINT, content BINARY").load(path)
+    files = files.select(F.col("_metadata.file_path").alias(SOURCE_FILE_COLUMN), "content")
+    policy = source.schema_evolution
+    ddl = ", ".join([source.read_schema.ddl(nullable_only=True),
+                     *(f"{quote(name)} {kind}" for name, kind in output_columns(policy))])
+    output = StructType.fromDDL(ddl)
+    assert isinstance(output, StructType)
+    declared = to_arrow_schema(StructType(output.fields[:len(source.read_schema.columns)]), timezone="UTC")
+    records = files.mapInArrow(partial(conform_files, declared=declared, policy=policy,
+                                       output=to_arrow_schema(output, timezone="UTC")), output)
+    # Spark counts the files; the stream's records are counted here.
+    return records.observe(RECORDS_METRIC.format(stream=stream.name), F.count(F.lit(1)).alias("records"))
 
 
 def _json_text(spark: SparkSession, stream: StreamSpec, path: str, trigger: TriggerSpec) -> DataFrame:
