@@ -30,6 +30,7 @@ import base64
 import datetime as dt
 import decimal
 import json
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -86,9 +87,17 @@ def conform_files(batches: Iterator[pa.RecordBatch], *, declared: pa.Schema, out
         paths, contents = batch.column(0), batch.column(1)
         for index in range(batch.num_rows):
             path = paths[index].as_py()
+            content = contents[index].as_buffer()
+            head, tail = content[:4].to_pybytes(), content[-4:].to_pybytes() if content.size >= 4 else b""
+            if head == b"PAR1" and (content.size < 12 or tail != b"PAR1"):
+                # No footer yet: a file still being written (land files by rename), or cut short. The run fails and
+                # its rerun reads the file again, whole by then.
+                raise ParquetReadError(f"{path} is not a whole Parquet file (it does not end with its footer); a "
+                                       "file must appear in the landing zone complete (write it elsewhere, then "
+                                       "rename it in)")
             try:
-                data = pq.ParquetFile(pa.BufferReader(contents[index].as_buffer()), coerce_int96_timestamp_unit="us")
-            except Exception as error:  # a file that is no Parquet is one dead letter, with the reason
+                data = pq.ParquetFile(pa.BufferReader(content), coerce_int96_timestamp_unit="us")
+            except Exception as error:  # a file that is no Parquet (or whose footer is corrupt) is one dead letter
                 yield _unreadable(output, path, f"unreadable Parquet file: {type(error).__name__}: {error}")
                 continue
             # Row group by row group: a file is decoded a batch at a time. A file that fails past its footer stops the
@@ -123,9 +132,9 @@ def _conform_batch(records: pa.RecordBatch, declared: pa.Schema, output: pa.Sche
     misfit_rows = sorted(found.misfits)
     corrupt: list[str | None] = [None] * count
     if misfit_rows:
-        originals = records.take(pa.array(misfit_rows)).to_pylist()
+        originals = _py_values(whole.take(pa.array(misfit_rows)))
         for row, original in zip(misfit_rows, originals, strict=True):
-            corrupt[row] = json.dumps(_json_value(original), ensure_ascii=False)
+            corrupt[row] = _dumps(_json_value(original))
     columns[CORRUPT_COLUMN] = pa.array(corrupt, pa.string())
     if policy is SchemaEvolution.FAIL_ON_NEW_COLUMNS:
         columns[NEW_FIELDS_COLUMN] = pa.array([sorted(found.new[row]) if row in found.new else None
@@ -133,11 +142,11 @@ def _conform_batch(records: pa.RecordBatch, declared: pa.Schema, output: pa.Sche
     else:
         rescued: list[str | None] = [None] * count
         for row in set(found.new) | set(found.misfits):
-            rescued[row] = json.dumps({**found.new.get(row, {}), **found.misfits.get(row, {})}, ensure_ascii=False)
+            rescued[row] = _dumps({**found.new.get(row, {}), **found.misfits.get(row, {})})
         columns[RESCUED_COLUMN] = pa.array(rescued, pa.string())
     if adds:
         kinds = json.dumps(found.column_types)
-        columns[NEW_COLUMNS_COLUMN] = pa.array([json.dumps(found.columns[row], ensure_ascii=False)
+        columns[NEW_COLUMNS_COLUMN] = pa.array([_dumps(found.columns[row])
                                                 if row in found.columns else None for row in range(count)])
         columns[NEW_TYPES_COLUMN] = pa.array([kinds if row in found.columns else None for row in range(count)],
                                              pa.string())
@@ -165,10 +174,11 @@ def _conform(array: pa.Array, target: pa.DataType, path_of: PathOf, rows: np.nda
         return _list(array, target, path_of, rows, found)
     if pa.types.is_map(target) and pa.types.is_map(array.type):
         return _map(array, target, path_of, rows, found)
-    if pa.types.is_string(target) and (pa.types.is_nested(array.type) or pa.types.is_binary(array.type)):
-        # A string takes any value as its JSON (bytes: as their base64).
-        return pa.array([None if value is None else json.dumps(_json_value(value), ensure_ascii=False)
-                         for value in array.to_pylist()], pa.string())
+    if pa.types.is_string(target) and pa.types.is_nested(array.type):  # a string takes any value as its JSON
+        return pa.array([None if value is None else _dumps(_json_value(value)) for value in _py_values(array)],
+                        pa.string())
+    if pa.types.is_nested(target) or pa.types.is_nested(array.type):
+        return _whole(array, target, path_of, rows, found)
     return _cast(array, target, path_of, rows, found)
 
 
@@ -220,7 +230,7 @@ def _struct(array: pa.StructArray, target: pa.StructType, path_of: PathOf, rows:
         present = child.is_valid().to_numpy(zero_copy_only=False).nonzero()[0]
         if not len(present):
             continue
-        values = child.take(present).to_pylist()
+        values = _py_values(child.take(present))
         kind = _spark_type(source.field(index).type) if root_columns and _column_like(name, target) else None
         column = kind is not None
         if kind is not None:
@@ -256,15 +266,28 @@ def _spark_type(arrow_type: pa.DataType) -> str | None:
     return column_type(spark_type)
 
 
-def _list(array: pa.Array, target: pa.ListType, path_of: PathOf, rows: np.ndarray, found: _Found) -> pa.Array:
+def _flattened(array: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where the values of a list or map array's valid slots are in its (unsliced) values, the slot each belongs to,
+    and the offsets of the same lists over those values alone."""
     import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
 
-    lengths = pc.list_value_length(array).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    parents = pc.list_parent_indices(array).to_numpy(zero_copy_only=False)
-    values = pc.list_flatten(array)
+    offsets = array.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+    valid = array.is_valid().to_numpy(zero_copy_only=False)
+    lengths = np.where(valid, np.diff(offsets), 0)
+    parents = np.repeat(np.arange(len(array)), lengths)
+    ends = np.cumsum(lengths)
+    index = np.repeat(offsets[:-1], lengths) + np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(ends - lengths,
+                                                                                                        lengths)
+    return index, parents, np.concatenate([[0], ends])
+
+
+def _list(array: pa.Array, target: pa.ListType, path_of: PathOf, rows: np.ndarray, found: _Found) -> pa.Array:
+    import pyarrow as pa
+
+    if pa.types.is_fixed_size_list(array.type):
+        array = array.cast(pa.list_(array.type.value_field))
+    index, parents, offsets = _flattened(array)
+    values = array.values.take(pa.array(index, pa.int64()))
 
     def element_path(position: int) -> str:
         parent = int(parents[position])
@@ -276,37 +299,68 @@ def _list(array: pa.Array, target: pa.ListType, path_of: PathOf, rows: np.ndarra
 
 
 def _map(array: pa.MapArray, target: pa.MapType, path_of: PathOf, rows: np.ndarray, found: _Found) -> pa.Array:
-    import numpy as np
+    """A map's values against the declared value type, each named by its key; a map whose keys are of another type
+    is kept whole (a key that does not fit has no place to go in its map)."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
-    lengths = pc.list_value_length(array).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    parents = pc.list_parent_indices(array).to_numpy(zero_copy_only=False)
-    keys, items = pc.list_flatten(array).flatten()
+    key_type = array.type.key_type.value_type if pa.types.is_dictionary(array.type.key_type) else array.type.key_type
+    if key_type != target.key_type:
+        return _whole(array, target, path_of, rows, found)
+    index, parents, offsets = _flattened(array)
+    take = pa.array(index, pa.int64())
+    keys, items = array.keys.take(take), array.items.take(take)
+    if pa.types.is_dictionary(keys.type):
+        keys = keys.dictionary_decode()
     key_texts = keys.cast(pa.string()).to_pylist() if len(keys) else []
 
     def item_path(position: int) -> str:
         return _child_path(path_of(int(parents[position])), str(key_texts[position]))
 
-    conformed_keys = _conform(keys, target.key_type, item_path, rows[parents], found)
-    conformed_items = _conform(items, target.item_type, item_path, rows[parents], found)
+    conformed = _conform(items, target.item_type, item_path, rows[parents], found)
     mask = array.is_null() if array.null_count else None
-    return pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), conformed_keys, conformed_items, type=target,
-                                   mask=mask)
+    return pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), keys, conformed, type=target, mask=mask)
+
+
+def _whole(array: pa.Array, target: pa.DataType, path_of: PathOf, rows: np.ndarray, found: _Found) -> pa.Array:
+    """Every value of ``array`` is a misfit, kept whole: its type has another shape than the declared one."""
+    import pyarrow as pa
+
+    for position, value in enumerate(_py_values(array)):
+        if value is not None:
+            found.misfits.setdefault(int(rows[position]), {})[path_of(position)] = _json_value(value)
+    return pa.nulls(len(array), target)
 
 
 def _cast(array: pa.Array, target: pa.DataType, path_of: PathOf, rows: np.ndarray, found: _Found) -> pa.Array:
-    """A primitive cast; each value it cannot hold is a misfit (NULL, and kept in ``found``). Timestamps truncate to
-    the target's unit; a timestamp without a time zone is read as UTC, Sluice's session time zone."""
+    """A primitive cast; each value it cannot hold as it is (the cast fails, or the value cast back is another:
+    1.5 as an int, 5 as a boolean) is a misfit, NULL and kept in ``found``. Timestamps truncate to the target's unit;
+    a timestamp without a time zone is read as UTC, Sluice's session time zone."""
+    import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     safe = not (pa.types.is_timestamp(array.type) and pa.types.is_timestamp(target))
     if not safe and array.type.tz is None and target.tz is not None:
         array = array.cast(pa.timestamp(array.type.unit, tz="UTC"))
     cast, failed = _cast_or_bisect(array, target, safe)
-    for position in failed:
-        found.misfits.setdefault(int(rows[position]), {})[path_of(position)] = _json_value(array[position].as_py())
+    if safe and not (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)
+                     or pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type)):
+        try:
+            back = cast.cast(array.type, safe=False)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            back = None
+        if back is not None:
+            same = pc.equal(back, array)
+            if pa.types.is_floating(array.type):
+                same = pc.or_(same, pc.and_(pc.is_nan(back), pc.is_nan(array)))
+            lost = pc.and_(cast.is_valid(), pc.invert(pc.fill_null(same, False)))
+            if pc.any(lost).as_py():
+                failed = sorted({*failed, *np.flatnonzero(lost.to_numpy(zero_copy_only=False)).tolist()})
+                cast = pc.if_else(lost, pa.scalar(None, target), cast)
+    if failed:
+        values = _py_values(array.take(pa.array(failed, pa.int64())))
+        for position, value in zip(failed, values, strict=True):
+            found.misfits.setdefault(int(rows[position]), {})[path_of(position)] = _json_value(value)
     return cast
 
 
@@ -326,14 +380,34 @@ def _cast_or_bisect(array: pa.Array, target: pa.DataType, safe: bool) -> tuple[p
     return pa.concat_arrays([left, right]), [*left_failed, *(middle + position for position in right_failed)]
 
 
+def _py_values(array: pa.Array) -> list[Any]:
+    """An array's values as Python's, a value Python cannot hold (a date past year 9999) as Arrow's text of it."""
+    try:
+        return list(array.to_pylist())
+    except (OverflowError, ValueError):
+        values = []
+        for scalar in array:
+            try:
+                values.append(scalar.as_py())
+            except (OverflowError, ValueError):
+                values.append(str(scalar))
+        return values
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+
+
 def _json_value(value: Any) -> Any:
-    """A value pyarrow read, as JSON can hold it."""
+    """A value pyarrow read, as JSON can hold it (Spark's ``to_json`` writes a NaN or an infinity as text too)."""
     if isinstance(value, dict):
         return {str(key): _json_value(item) for key, item in value.items()}
     if isinstance(value, list):
         if value and all(isinstance(item, tuple) and len(item) == 2 for item in value):  # a map's (key, value)s
-            return {str(key): _json_value(item) for key, item in value}
+            return {_json_key(key): _json_value(item) for key, item in value}
         return [_json_value(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
     if isinstance(value, (dt.datetime, dt.date, dt.time)):
         return value.isoformat()
     if isinstance(value, decimal.Decimal):
@@ -343,3 +417,8 @@ def _json_value(value: Any) -> Any:
     if isinstance(value, dt.timedelta):
         return str(value)
     return value
+
+
+def _json_key(key: Any) -> str:
+    value = _json_value(key)
+    return value if isinstance(value, str) else _dumps(value)

@@ -352,9 +352,15 @@ def new_column_type(name: str, kinds: set[str], batch_id: int) -> str:
 
 def declared_column_type(name: str, kinds: set[str], batch_id: int) -> str:
     """The type of a new column a typed source declares (:data:`NEW_TYPES_COLUMN`): its type there, the wider one
-    when its rows came from two versions of the source that widened it (int to bigint, float to double)."""
+    when its rows came from files or versions that typed it apart (int and bigint, float and double, two decimals)."""
     if len(kinds) == 1:
         return next(iter(kinds))
+    decimals = [re.fullmatch(r"DECIMAL\((\d+),(\d+)\)", kind) for kind in kinds]
+    if all(decimals):  # files that inferred their decimals apart: the digits of each, before and after the point
+        scale = max(int(match.group(2)) for match in decimals if match)
+        digits = max(int(match.group(1)) - int(match.group(2)) for match in decimals if match)
+        if digits + scale <= 38:
+            return f"DECIMAL({digits + scale},{scale})"
     for wider, narrower in (("BIGINT", {"TINYINT", "SMALLINT", "INT"}), ("INT", {"TINYINT", "SMALLINT"}),
                             ("DOUBLE", {"FLOAT"})):
         if wider in kinds and kinds - {wider} <= narrower:

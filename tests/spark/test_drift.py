@@ -650,7 +650,7 @@ def test_parquet_files_whose_schema_grows_are_rescued_value_by_value(spark: Any,
     assert (first.input_rows, first.output_rows, first.rescued_rows) == (4, 4, 0)
 
     write_parquet(tmp_path, "b-drifted.parquet", drifted_parquet())
-    (tmp_path / "landing" / "github" / "c-broken.parquet").write_bytes(b"PAR1 not really a parquet file")
+    (tmp_path / "landing" / "github" / "c-broken.parquet").write_text("id,amount\np1,2\n")  # a CSV, misnamed
     [run] = run_streams(spark, catalog, ["github"], roots).streams
 
     assert run.status == "succeeded", run.error

@@ -127,6 +127,7 @@ KAFKA_SOURCE = {"type": "kafka", "format": "json", "options": {"subscribe": "t"}
     (JSON_SOURCE, "rescue"),
     ({**JSON_SOURCE, "format": "csv"}, "rescue"),
     ({**JSON_SOURCE, "format": "parquet"}, "rescue"),
+    ({**JSON_SOURCE, "format": "parquet", "options": {"int96RebaseMode": "LEGACY"}}, "none"),
     (KAFKA_SOURCE, "rescue"),
     ({"type": "delta", "path": "bronze/x", "schema": {"id": "string"}}, "rescue"),
     ({"type": "delta", "path": "bronze/x", "schema": {"id": "string"}, "schema_evolution": "fail_on_new_columns"},
@@ -143,7 +144,7 @@ def test_the_drift_policy_defaults_to_rescue_where_the_source_can_rescue(source:
 @pytest.mark.parametrize(("source", "field", "message"), [
     ({**JSON_SOURCE, "schema_evolution": "sometimes"}, "source.schema_evolution",
      "unknown value 'sometimes'; expected one of rescue, add_new_columns, fail_on_new_columns, none"),
-    ({**JSON_SOURCE, "format": "parquet", "options": {"datetimeRebaseMode": "LEGACY"}},
+    ({**JSON_SOURCE, "format": "parquet", "options": {"datetimeRebaseMode": "LEGACY"}, "schema_evolution": "rescue"},
      "source.options.datetimeRebaseMode",
      "reads each Parquet file with pyarrow, which takes no Spark reader option"),
     ({**JSON_SOURCE, "format": "csv", "schema_evolution": "fail_on_new_columns"}, "source.schema_evolution",

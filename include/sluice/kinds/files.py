@@ -104,11 +104,13 @@ class FilesKind(SourceKind):
         policy = schema_evolution(section, POLICIES[file_format], file_format.value)
         if file_format is FileFormat.JSON and policy is not SchemaEvolution.NONE:
             check_strict_json(section, options, policy)
-        if file_format is FileFormat.PARQUET and policy is not SchemaEvolution.NONE:
-            for key in sorted(options.keys() & _SPARK_PARQUET_OPTIONS):
-                raise section.error(f"options.{key}", f"schema_evolution {policy.value} reads each Parquet file with "
-                                                      "pyarrow, which takes no Spark reader option; set "
-                                                      "schema_evolution: none to read with Spark's reader")
+        spark_only = sorted(options.keys() & _SPARK_PARQUET_OPTIONS) if file_format is FileFormat.PARQUET else []
+        if spark_only and "schema_evolution" not in section.raw:
+            policy = SchemaEvolution.NONE  # options for Spark's reader: the catalog reads with it
+        elif spark_only and policy is not SchemaEvolution.NONE:
+            raise section.error(f"options.{spark_only[0]}", f"schema_evolution {policy.value} reads each Parquet file "
+                                                            "with pyarrow, which takes no Spark reader option; set "
+                                                            "schema_evolution: none to read with Spark's reader")
         section.done()
         return FileSource(format=file_format, path=path, schema=schema, options=options, schema_evolution=policy)
 
