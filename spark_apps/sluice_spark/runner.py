@@ -59,6 +59,7 @@ from sluice.summary import PhaseClock, RunSummary, StreamRunSummary
 from sluice.times import iso_utc
 from sluice_spark import faults, kinds
 from sluice_spark import patterns as steps
+from sluice_spark.csv_drift import MALFORMED_COLUMN
 from sluice_spark.kinds import read_stream
 from sluice_spark.kinds.files import RECORDS_METRIC
 from sluice_spark.patterns import with_watermark
@@ -95,7 +96,7 @@ _DEAD_LETTER_FIELDS = (
     (INGEST_TIME_COLUMN, "ingested_at"),
 )
 _INTERNAL_COLUMNS = {CORRUPT_COLUMN, REASON_COLUMN, RAW_COLUMN, ROUTE_COLUMN, _STREAM_COLUMN, FAILED_COLUMN,
-                     NEW_FIELDS_COLUMN, NEW_COLUMNS_COLUMN, NEW_TYPES_COLUMN}
+                     NEW_FIELDS_COLUMN, NEW_COLUMNS_COLUMN, NEW_TYPES_COLUMN, MALFORMED_COLUMN}
 
 
 @dataclass
@@ -393,7 +394,7 @@ def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: floa
     error = query.exception()
     if error is not None:
         summary.status = RunStatus.FAILED
-        summary.error = error_message(error)
+        summary.error = explained(error_message(error))
         summary.retryable = not is_permanent_failure(summary.error)
     elif (not prepared.spec.patterns.stateful
           and summary.input_rows != summary.output_rows + summary.dropped_rows + summary.dead_letter_rows):
@@ -420,9 +421,28 @@ _PERMANENT_FAILURES = re.compile(
 )
 
 
+# Spark's ANSI errors for a value an expression cannot take (Spark 4 runs SQL under ANSI by default): the same rows
+# meet the same expression on every rerun.
+_ANSI_VALUE_ERRORS = re.compile(
+    r"\[(?:CAST_INVALID_INPUT|CAST_OVERFLOW\w*|DIVIDE_BY_ZERO|INTERVAL_DIVIDED_BY_ZERO|ARITHMETIC_OVERFLOW|"
+    r"BINARY_ARITHMETIC_OVERFLOW|NUMERIC_VALUE_OUT_OF_RANGE\w*|INVALID_ARRAY_INDEX\w*|INVALID_INDEX_OF_ZERO|"
+    r"DATETIME_OVERFLOW|INVALID_FRACTION_OF_SECOND|CANNOT_PARSE_TIMESTAMP|INVALID_VARIANT_CAST)[\].]"
+)
+ANSI_HINT = ("; a value of the batch broke an expression of the stream (its transform, a rule, a cast) under ANSI SQL, "
+             "so every rerun fails the same way: write it with the try_* functions (try_cast, try_divide, "
+             "try_element_at...) or catch such rows with an expectation; Spark names the expression above")
+
+
 def is_permanent_failure(message: str) -> bool:
     """True for a query error that a rerun of the same checkpoint cannot get past."""
-    return _PERMANENT_FAILURES.search(message) is not None
+    return _PERMANENT_FAILURES.search(message) is not None or _ANSI_VALUE_ERRORS.search(message) is not None
+
+
+def explained(message: str) -> str:
+    """A query's error, with what to do about an ANSI error (see :data:`ANSI_HINT`)."""
+    if _ANSI_VALUE_ERRORS.search(message) is None:
+        return message
+    return f"{message[:2000 - len(ANSI_HINT)]}{ANSI_HINT}"
 
 
 _PYTHON_EXCEPTION = re.compile(r"^(?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Failed|Exit|Interrupt)(?::|$)")

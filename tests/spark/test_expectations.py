@@ -251,3 +251,17 @@ def test_a_check_that_spark_types_as_no_boolean_is_refused_before_the_query(spar
                                            r"boolean"):
         run_streams(spark, catalog, ["events"], roots)
     assert table_version(catalog.get("events").sink_path(roots)) is None
+
+
+def test_a_value_that_breaks_an_expression_under_ansi_fails_for_good_and_says_what_to_do(spark: Any,
+                                                                                         tmp_path: Path) -> None:
+    write_feed(tmp_path / "landing" / "events", "a.json", [record(1), record(2, user_id="not-a-number")])
+    rules = {"numeric_user": {"check": "CAST(substr(user_id, 2) AS INT) > 0", "on_violation": "warn"}}
+    catalog, roots = catalog_with(tmp_path, rules), roots_in(tmp_path)
+
+    [run] = run_streams(spark, catalog, ["events"], roots).streams
+
+    assert run.status == "failed" and not run.retryable, "the same row fails the same way on every rerun"
+    assert "CAST_INVALID_INPUT" in (run.error or "") and "ot-a-number" in (run.error or "")
+    assert "try_* functions" in (run.error or "")
+    assert table_version(catalog.get("events").sink_path(roots)) in (None, 0), "nothing of the batch is committed"

@@ -107,11 +107,26 @@ def test_a_rule_name_must_be_an_identifier() -> None:
     ("SELECT *, CAST(NULL AS STRING) AS _dead_letter_reason FROM source", "names that start with '_' are Sluice's"),
     ("SELECT *, '${env:HOME}' AS home FROM source", "Spark substitutes ${...}"),
     ("SELECT *, java_method('java.lang.Math', 'random') AS r FROM source", "calls java_method()"),
+    ("SELECT *, try_avg(amount) AS a FROM source", "uses the aggregate 'TRY_AVG(amount)'"),
+    ("SELECT *, histogram_numeric(amount, 3) AS h FROM source", "uses the aggregate"),
+    ("SELECT /*+ REPARTITION(3) */ * FROM source", "has HINT: a hint (/*+ ... */) changes how Spark plans"),
+    ("SELECT * FROM source TABLESAMPLE (10 PERCENT)", "TABLESAMPLE drops rows"),
+    ("SELECT * FROM source UNPIVOT (v FOR k IN (event_type, currency))", "PIVOT and UNPIVOT change the number of rows"),
 ])
 def test_bad_transforms_are_refused_with_the_reason(sql: str, expected: str) -> None:
     message = refused(transform={"sql": sql}, expectations={})
     assert message.startswith("stream 'events': transform.sql: the transform")
     assert expected in message
+
+
+def test_casts_to_types_with_commas_keep_their_select_items_whole() -> None:
+    sql = ("SELECT *, map('a', 1)::MAP<STRING, BIGINT> AS m, CAST(array(1) AS ARRAY<STRUCT<a: INT, b: INT>>) AS s, "
+           "amount < 5 AS small, 1 >> 1 AS shifted FROM source")
+    stream = load(transform={"sql": sql}, expectations={}, sink={"path": "bronze/events", "engine": "rs"})
+    assert isinstance(stream.transform, SqlTransform)
+    assert [projection.text for projection in stream.transform.projections][1:] == [
+        "map('a', 1)::MAP<STRING, BIGINT> AS m", "CAST(array(1) AS ARRAY<STRUCT<a: INT, b: INT>>) AS s",
+        "amount < 5 AS small", "1 >> 1 AS shifted"]
 
 
 def test_a_lineage_column_may_be_selected_by_name() -> None:
@@ -141,3 +156,18 @@ def test_the_bundled_catalog_uses_expectations_and_a_sql_transform() -> None:
     catalog = load_catalog()
     assert any(stream.expectations for stream in catalog)
     assert any(isinstance(stream.transform, SqlTransform) for stream in catalog)
+
+
+@pytest.mark.parametrize("message", [
+    "[CAST_INVALID_INPUT] The value 'x' of the type \"STRING\" cannot be cast to \"INT\" because it is malformed.",
+    "org.apache.spark.SparkArithmeticException: [DIVIDE_BY_ZERO] Division by zero. SQLSTATE: 22012",
+    "[ARITHMETIC_OVERFLOW] long overflow.",
+    "[INVALID_ARRAY_INDEX_IN_ELEMENT_AT] The index 5 is out of bounds.",
+])
+def test_an_ansi_error_of_a_value_is_permanent_and_says_what_to_do(message: str) -> None:
+    from sluice_spark.runner import explained, is_permanent_failure
+
+    assert is_permanent_failure(message)
+    assert explained(message).startswith(message) and "try_* functions" in explained(message)
+    assert not is_permanent_failure("[STREAM_FAILED] Connection reset by peer")
+    assert explained("Connection reset by peer") == "Connection reset by peer"

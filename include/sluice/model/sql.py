@@ -83,7 +83,8 @@ def _parse(text: str, what: str) -> exp.Expr:
 def _row_wise(node: exp.Expr, what: str, *, filters: str) -> None:
     """Refuse what turns several rows into one or one into several, anywhere in ``node``."""
     for found in node.walk():
-        if isinstance(found, exp.AggFunc):
+        if isinstance(found, exp.AggFunc) or (isinstance(found, exp.Anonymous)
+                                               and _function_name(found) in _SPARK_AGGREGATES):
             raise SqlError(f"{what} uses the aggregate {found.sql(DIALECT)!r}; {filters} sees one row at a time "
                            "(aggregate in the stream's aggregate section)")
         if isinstance(found, exp.Window):
@@ -100,6 +101,20 @@ def _row_wise(node: exp.Expr, what: str, *, filters: str) -> None:
 
 # Functions that call arbitrary JVM methods.
 _FORBIDDEN_FUNCTIONS = frozenset({"reflect", "java_method", "try_reflect"})
+# Spark's aggregate functions (its function registry's "agg_funcs"): sqlglot knows most of them as aggregates, and
+# parses the others as plain calls.
+_SPARK_AGGREGATES = frozenset({
+    "any", "any_value", "approx_count_distinct", "approx_percentile", "approx_top_k_accumulate", "approx_top_k_combine",
+    "array_agg", "avg", "bit_and", "bit_or", "bit_xor", "bitmap_and_agg", "bitmap_construct_agg", "bitmap_or_agg",
+    "bool_and", "bool_or", "collect_list", "collect_set", "corr", "count", "count_if", "count_min_sketch",
+    "covar_pop", "covar_samp", "every", "first", "first_value", "grouping", "grouping_id", "histogram_numeric",
+    "hll_sketch_agg", "hll_union_agg", "kll_sketch_agg_bigint", "kll_sketch_agg_double", "kll_sketch_agg_float",
+    "kurtosis", "last", "last_value", "listagg", "max", "max_by", "mean", "median", "min", "min_by", "mode",
+    "percentile", "percentile_approx", "percentile_cont", "percentile_disc", "regr_avgx", "regr_avgy", "regr_count",
+    "regr_intercept", "regr_r2", "regr_slope", "regr_sxx", "regr_sxy", "regr_syy", "skewness", "some", "std",
+    "stddev", "stddev_pop", "stddev_samp", "string_agg", "sum", "theta_intersection_agg", "theta_sketch_agg",
+    "theta_union_agg", "try_avg", "try_sum", "var_pop", "var_samp", "variance",
+})
 
 
 def _function_name(function: exp.Func) -> str:
@@ -182,6 +197,12 @@ _CLAUSES = {
     "laterals": "LATERAL VIEW turns a row into several",
     "with_": "a WITH clause is not needed: select from source",
     "windows": "a WINDOW clause is not needed",
+    "hint": "a hint (/*+ ... */) changes how Spark plans and partitions the batch, which is Sluice's to choose",
+}
+# What a transform may not do to its one table.
+_TABLE_CLAUSES = {
+    "sample": "TABLESAMPLE drops rows",
+    "pivots": "PIVOT and UNPIVOT change the number of rows",
 }
 
 
@@ -201,6 +222,9 @@ def parse_transform(text: str, columns: Columns) -> SqlTransform:
             raise SqlError(f"{what} has {clause.rstrip('_s').upper()}: {reason}")
     source = statement.args.get("from_")
     table = source.this if source is not None else None
+    for clause, reason in _TABLE_CLAUSES.items():
+        if isinstance(table, exp.Table) and table.args.get(clause):
+            raise SqlError(f"{what} reads {table.sql(DIALECT)}: {reason}")
     if not isinstance(table, exp.Table) or table.name.casefold() != SOURCE_TABLE or table.args.get("db"):
         shown = source.sql(DIALECT) if source is not None else "no FROM clause"
         raise SqlError(f"{what} must read FROM {SOURCE_TABLE} (the stream's parsed rows), got {shown}")
@@ -262,14 +286,22 @@ def _select_list(text: str) -> list[str]:
     tokens = sqlglot.Dialect.get_or_raise(DIALECT).tokenize(text)
     Type = sqlglot.TokenType
     depth, start, previous_end, items, begun = 0, None, 0, [], False
+    previous, angles = None, 0
     for token in tokens:
         if not begun:
             begun = token.token_type is Type.SELECT
             continue
-        if token.token_type in (Type.L_PAREN, Type.L_BRACKET):
+        # A type's angle brackets (x::MAP<STRING, INT>) nest like parentheses; a comparison's do not.
+        if token.token_type in (Type.L_PAREN, Type.L_BRACKET) or (
+                token.token_type is Type.LT and previous in (Type.MAP, Type.ARRAY, Type.STRUCT)):
             depth += 1
-        elif token.token_type in (Type.R_PAREN, Type.R_BRACKET):
+        elif token.token_type in (Type.R_PAREN, Type.R_BRACKET) or (token.token_type is Type.GT and angles):
             depth -= 1
+        if token.token_type is Type.LT and previous in (Type.MAP, Type.ARRAY, Type.STRUCT):
+            angles += 1
+        elif token.token_type is Type.GT and angles:
+            angles -= 1
+        previous = token.token_type
         if depth == 0 and token.token_type in (Type.COMMA, Type.FROM):
             if start is not None:
                 items.append(text[start:previous_end + 1])
