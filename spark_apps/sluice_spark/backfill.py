@@ -50,6 +50,7 @@ from sluice_spark.runner import (
     create_tables,
     error_message,
     explained,
+    is_permanent_failure,
     sink_targets,
     with_added_columns,
     write_run_log,
@@ -261,6 +262,7 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
         summary.status, summary.error = RunStatus.FAILED, "lost the stream's lock to another run during the backfill"
     elif error is not None:
         summary.status, summary.error = RunStatus.FAILED, explained(error_message(error))
+        summary.retryable = not is_permanent_failure(summary.error)
     else:
         summary.status = RunStatus.SUCCEEDED
     return batch_rows(stream.name, request.run_id, query)

@@ -299,23 +299,13 @@ def reparse_as_text(source: SourceSpec) -> Column | None:
     options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}
     if source.format is FileFormat.PARQUET:  # a record with a misfit, as JSON (:mod:`sluice_spark.parquet_drift`)
         return F.from_json(F.col(CORRUPT_COLUMN), schema, options)
+    options.update(source.record_options)
     if source.format is FileFormat.JSON:
-        return F.from_json(F.col(CORRUPT_COLUMN), schema, {**options, **source.record_options})
+        return F.from_json(F.col(CORRUPT_COLUMN), schema, options)
     if source.format is FileFormat.CSV:
-        return F.from_csv(F.col(CORRUPT_COLUMN), F.lit(schema), csv_record_options(source))
+        csv_options = {k: v for k, v in options.items() if k not in {"header", "pathGlobFilter"}}
+        return F.from_csv(F.col(CORRUPT_COLUMN), F.lit(schema), csv_options)
     return None
-
-
-# The options of Spark's CSV reader that are about the files, not one record's text.
-_CSV_FILE_OPTIONS = frozenset({"header", "enforceSchema", "pathGlobFilter", "recursiveFileLookup", "maxFileAge",
-                               "latestFirst", "fileNameOnly", "modifiedAfter", "modifiedBefore", "multiLine",
-                               "lineSep", "encoding", "comment"})
-
-
-def csv_record_options(source: SourceSpec) -> dict[str, str]:
-    """The options that say how one CSV record's text is parsed (``from_csv``), in PERMISSIVE mode."""
-    kept = {key: value for key, value in source.record_options.items() if key not in _CSV_FILE_OPTIONS}
-    return {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN, **kept}
 
 
 def rescue_csv(source: SourceSpec) -> Column:

@@ -28,7 +28,6 @@ from sluice.errors import CatalogError
 from sluice.model.expectations import QUARANTINE_REASON, NullResult, Violation
 from sluice.model.stream import StreamSpec
 from sluice.model.types import dotted, quote
-from sluice_spark.csv_drift import MALFORMED_COLUMN
 from sluice_spark.drift import reparse_as_text
 from sluice_spark.targets import FAILED_COLUMN, NEW_COLUMNS_COLUMN, NEW_FIELDS_COLUMN, RAW_COLUMN, REASON_COLUMN
 
@@ -57,10 +56,7 @@ def dead_letter_reason(stream: StreamSpec) -> Column:
         # A Parquet file pyarrow could not read says why in its one dead letter (sluice_spark.parquet_drift).
         parquet = stream.source.format is FileFormat.PARQUET
         malformed = F.col(CORRUPT_COLUMN) if parquet else F.lit(f"malformed {kind} record")
-        unsplit = reparsed[CORRUPT_COLUMN].isNotNull() | reparsed.isNull()
-        if getattr(stream.source, "splits_by_header", False):  # fields that do not match their file's header
-            unsplit = unsplit | F.col(MALFORMED_COLUMN).isNotNull()
-        cast_failures.append(F.when(unsplit, malformed))
+        cast_failures.append(F.when(reparsed[CORRUPT_COLUMN].isNotNull() | reparsed.isNull(), malformed))
         for column in schema.columns:
             raw_value = reparsed[column.name]
             cast_failures.append(

@@ -59,7 +59,6 @@ from sluice.summary import PhaseClock, RunSummary, StreamRunSummary
 from sluice.times import iso_utc
 from sluice_spark import faults, kinds
 from sluice_spark import patterns as steps
-from sluice_spark.csv_drift import MALFORMED_COLUMN
 from sluice_spark.kinds import read_stream
 from sluice_spark.kinds.files import RECORDS_METRIC
 from sluice_spark.patterns import with_watermark
@@ -96,7 +95,7 @@ _DEAD_LETTER_FIELDS = (
     (INGEST_TIME_COLUMN, "ingested_at"),
 )
 _INTERNAL_COLUMNS = {CORRUPT_COLUMN, REASON_COLUMN, RAW_COLUMN, ROUTE_COLUMN, _STREAM_COLUMN, FAILED_COLUMN,
-                     NEW_FIELDS_COLUMN, NEW_COLUMNS_COLUMN, NEW_TYPES_COLUMN, MALFORMED_COLUMN}
+                     NEW_FIELDS_COLUMN, NEW_COLUMNS_COLUMN, NEW_TYPES_COLUMN}
 
 
 @dataclass
@@ -426,7 +425,8 @@ _PERMANENT_FAILURES = re.compile(
 _ANSI_VALUE_ERRORS = re.compile(
     r"\[(?:CAST_INVALID_INPUT|CAST_OVERFLOW\w*|DIVIDE_BY_ZERO|INTERVAL_DIVIDED_BY_ZERO|ARITHMETIC_OVERFLOW|"
     r"BINARY_ARITHMETIC_OVERFLOW|NUMERIC_VALUE_OUT_OF_RANGE\w*|INVALID_ARRAY_INDEX\w*|INVALID_INDEX_OF_ZERO|"
-    r"DATETIME_OVERFLOW|INVALID_FRACTION_OF_SECOND|CANNOT_PARSE_TIMESTAMP|INVALID_VARIANT_CAST)[\].]"
+    r"DATETIME_OVERFLOW|DATETIME_FIELD_OUT_OF_BOUNDS|INVALID_FRACTION_OF_SECOND|CANNOT_PARSE_TIMESTAMP|"
+    r"CONVERSION_INVALID_INPUT|INVALID_VARIANT_CAST)[\].]"
 )
 ANSI_HINT = ("; a value of the batch broke an expression of the stream (its transform, a rule, a cast) under ANSI SQL, "
              "so every rerun fails the same way: write it with the try_* functions (try_cast, try_divide, "

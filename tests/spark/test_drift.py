@@ -23,7 +23,7 @@ from deltalake import DeltaTable
 
 from sluice.catalog import load_catalog
 from sluice.constants import RESCUED_COLUMN
-from sluice.storage.delta import read_table, table_version
+from sluice.storage.delta import read_table
 from sluice_spark.runner import run_streams
 from tests.helpers import events_stream, roots_in, write_catalog
 from tests.spark.test_nested import normalized
@@ -743,76 +743,3 @@ def test_a_parquet_backfill_reads_its_files_under_the_streams_policy(spark: Any,
     for key, row in after.items():
         assert {**row, "_ingested_at": None} == {**before[key], "_ingested_at": None}, key
     assert json.loads(after["p13"][RESCUED_COLUMN])["amount"] == "twelve"
-
-
-# -- CSV files whose header changes ----------------------------------------------------------------------------------
-
-CSV_SCHEMA = {"order_id": "string not null", "amount": "decimal(12,2)", "ordered_at": "timestamp"}
-GROWN_CSV = ('ordered_at,Amount,order_id,coupon,user agent\n'
-             '2026-11-22T11:00:00Z,3.25,o10,C1,"curl/8.5, linux"\n'   # reordered, another case, new columns
-             '2026-11-22T12:00:00Z,n/a,o11,,\n'                        # a misfit; empty new fields hold nothing
-             '2026-11-22T13:00:00Z,"4.00",o12,"say ""hi""",x\n'        # quoted values, an escaped quote
-             '2026-11-22T14:00:00Z,5.00,o13,C3,y,surplus\n')           # a field more than its header: malformed
-
-
-def csv_stream(policy: str | None) -> dict[str, Any]:
-    source: dict[str, Any] = {"type": "files", "format": "csv", "path": "orders", "options": {"header": True},
-                              "schema": CSV_SCHEMA}
-    if policy is not None:
-        source["schema_evolution"] = policy
-    return events_stream("orders", source=source, transform="identity", sink={"path": "bronze/orders", "engine": "rs"})
-
-
-def land_csv(tmp_path: Path) -> None:
-    folder = tmp_path / "landing" / "orders"
-    folder.mkdir(parents=True)
-    (folder / "a-first.csv").write_text("order_id,amount,ordered_at\no1,9.50,2026-11-22T10:00:00Z\n")
-    (folder / "b-grown.csv").write_text(GROWN_CSV)
-
-
-def test_csv_files_whose_header_changes_are_read_by_name_and_rescued(spark: Any, tmp_path: Path) -> None:
-    catalog = load_catalog(write_catalog(tmp_path, csv_stream(None)))
-    stream, roots = catalog.get("orders"), roots_in(tmp_path)
-    land_csv(tmp_path)
-
-    [run] = run_streams(spark, catalog, ["orders"], roots).streams
-
-    assert run.status == "succeeded", run.error
-    assert (run.input_rows, run.output_rows, run.dead_letter_rows, run.rescued_rows) == (5, 4, 1, 3)
-    rows = {row["order_id"]: row for row in read_table(stream.sink_path(roots)).to_pylist()}
-    at = dt.datetime(2026, 11, 22, tzinfo=dt.timezone.utc)
-    assert {key: (row["amount"], row["ordered_at"]) for key, row in rows.items()} == {
-        "o1": (Decimal("9.50"), at + dt.timedelta(hours=10)), "o10": (Decimal("3.25"), at + dt.timedelta(hours=11)),
-        "o11": (None, at + dt.timedelta(hours=12)), "o12": (Decimal("4.00"), at + dt.timedelta(hours=13))}
-    assert {key: json.loads(row[RESCUED_COLUMN]) if row[RESCUED_COLUMN] else None for key, row in rows.items()} == {
-        "o1": None, "o10": {"coupon": "C1", "`user agent`": "curl/8.5, linux"}, "o11": {"amount": "n/a"},
-        "o12": {"coupon": 'say "hi"', "`user agent`": "x"}}
-    [dead] = read_table(stream.dead_letter_table_path(roots)).to_pylist()
-    assert dead["reason"] == "malformed CSV record" and "surplus" in dead["raw_record"]
-
-
-def test_csv_files_under_fail_on_new_columns_name_the_header_columns(spark: Any, tmp_path: Path) -> None:
-    catalog = load_catalog(write_catalog(tmp_path, csv_stream("fail_on_new_columns")))
-    stream, roots = catalog.get("orders"), roots_in(tmp_path)
-    land_csv(tmp_path)
-
-    [run] = run_streams(spark, catalog, ["orders"], roots).streams
-
-    assert run.status == "failed" and not run.retryable
-    assert "'coupon'" in (run.error or "") and "'`user agent`'" in (run.error or "") and "b-grown.csv" in run.error
-    assert table_version(stream.sink_path(roots)) in (None, 0)
-
-
-def test_csv_files_under_add_new_columns_add_the_header_columns(spark: Any, tmp_path: Path) -> None:
-    catalog = load_catalog(write_catalog(tmp_path, csv_stream("add_new_columns")))
-    stream, roots = catalog.get("orders"), roots_in(tmp_path)
-    land_csv(tmp_path)
-
-    [run] = run_streams(spark, catalog, ["orders"], roots).streams
-
-    assert run.status == "succeeded", run.error
-    assert run.added_columns == {"coupon": "STRING"}
-    rows = {row["order_id"]: row for row in read_table(stream.sink_path(roots)).to_pylist()}
-    assert {key: row["coupon"] for key, row in rows.items()} == {"o1": None, "o10": "C1", "o11": None,
-                                                                 "o12": 'say "hi"'}
-    assert json.loads(rows["o10"][RESCUED_COLUMN]) == {"`user agent`": "curl/8.5, linux"}

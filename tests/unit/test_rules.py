@@ -10,7 +10,7 @@ import pytest
 from sluice.catalog import parse_catalog
 from sluice.errors import CatalogError
 from sluice.model.expectations import NullResult, Violation
-from sluice.model.sql import SqlTransform, spark_select
+from sluice.model.sql import SqlTransform, _select_list, spark_select
 from tests.helpers import EXAMPLE_RULES, RULES_SCHEMA, events_stream
 
 SCHEMA = {**RULES_SCHEMA, "actor": "struct<id: bigint, login: string>"}
@@ -111,6 +111,10 @@ def test_a_rule_name_must_be_an_identifier() -> None:
     ("SELECT *, histogram_numeric(amount, 3) AS h FROM source", "uses the aggregate"),
     ("SELECT /*+ REPARTITION(3) */ * FROM source", "has HINT: a hint (/*+ ... */) changes how Spark plans"),
     ("SELECT * FROM source TABLESAMPLE (10 PERCENT)", "TABLESAMPLE drops rows"),
+    ("SELECT * FROM source AS s TABLESAMPLE (10 PERCENT)", "TABLESAMPLE drops rows"),
+    ("SELECT *, any(amount > 0) AS a FROM source", "uses the aggregate"),
+    ("SELECT *, vector_sum(array(amount)) AS v FROM source", "uses the aggregate"),
+    ("SELECT * FROM source DISTRIBUTE BY currency", "DISTRIBUTE BY repartitions the batch"),
     ("SELECT * FROM source UNPIVOT (v FOR k IN (event_type, currency))", "PIVOT and UNPIVOT change the number of rows"),
 ])
 def test_bad_transforms_are_refused_with_the_reason(sql: str, expected: str) -> None:
@@ -122,6 +126,9 @@ def test_bad_transforms_are_refused_with_the_reason(sql: str, expected: str) -> 
 def test_casts_to_types_with_commas_keep_their_select_items_whole() -> None:
     sql = ("SELECT *, map('a', 1)::MAP<STRING, BIGINT> AS m, CAST(array(1) AS ARRAY<STRUCT<a: INT, b: INT>>) AS s, "
            "amount < 5 AS small, 1 >> 1 AS shifted FROM source")
+    assert _select_list("SELECT map < 5 AS a, array > 1 AS b FROM t") == ["map < 5 AS a", "array > 1 AS b"], \
+        "a column named like a type compares"
+
     stream = load(transform={"sql": sql}, expectations={}, sink={"path": "bronze/events", "engine": "rs"})
     assert isinstance(stream.transform, SqlTransform)
     assert [projection.text for projection in stream.transform.projections][1:] == [

@@ -148,11 +148,7 @@ def test_the_drift_policy_defaults_to_rescue_where_the_source_can_rescue(source:
      "source.options.datetimeRebaseMode",
      "reads each Parquet file with pyarrow, which takes no Spark reader option"),
     ({**JSON_SOURCE, "format": "csv", "schema_evolution": "fail_on_new_columns"}, "source.schema_evolution",
-     "fail_on_new_columns needs the files' header to name their new fields; set options.header: true"),
-    ({**JSON_SOURCE, "format": "csv", "options": {"header": True, "sep": "||"}}, "source.options.sep",
-     "with one character here"),
-    ({**JSON_SOURCE, "format": "csv", "options": {"header": True, "encoding": "latin1"}}, "source.options.encoding",
-     "as UTF-8 text"),
+     "a csv source cannot follow fail_on_new_columns; it takes rescue, none"),
     ({**KAFKA_SOURCE, "format": "avro", "value_schema": '{"type": "record", "name": "r", "fields": [{"name": "id", '
                                                         '"type": "string"}]}', "schema_evolution": "rescue"},
      "source.schema_evolution", "a kafka avro source cannot follow rescue; it takes none"),

@@ -43,8 +43,7 @@ _SPARK_PARQUET_OPTIONS = frozenset({"mergeSchema", "datetimeRebaseMode", "int96R
 POLICIES = {
     FileFormat.JSON: (SchemaEvolution.RESCUE, SchemaEvolution.ADD_NEW_COLUMNS, SchemaEvolution.FAIL_ON_NEW_COLUMNS,
                       SchemaEvolution.NONE),
-    FileFormat.CSV: (SchemaEvolution.RESCUE, SchemaEvolution.ADD_NEW_COLUMNS, SchemaEvolution.FAIL_ON_NEW_COLUMNS,
-                     SchemaEvolution.NONE),
+    FileFormat.CSV: (SchemaEvolution.RESCUE, SchemaEvolution.NONE),
     FileFormat.PARQUET: (SchemaEvolution.RESCUE, SchemaEvolution.ADD_NEW_COLUMNS,
                          SchemaEvolution.FAIL_ON_NEW_COLUMNS, SchemaEvolution.NONE),
 }
@@ -71,13 +70,6 @@ class FileSource(SourceSpec):
     def record_options(self) -> Mapping[str, str]:
         return self.options
 
-    @property
-    def splits_by_header(self) -> bool:
-        """A CSV source with a header under a drift policy: each file's columns are taken by the names of its own
-        header (``sluice_spark.csv_drift``)."""
-        return (self.format is FileFormat.CSV and self.options.get("header") == "true"
-                and self.schema_evolution is not SchemaEvolution.NONE)
-
 
 def check_strict_json(section: Section, options: Mapping[str, str], policy: SchemaEvolution) -> None:
     """Refuse the options under which a drift policy would miss fields: it reads every record as strict UTF-8
@@ -91,29 +83,6 @@ def check_strict_json(section: Section, options: Mapping[str, str], policy: Sche
     if encoding not in ("utf-8", "utf8"):
         raise section.error("options.encoding", f"schema_evolution {policy.value} reads UTF-8 text; set "
                                                 "schema_evolution: none to read another encoding")
-
-
-def check_csv_by_header(section: Section, options: Mapping[str, str], policy: SchemaEvolution) -> None:
-    """Refuse what a CSV source under a drift policy cannot follow: new fields are named by a file's header, and
-    with a header each file is split by Python's csv module, which reads UTF-8 with a one-character separator."""
-    header = options.get("header") == "true"
-    if not header and policy in (SchemaEvolution.ADD_NEW_COLUMNS, SchemaEvolution.FAIL_ON_NEW_COLUMNS):
-        raise section.error("schema_evolution", f"{policy.value} needs the files' header to name their new fields; "
-                                                "set options.header: true")
-    if not header:
-        return
-    encoding = options.get("encoding", "utf-8").lower().replace("_", "-")
-    if encoding not in ("utf-8", "utf8"):
-        raise section.error("options.encoding", f"schema_evolution {policy.value} splits each file by its header "
-                                                "as UTF-8 text; set schema_evolution: none to read another encoding")
-    for key in ("sep", "delimiter", "quote", "escape", "comment"):
-        if len(options.get(key, "")) > 1:
-            raise section.error(f"options.{key}", f"schema_evolution {policy.value} splits each file by its header "
-                                                  "with one character here; set schema_evolution: none to read "
-                                                  "this file")
-    if "lineSep" in options:
-        raise section.error("options.lineSep", f"schema_evolution {policy.value} splits each file by its header at "
-                                               "any line end; set schema_evolution: none to read another separator")
 
 
 class FilesKind(SourceKind):
@@ -135,8 +104,6 @@ class FilesKind(SourceKind):
         policy = schema_evolution(section, POLICIES[file_format], file_format.value)
         if file_format is FileFormat.JSON and policy is not SchemaEvolution.NONE:
             check_strict_json(section, options, policy)
-        if file_format is FileFormat.CSV and policy is not SchemaEvolution.NONE:
-            check_csv_by_header(section, options, policy)
         spark_only = sorted(options.keys() & _SPARK_PARQUET_OPTIONS) if file_format is FileFormat.PARQUET else []
         if spark_only and "schema_evolution" not in section.raw:
             policy = SchemaEvolution.NONE  # options for Spark's reader: the catalog reads with it

@@ -84,7 +84,8 @@ def _row_wise(node: exp.Expr, what: str, *, filters: str) -> None:
     """Refuse what turns several rows into one or one into several, anywhere in ``node``."""
     for found in node.walk():
         if isinstance(found, exp.AggFunc) or (isinstance(found, exp.Anonymous)
-                                               and _function_name(found) in _SPARK_AGGREGATES):
+                                               and _function_name(found) in _SPARK_AGGREGATES) or (
+                isinstance(found, exp.Any) and not isinstance(found.this, exp.Query)):  # any(flag), not ANY (SELECT
             raise SqlError(f"{what} uses the aggregate {found.sql(DIALECT)!r}; {filters} sees one row at a time "
                            "(aggregate in the stream's aggregate section)")
         if isinstance(found, exp.Window):
@@ -113,7 +114,10 @@ _SPARK_AGGREGATES = frozenset({
     "percentile", "percentile_approx", "percentile_cont", "percentile_disc", "regr_avgx", "regr_avgy", "regr_count",
     "regr_intercept", "regr_r2", "regr_slope", "regr_sxx", "regr_sxy", "regr_syy", "skewness", "some", "std",
     "stddev", "stddev_pop", "stddev_samp", "string_agg", "sum", "theta_intersection_agg", "theta_sketch_agg",
-    "theta_union_agg", "try_avg", "try_sum", "var_pop", "var_samp", "variance",
+    "theta_union_agg", "try_avg", "try_sum", "var_pop", "var_samp", "variance", "kll_merge_agg_bigint",
+    "kll_merge_agg_double", "kll_merge_agg_float", "tuple_sketch_agg_double", "tuple_sketch_agg_integer",
+    "tuple_union_agg_double", "tuple_union_agg_integer", "tuple_intersection_agg_double",
+    "tuple_intersection_agg_integer", "vector_sum", "vector_avg",
 })
 
 
@@ -198,6 +202,10 @@ _CLAUSES = {
     "with_": "a WITH clause is not needed: select from source",
     "windows": "a WINDOW clause is not needed",
     "hint": "a hint (/*+ ... */) changes how Spark plans and partitions the batch, which is Sluice's to choose",
+    "sample": "TABLESAMPLE drops rows",
+    "distribute": "DISTRIBUTE BY repartitions the batch, which is Sluice's to choose",
+    "cluster": "CLUSTER BY repartitions the batch, which is Sluice's to choose",
+    "sort": "SORT BY has no meaning for the rows of a micro-batch",
 }
 # What a transform may not do to its one table.
 _TABLE_CLAUSES = {
@@ -286,21 +294,24 @@ def _select_list(text: str) -> list[str]:
     tokens = sqlglot.Dialect.get_or_raise(DIALECT).tokenize(text)
     Type = sqlglot.TokenType
     depth, start, previous_end, items, begun = 0, None, 0, [], False
-    previous, angles = None, 0
+    previous, angles, type_word = None, 0, False
     for token in tokens:
         if not begun:
             begun = token.token_type is Type.SELECT
             continue
-        # A type's angle brackets (x::MAP<STRING, INT>) nest like parentheses; a comparison's do not.
-        if token.token_type in (Type.L_PAREN, Type.L_BRACKET) or (
-                token.token_type is Type.LT and previous in (Type.MAP, Type.ARRAY, Type.STRUCT)):
+        # A type's angle brackets (x::MAP<STRING, INT>, CAST(x AS ARRAY<...>)) nest like parentheses; a comparison's
+        # do not (a column named map: map < 5).
+        opens = token.token_type is Type.LT and type_word
+        if token.token_type in (Type.L_PAREN, Type.L_BRACKET) or opens:
             depth += 1
         elif token.token_type in (Type.R_PAREN, Type.R_BRACKET) or (token.token_type is Type.GT and angles):
             depth -= 1
-        if token.token_type is Type.LT and previous in (Type.MAP, Type.ARRAY, Type.STRUCT):
+        if opens:
             angles += 1
         elif token.token_type is Type.GT and angles:
             angles -= 1
+        type_word = token.token_type in (Type.MAP, Type.ARRAY, Type.STRUCT) and (
+            angles > 0 or previous is Type.DCOLON or (previous is Type.ALIAS and depth > 0))
         previous = token.token_type
         if depth == 0 and token.token_type in (Type.COMMA, Type.FROM):
             if start is not None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamReader
 
@@ -24,12 +24,9 @@ from sluice.kinds.files import FileSource
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.model.types import quote
 from sluice.paths import Roots
-from sluice_spark.csv_drift import COLUMNS_COLUMN, LINE_COLUMN, MALFORMED_COLUMN, NEW_COLUMN, split_csv_files
-from sluice_spark.csv_drift import output_columns as csv_output_columns
-from sluice_spark.drift import csv_record_options, parse_json_text, rescue_csv
+from sluice_spark.drift import parse_json_text, rescue_csv
 from sluice_spark.parquet_drift import conform_files, output_columns
 from sluice_spark.session import require_hadoop_connector
-from sluice_spark.targets import NEW_COLUMNS_COLUMN, NEW_FIELDS_COLUMN
 
 # The options of Spark's file source that the text reader takes as they are; a JSON record's own options (dates,
 # time zone) go to its parser.
@@ -56,8 +53,6 @@ def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | N
         return _json_text(spark, stream, path, trigger)
     if source.format is FileFormat.PARQUET and policy is not SchemaEvolution.NONE:
         return _parquet_files(spark, stream, path, trigger)
-    if source.splits_by_header:
-        return _csv_files(spark, stream, path, trigger)
     reader = _limited(spark.readStream.format(source.format.value).options(**source.options), trigger)
 
     schema = source.schema.ddl(nullable_only=True)
@@ -89,53 +84,6 @@ def _limited(reader: DataStreamReader, trigger: TriggerSpec) -> DataStreamReader
     return reader
 
 
-def _file_bytes(spark: SparkSession, stream: StreamSpec, path: str, trigger: TriggerSpec) -> DataFrame:
-    """The stream's files whole, as bytes (Spark's ``binaryFile``): ``_source_file`` and ``content``."""
-    options = {key: value for key, value in stream.source.options.items() if key in _FILE_OPTIONS}
-    files = _limited(spark.readStream.format("binaryFile").options(**options), trigger) \
-        .schema("path STRING, modificationTime TIMESTAMP, length BIGINT, content BINARY").load(path)
-    return files.select(F.col("_metadata.file_path").alias(SOURCE_FILE_COLUMN), "content")
-
-
-def _csv_files(spark: SparkSession, stream: StreamSpec, path: str, trigger: TriggerSpec) -> DataFrame:
-    """CSV files as bytes, each split on an executor by its own header (:mod:`sluice_spark.csv_drift`), its records
-    typed by Spark's CSV parser in the declared order."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-    from pyspark.sql.types import StructType
-
-    source = stream.source
-    policy = source.schema_evolution
-    names = source.read_schema.names
-    output = StructType.fromDDL(", ".join(f"{quote(name)} {kind}" for name, kind in csv_output_columns(policy)))
-    assert isinstance(output, StructType)
-    records = _file_bytes(spark, stream, path, trigger).mapInArrow(
-        partial(split_csv_files, names=names, policy=policy, options=dict(source.options),
-                output=to_arrow_schema(output, timezone="UTC")), output)
-    records = records.observe(RECORDS_METRIC.format(stream=stream.name), F.count(F.lit(1)).alias("records"))
-    ddl = f"{source.read_schema.ddl(nullable_only=True)}, `{CORRUPT_COLUMN}` STRING"
-    parsed = F.from_csv(F.col(LINE_COLUMN), F.lit(ddl), csv_record_options(source))
-    typed = records.select(*[parsed[name].alias(name) for name in names],
-                           F.coalesce(F.col(MALFORMED_COLUMN), parsed[CORRUPT_COLUMN]).alias(CORRUPT_COLUMN),
-                           *[F.col(name) for name, _ in csv_output_columns(policy)[1:]])
-    columns = [*(F.col(quote(name)) for name in names), F.col(CORRUPT_COLUMN)]
-    malformed = F.col(MALFORMED_COLUMN)
-    if policy is SchemaEvolution.FAIL_ON_NEW_COLUMNS:
-        return typed.select(*columns, F.col(NEW_COLUMN).alias(NEW_FIELDS_COLUMN), malformed, SOURCE_FILE_COLUMN)
-    rescued = F.when(malformed.isNull(), _merged_json(rescue_csv(source), F.col(NEW_COLUMN))).alias(RESCUED_COLUMN)
-    if policy is SchemaEvolution.ADD_NEW_COLUMNS:
-        return typed.select(*columns, rescued, F.col(COLUMNS_COLUMN).alias(NEW_COLUMNS_COLUMN), malformed,
-                            SOURCE_FILE_COLUMN)
-    return typed.select(*columns, rescued, malformed, SOURCE_FILE_COLUMN)
-
-
-def _merged_json(first: Column, second: Column) -> Column:
-    """Two JSON objects of text values (either NULL) as one; NULL when both are."""
-    empty = F.create_map().cast("MAP<STRING, STRING>")
-    merged = F.map_concat(F.coalesce(F.from_json(first, "MAP<STRING, STRING>"), empty),
-                          F.coalesce(F.from_json(second, "MAP<STRING, STRING>"), empty))
-    return F.when(first.isNotNull() | second.isNotNull(), F.to_json(merged))
-
-
 def _parquet_files(spark: SparkSession, stream: StreamSpec, path: str, trigger: TriggerSpec) -> DataFrame:
     """Parquet files as bytes, each read whole by pyarrow on an executor and compared with the declared schema
     (:mod:`sluice_spark.parquet_drift`)."""
@@ -143,7 +91,10 @@ def _parquet_files(spark: SparkSession, stream: StreamSpec, path: str, trigger: 
     from pyspark.sql.types import StructType
 
     source = stream.source
-    files = _file_bytes(spark, stream, path, trigger)
+    options = {key: value for key, value in source.options.items() if key in _FILE_OPTIONS}
+    files = _limited(spark.readStream.format("binaryFile").options(**options), trigger) \
+        .schema("path STRING, modificationTime TIMESTAMP, length BIGINT, content BINARY").load(path)
+    files = files.select(F.col("_metadata.file_path").alias(SOURCE_FILE_COLUMN), "content")
     policy = source.schema_evolution
     ddl = ", ".join([source.read_schema.ddl(nullable_only=True),
                      *(f"{quote(name)} {kind}" for name, kind in output_columns(policy))])

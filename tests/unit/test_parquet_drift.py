@@ -1,7 +1,6 @@
-"""Drift in Parquet and CSV files on the executors (:mod:`sluice_spark.parquet_drift`, :mod:`sluice_spark.csv_drift`),
-against data made here: every value of a file is either in a typed column, in ``_rescued_data``, or in the record of
-a dead letter. No Spark session: the functions are what ``mapInArrow`` runs; the end-to-end runs are in
-``tests/spark/test_drift.py``."""
+"""Parquet drift on the executors (:mod:`sluice_spark.parquet_drift`), against pyarrow data made here: every value of
+a file is either in a typed column, in ``_rescued_data``, or in the record of a dead letter. No Spark session: the
+function is what ``mapInArrow`` runs; the end-to-end runs are in ``tests/spark/test_drift.py``."""
 
 from __future__ import annotations
 
@@ -102,22 +101,3 @@ def test_a_file_that_is_no_parquet_is_one_dead_letter_and_one_cut_short_stops_th
     whole = parquet_bytes(pa.table({"id": ["a"]}))
     with pytest.raises(ParquetReadError, match="not a whole Parquet file"):
         conform(declared, [whole[: len(whole) // 2]])
-
-
-def test_a_csv_file_is_split_by_its_own_header() -> None:
-    from sluice_spark.csv_drift import COLUMNS_COLUMN, LINE_COLUMN, MALFORMED_COLUMN, NEW_COLUMN, split_csv_files
-    from sluice_spark.csv_drift import output_columns as csv_columns
-
-    arrow = {"STRING": pa.string(), "ARRAY<STRING>": pa.list_(pa.string())}
-    output = pa.schema([pa.field(name, arrow[kind]) for name, kind in csv_columns(SchemaEvolution.ADD_NEW_COLUMNS)])
-    text = '\ufeffB,a,new,_x\n"1,5",q,n1,\n\n2,"he said ""hi""",,z\n3\n'
-    batch = pa.record_batch([pa.array(["file:/f.csv"]), pa.array([text.encode()], pa.binary())],
-                            names=["_source_file", "content"])
-
-    rows = [row for out in split_csv_files(iter([batch]), names=["a", "b", "c"], policy=SchemaEvolution.ADD_NEW_COLUMNS,
-                                           options={"header": "true"}, output=output) for row in out.to_pylist()]
-
-    assert [row[LINE_COLUMN] for row in rows] == ['"q","1,5",', '"he said \\"hi\\"","2",', None]
-    assert [row[COLUMNS_COLUMN] for row in rows] == ['{"new": "n1"}', None, None]
-    assert [row[NEW_COLUMN] for row in rows] == [None, '{"_x": "z"}', None]
-    assert rows[2][MALFORMED_COLUMN] == "3"
