@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
+#: How the one dead letter of a file that is no Parquet starts its ``_corrupt_record`` (and its reason).
+UNREADABLE_PARQUET = "unreadable Parquet file: "
 # Rows per Arrow batch handed back to Spark.
 _BATCH_ROWS = 8192
 # A new column's name under add_new_columns: a plain identifier that starts with a letter (see sluice_spark.drift).
@@ -98,7 +100,7 @@ def conform_files(batches: Iterator[pa.RecordBatch], *, declared: pa.Schema, out
             try:
                 data = pq.ParquetFile(pa.BufferReader(content), coerce_int96_timestamp_unit="us")
             except Exception as error:  # a file that is no Parquet (or whose footer is corrupt) is one dead letter
-                yield _unreadable(output, path, f"unreadable Parquet file: {type(error).__name__}: {error}")
+                yield _unreadable(output, path, f"{UNREADABLE_PARQUET}{type(error).__name__}: {error}")
                 continue
             # Row group by row group: a file is decoded a batch at a time. A file that fails past its footer stops the
             # run (its rows so far cannot be taken back), as Spark's reader does.

@@ -29,6 +29,7 @@ from sluice.model.expectations import QUARANTINE_REASON, NullResult, Violation
 from sluice.model.stream import StreamSpec
 from sluice.model.types import dotted, quote
 from sluice_spark.drift import reparse_as_text
+from sluice_spark.parquet_drift import UNREADABLE_PARQUET
 from sluice_spark.targets import FAILED_COLUMN, NEW_COLUMNS_COLUMN, NEW_FIELDS_COLUMN, RAW_COLUMN, REASON_COLUMN
 
 _MAX_VALUE_IN_REASON = 120
@@ -53,9 +54,11 @@ def dead_letter_reason(stream: StreamSpec) -> Column:
     reparsed = reparse_as_text(stream.source)
     cast_failures: list[Column] = []
     if reparsed is not None:
-        # A Parquet file pyarrow could not read says why in its one dead letter (sluice_spark.parquet_drift).
-        parquet = stream.source.format is FileFormat.PARQUET
-        malformed = F.col(CORRUPT_COLUMN) if parquet else F.lit(f"malformed {kind} record")
+        malformed = F.lit(f"malformed {kind} record")
+        if stream.source.format is FileFormat.PARQUET:
+            # A file pyarrow could not read says why in its one dead letter (sluice_spark.parquet_drift).
+            unreadable = F.col(CORRUPT_COLUMN).startswith(UNREADABLE_PARQUET)
+            malformed = F.when(unreadable, F.col(CORRUPT_COLUMN)).otherwise(malformed)
         cast_failures.append(F.when(reparsed[CORRUPT_COLUMN].isNotNull() | reparsed.isNull(), malformed))
         for column in schema.columns:
             raw_value = reparsed[column.name]
