@@ -49,7 +49,6 @@ from sluice_spark.runner import (
     build_routed_frame,
     create_tables,
     error_message,
-    explained,
     is_permanent_failure,
     sink_targets,
     with_added_columns,
@@ -261,7 +260,7 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
     if lock.lost:
         summary.status, summary.error = RunStatus.FAILED, "lost the stream's lock to another run during the backfill"
     elif error is not None:
-        summary.status, summary.error = RunStatus.FAILED, explained(error_message(error))
+        summary.status, summary.error = RunStatus.FAILED, error_message(error)
         summary.retryable = not is_permanent_failure(summary.error)
     else:
         summary.status = RunStatus.SUCCEEDED

@@ -33,7 +33,8 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import StringType
+from pyspark.sql.types import ArrayType, BinaryType, StringType, StructType
+from pyspark.sql.types import MapType as SparkMap
 
 from sluice.constants import CORRUPT_COLUMN, RESCUED_COLUMN, FileFormat, SchemaEvolution
 from sluice.errors import SluiceError
@@ -98,14 +99,14 @@ def parse_json_text(frame: DataFrame, text: Column, schema: Schema, policy: Sche
     # declared column takes in another case (Delta's names are case-insensitive); the rest is rescued.
     folded = F.array(*[F.lit(name.casefold()) for name in schema.names])
 
-    def column_like(key: Column) -> Column:
+    def may_be_column(key: Column) -> Column:
         return key.rlike(_COLUMN_NAME) & ~F.array_contains(folded, F.lower(key))
 
     found = F.when(walk, _struct_entries(declared, raw, None, F.lit(""), misfits=rescue,
-                                         root_new=(lambda key: ~column_like(key)) if adds else None))
+                                         root_new=(lambda key: ~may_be_column(key)) if adds else None))
     extra = []
     if adds:
-        new_columns = F.map_filter(record, lambda key, _: column_like(key))
+        new_columns = F.map_filter(record, lambda key, _: may_be_column(key))
         extra.append(F.when(walk & (F.size(new_columns) > 0), F.to_json(new_columns)).alias(NEW_COLUMNS_COLUMN))
     walked = staged.select(*[F.col(quote(column.name)) for column in schema.columns],
                            F.when(record.isNull(), F.col(_TEXT)).otherwise(F.col(CORRUPT_COLUMN)).alias(CORRUPT_COLUMN),
@@ -164,19 +165,19 @@ def typed_drift(frame: DataFrame, schema: Schema, policy: SchemaEvolution, keep:
             misfit = F.when(lost, value)
             typed = F.when(~lost, typed)
         columns.append(typed.alias(column.name))
-        misfits.append((_key(column.name), misfit))
+        misfits.append((field_key(column.name), misfit))
     kept = [column.alias(name) for name, column in keep.items()]
     corrupt = F.lit(None).cast("string").alias(CORRUPT_COLUMN)
     if policy is SchemaEvolution.FAIL_ON_NEW_COLUMNS:
-        found = F.array_compact(F.array(*[F.when(F.col(quote(field.name)).isNotNull(), F.lit(_key(field.name)))
+        found = F.array_compact(F.array(*[F.when(F.col(quote(field.name)).isNotNull(), F.lit(field_key(field.name)))
                                           for field in extras]))
         new_fields = F.when(F.size(found) > 0, found) if extras else F.lit(None).cast("array<string>")
         return frame.select(*columns, corrupt, new_fields.alias(NEW_FIELDS_COLUMN), *kept)
     if policy is SchemaEvolution.NONE:
         return frame.select(*columns, corrupt, *kept)
-    added = [field for field in extras if policy is SchemaEvolution.ADD_NEW_COLUMNS and _column_like(field.name)
+    added = [field for field in extras if policy is SchemaEvolution.ADD_NEW_COLUMNS and column_like(field.name)
              and column_type(field.dataType) is not None]
-    rest = [(_key(field.name), F.col(quote(field.name))) for field in extras if field not in added]
+    rest = [(field_key(field.name), F.col(quote(field.name))) for field in extras if field not in added]
     policy_columns = [_json_object([*rest, *misfits]).alias(RESCUED_COLUMN)]
     if policy is SchemaEvolution.ADD_NEW_COLUMNS:
         new = _json_object([(field.name, F.col(quote(field.name))) for field in added])
@@ -187,9 +188,6 @@ def typed_drift(frame: DataFrame, schema: Schema, policy: SchemaEvolution, keep:
 
 def as_declared(data_type: Any) -> DataType:
     """A Spark type as the catalog declares it (every nested field nullable)."""
-    from pyspark.sql.types import ArrayType, StructType
-    from pyspark.sql.types import MapType as SparkMap
-
     if isinstance(data_type, StructType):
         return Struct(tuple(Field(field.name, as_declared(field.dataType)) for field in data_type.fields))
     if isinstance(data_type, ArrayType):
@@ -204,9 +202,6 @@ def column_type(data_type: Any) -> str | None:
     one whose values do not come back from their JSON as they were: bytes inside a struct, an array or a map (JSON
     holds them as base64 text), a map whose keys are not strings, a type the catalog cannot declare (a variant).
     Such a field is rescued instead."""
-    from pyspark.sql.types import ArrayType, BinaryType, StructType
-    from pyspark.sql.types import MapType as SparkMap
-
     def round_trips(inner: Any, nested: bool) -> bool:
         if isinstance(inner, StructType):
             return all(round_trips(field.dataType, True) for field in inner.fields)
@@ -225,9 +220,6 @@ def column_type(data_type: Any) -> str | None:
 
 
 def _is_complex(data_type: Any) -> bool:
-    from pyspark.sql.types import ArrayType, StructType
-    from pyspark.sql.types import MapType as SparkMap
-
     return isinstance(data_type, (StructType, ArrayType, SparkMap))
 
 
@@ -239,14 +231,14 @@ def _declared_sql(data_type: Any) -> str | None:
         return None
 
 
-def _key(name: str) -> str:
-    """A top-level field's path in ``_rescued_data`` and in messages: its name, quoted when it is no identifier."""
+def field_key(name: str) -> str:
+    """A field's name in a path of ``_rescued_data`` and in messages: as it is, quoted when it is no identifier."""
     return name if IDENTIFIER.fullmatch(name) else quote(name)
 
 
-def _column_like(name: str) -> bool:
-    """Whether a new field may become a column under ``add_new_columns`` (see :data:`_COLUMN_NAME`)."""
-    return re.fullmatch(_COLUMN_NAME[1:-1], name) is not None
+def column_like(name: str) -> bool:
+    """Whether a new field's name may be a column's under ``add_new_columns`` (see :data:`_COLUMN_NAME`)."""
+    return re.match(_COLUMN_NAME, name) is not None
 
 
 # Timestamps in JSON with every microsecond (Spark's default keeps milliseconds).

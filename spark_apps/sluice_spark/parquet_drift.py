@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sluice.constants import CORRUPT_COLUMN, RESCUED_COLUMN, SOURCE_FILE_COLUMN, SchemaEvolution
-from sluice.model.types import IDENTIFIER, quote
+from sluice_spark.drift import column_like, column_type, field_key
 from sluice_spark.targets import NEW_COLUMNS_COLUMN, NEW_FIELDS_COLUMN, NEW_TYPES_COLUMN
 
 if TYPE_CHECKING:
@@ -47,8 +47,6 @@ if TYPE_CHECKING:
 UNREADABLE_PARQUET = "unreadable Parquet file: "
 # Rows per Arrow batch handed back to Spark.
 _BATCH_ROWS = 8192
-# A new column's name under add_new_columns: a plain identifier that starts with a letter (see sluice_spark.drift).
-_COLUMN_NAME = IDENTIFIER.pattern
 
 
 class ParquetReadError(Exception):
@@ -196,7 +194,7 @@ def _field_path(path_of: PathOf, name: str) -> PathOf:
 
 
 def _child_path(parent: str, name: str) -> str:
-    key = name if IDENTIFIER.fullmatch(name) else quote(name)
+    key = field_key(name)
     return f"{parent}.{key}" if parent else key
 
 
@@ -248,18 +246,13 @@ def _struct(array: pa.StructArray, target: pa.StructType, path_of: PathOf, rows:
 def _column_like(name: str, target: pa.StructType) -> bool:
     """Whether a new top-level field may become a column: a plain identifier that starts with a letter, and no
     declared column's name in another case (Delta's names are case-insensitive)."""
-    import re
-
-    return (re.fullmatch(_COLUMN_NAME, name) is not None and not name.startswith("_")
-            and name.lower() not in {field.name.lower() for field in target})
+    return column_like(name) and name.lower() not in {field.name.lower() for field in target}
 
 
 def _spark_type(arrow_type: pa.DataType) -> str | None:
     """A new column's type as the catalog would declare it; None for one Spark cannot hold, or whose values do not
     come back from their JSON as they were (:func:`sluice_spark.drift.column_type`): it is rescued."""
     from pyspark.sql.pandas.types import from_arrow_type
-
-    from sluice_spark.drift import column_type
 
     try:
         spark_type = from_arrow_type(arrow_type)

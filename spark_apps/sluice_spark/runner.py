@@ -393,7 +393,7 @@ def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: floa
     error = query.exception()
     if error is not None:
         summary.status = RunStatus.FAILED
-        summary.error = explained(error_message(error))
+        summary.error = error_message(error)
         summary.retryable = not is_permanent_failure(summary.error)
     elif (not prepared.spec.patterns.stateful
           and summary.input_rows != summary.output_rows + summary.dropped_rows + summary.dead_letter_rows):
@@ -449,7 +449,8 @@ _PYTHON_EXCEPTION = re.compile(r"^(?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Fai
 
 
 def error_message(error: BaseException) -> str:
-    """The first line of a query's error, and its root cause: Spark wraps most causes in a generic message."""
+    """The first line of a query's error, and its root cause: Spark wraps most causes in a generic message; an
+    ANSI error says what to do (:func:`explained`)."""
     def first_line(exc: BaseException) -> str:
         text = str(exc).strip()
         if not text:
@@ -472,7 +473,7 @@ def error_message(error: BaseException) -> str:
     cause = first_line(root)
     if root is not error and cause[-200:] not in message:  # a Python error repeats in its JVM wrapper
         message = f"{message} Caused by: {cause}"
-    return message[:2000]
+    return explained(message[:2000])
 
 
 def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: Roots, *,
