@@ -112,12 +112,3 @@ class Roots:
 
     def as_args(self) -> list[str]:
         return option_args({"landing-root": self.landing, "lake-root": self.lake, "checkpoint-root": self.checkpoints})
-
-
-def require_local(path: str, *, what: str) -> str:
-    """Refuse a URI where Sluice still needs a POSIX path: the landing zone's own listing, the backfill's
-    checkpoint (see the README's "Object storage")."""
-    if "://" in path and not path.startswith("file://"):
-        raise CatalogError(f"{what} {path!r} must be a local or mounted path: this part of Sluice works with plain "
-                           "file operations, not yet on object storage. Mount the storage, or use a local root")
-    return path.removeprefix("file://")

@@ -38,8 +38,8 @@ class StreamLagSensor(BaseSensorOperator):
     :param landing_root: as for the other Sluice operators (templated)
     :param lake_root: (templated)
     :param checkpoint_root: (templated)
-    :param storage_conn_id: the object store's credentials, as for the other Sluice operators (checks in the worker;
-        the triggerer reaches the store with its own environment)
+    :param storage_conn_id: the object store's credentials, as for the other Sluice operators; the triggerer reads
+        the connection itself and keeps it to this sensor's checks
     """
 
     template_fields: Sequence[str] = ("stream", "catalog", "landing_root", "lake_root", "checkpoint_root")
@@ -93,7 +93,7 @@ class StreamLagSensor(BaseSensorOperator):
                                      roots={"landing": roots.landing, "lake": roots.lake,
                                             "checkpoints": roots.checkpoints},
                                      max_status=self.max_status, poke_interval=self.poke_interval,
-                                     deadline=time.time() + self.timeout),
+                                     deadline=time.time() + self.timeout, storage_conn_id=self.storage_conn_id),
             method_name="execute_complete",
             timeout=timedelta(seconds=self.timeout),
         )

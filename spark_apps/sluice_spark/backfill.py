@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -35,12 +36,13 @@ from sluice.constants import (
 )
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.operations.backfill import BackfillError, BackfillPlan, BackfillRequest, plan_backfill
-from sluice.paths import Roots, join, require_local
+from sluice.paths import Roots, join
 from sluice.storage import runlog
 from sluice.storage.checkpoint import ensure_query_id
 from sluice.storage.delta import table_version
 from sluice.storage.lock import HeldLock
 from sluice.storage.object_lock import waiting_lock
+from sluice.storage.store import Folder, LocalFolder, folder
 from sluice.times import iso_utc
 from sluice_spark.quality import expectation_counts
 from sluice_spark.runner import (
@@ -54,7 +56,7 @@ from sluice_spark.runner import (
     with_added_columns,
     write_run_log,
 )
-from sluice_spark.session import activate, resolve_engine
+from sluice_spark.session import activate, require_hadoop_connector, resolve_engine
 from sluice_spark.targets import DEAD_LETTER_ROUTE, GOOD_ROUTE, RAW_COLUMN, ROUTE_COLUMN
 from sluice_spark.writers import BatchRouter
 
@@ -64,6 +66,8 @@ BACKFILL_ROOT = "_backfill"
 # Whether a good row's event time is in the backfill's range: only those are written.
 IN_RANGE_COLUMN = "_sluice_in_range"
 _GLOB_SPECIAL = "\\{}[]*?,^"
+# The scheme and bucket of an object-store URI (s3a://bucket), which Hadoop's glob takes as they are.
+_STORE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/]*")
 
 
 @dataclass
@@ -129,26 +133,26 @@ def hadoop_glob(paths: list[str]) -> str:
     def escape(path: str) -> str:
         return "".join(f"\\{char}" if char in _GLOB_SPECIAL else char for char in path)
 
-    base = os.path.commonpath([os.path.dirname(path) for path in paths])
-    relative = sorted(os.path.relpath(path, base) for path in paths)
-    return f"{escape(base).rstrip('/')}/{{{','.join(escape(path) for path in relative)}}}"
+    store = _STORE.match(paths[0])
+    root = store.group(0) if store else ""  # s3a://bucket: a path's folders start after it
+    if any(not path.startswith(f"{root}/") for path in paths):
+        raise BackfillError("start", f"the planned files lie on more than one store ({paths[0]}, ...)")
+    base = os.path.commonpath([os.path.dirname(path[len(root):]) for path in paths])
+    relative = sorted(os.path.relpath(path[len(root):], base) for path in paths)
+    return f"{escape(root + base).rstrip('/')}/{{{','.join(escape(path) for path in relative)}}}"
 
 
-def _frozen_plan(folder: Path, request: BackfillRequest, stream: StreamSpec, roots: Roots) -> BackfillPlan:
+def _frozen_plan(own: Folder, request: BackfillRequest, stream: StreamSpec, roots: Roots) -> BackfillPlan:
     """The plan of this run id: made and written on the first attempt, read back on a retry, so that a retry
     reads the same files and its batches line up with the ones already committed."""
-    path = folder / "plan.json"
-    if path.exists():
-        plan = BackfillPlan.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    if own.exists("plan.json"):
+        plan = BackfillPlan.from_dict(json.loads(own.read_text("plan.json")))
         if plan.request != request.to_dict():
             raise BackfillError("run_id", f"backfill run {request.run_id!r} already ran with other params "
                                           f"({plan.request}); start a new run")
         return plan
     plan = plan_backfill(request, stream, roots)
-    folder.mkdir(parents=True, exist_ok=True)
-    temporary = folder / ".plan.json.tmp"
-    temporary.write_text(json.dumps(plan.to_dict()), encoding="utf-8")
-    os.replace(temporary, path)
+    own.write_bytes("plan.json", json.dumps(plan.to_dict()).encode("utf-8"))  # whole or not at all
     return plan
 
 
@@ -161,8 +165,11 @@ def run_backfill(spark: SparkSession, catalog: Catalog, request: BackfillRequest
                               select_by=request.select_by, start=request.start.isoformat(),
                               end=request.end.isoformat(), dry_run=request.dry_run, reason=request.reason)
     started, started_at = time.monotonic(), time.time()
-    live = require_local(stream.checkpoint_path(roots), what=f"stream '{stream.name}': checkpoint")
-    own = Path(require_local(backfill_checkpoint(stream, roots, request), what="backfill checkpoint"))
+    live, own = stream.checkpoint_path(roots), folder(backfill_checkpoint(stream, roots, request))
+    if not request.dry_run:
+        require_hadoop_connector(spark, own.uri, f"stream '{stream.name}': backfill checkpoint")
+    if stream.source.landing is not None:
+        require_hadoop_connector(spark, stream.source_path(roots), f"stream '{stream.name}': landing folder")
     with waiting_lock(live, stream.name, f"backfill/{request.run_id}", lock_wait_seconds) as lock:
         plan = plan_backfill(request, stream, roots) if request.dry_run else _frozen_plan(own, request, stream, roots)
         summary.files, summary.file_bytes = len(plan.files), plan.bytes
@@ -196,7 +203,7 @@ def run_backfill(spark: SparkSession, catalog: Catalog, request: BackfillRequest
 
 
 def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: BackfillRequest, plan: BackfillPlan,
-               summary: BackfillSummary, own: Path, lock: HeldLock,
+               summary: BackfillSummary, own: Folder, lock: HeldLock,
                engine: DeltaEngine | None) -> list[dict[str, Any]]:
     """Run the backfill's query; its batches, as the run log keeps them."""
     stream = with_added_columns(stream, roots)
@@ -212,12 +219,16 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
     column = plan.event_time_column
     in_range = (F.col(column) >= F.lit(request.start)) & (F.col(column) < F.lit(request.end)) if column \
         else F.lit(True)
+    scratch: Path | None
     if request.dry_run:
         scratch = Path(tempfile.mkdtemp(prefix="sluice-backfill-dry-run-"))
         checkpoint, query_id = str(scratch / "checkpoint"), "dry-run"
     else:
-        scratch, checkpoint, query_id = own / "staging", str(own / "stream"), ensure_query_id(own / "stream")
-        summary.query_id, summary.checkpoint = query_id, str(own)
+        # Executors stage a replaced table's rows beside the checkpoint; on an object store the driver collects
+        # them instead, as a run does.
+        scratch = own.child("staging").path if isinstance(own, LocalFolder) else None
+        checkpoint, query_id = own.child("stream").uri, ensure_query_id(own.child("stream"))
+        summary.query_id, summary.checkpoint = query_id, own.uri
     metadata: dict[str, Any] = {CommitInfo.STREAM: stream.name, CommitInfo.BACKFILL_RUN: request.run_id,
                 CommitInfo.BACKFILL_QUERY: query_id, CommitInfo.BACKFILL_MODE: request.mode,
                 CommitInfo.BACKFILL_RANGE: f"[{request.start.isoformat()}, {request.end.isoformat()})",
@@ -249,10 +260,8 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
     finally:
         if query.isActive:
             query.stop()
-        if request.dry_run:
+        if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
-        else:
-            shutil.rmtree(own / "staging", ignore_errors=True)
     summary.replayed_batches = list(router.replayed)
     summary.expectations, summary.rows_dropped = expectation_counts(query.recentProgress, stream)
     summary.input_rows += summary.rows_dropped

@@ -40,6 +40,9 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from sluice.storage.delta import commit_actions
+from sluice.storage.store import folder, is_local
+
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql.types import StructType
@@ -72,15 +75,10 @@ def table_schema(path: str) -> StructType:
     return from_arrow_schema(pa.schema(DeltaTable(path).schema().to_arrow()))
 
 
-def _log_path(table: str, version: int) -> str:
-    return os.path.join(table, "_delta_log", f"{version:020d}.json")
-
-
 def read_version(table: str, version: int) -> VersionFiles:
-    """The actions of one commit, from its JSON file in ``_delta_log``."""
+    """The actions of one commit, from its JSON file in ``_delta_log``, on a disk or a store."""
     try:
-        with open(_log_path(table, version), encoding="utf-8") as handle:
-            actions = [json.loads(line) for line in handle if line.strip()]
+        actions = commit_actions(table, version)
     except FileNotFoundError:
         raise DeltaSourceError(f"{table}: the commit file of version {version} is gone (log cleanup); start the "
                                "stream from a later version (startingVersion) with a new checkpoint") from None
@@ -218,12 +216,11 @@ class DeltaRsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
-        import pyarrow.parquet as pq
         from pyspark.sql.pandas.types import to_arrow_schema
 
         _, relative, partition_values = partition.value
         target = to_arrow_schema(self.schema, timezone="UTC")
-        data_file = pq.ParquetFile(os.path.join(self.path, unquote(relative)))
+        data_file = _data_file(self.path, unquote(relative))
         # A file written before the table gained a column has none: it reads as NULL.
         present = set(data_file.schema_arrow.names)
         table = data_file.read(columns=[name for name in target.names
@@ -240,6 +237,19 @@ class DeltaRsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict[str, int]) -> None:
         pass
+
+
+def _data_file(table: str, path: str) -> Any:
+    """A data file of the table (its path relative to the table, or absolute): opened in place on a disk, read whole
+    from a store."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    where = path if "://" in path or os.path.isabs(path) else f"{table.rstrip('/')}/{path}"
+    if is_local(where):
+        return pq.ParquetFile(where.removeprefix("file://"))
+    parent, _, name = where.rpartition("/")
+    return pq.ParquetFile(pa.BufferReader(folder(parent).read_bytes(name)))
 
 
 def _schema_at(table: str, version: int) -> str | None:

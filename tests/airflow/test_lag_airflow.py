@@ -85,6 +85,41 @@ def test_trigger_run_fires_when_caught_up_and_times_out_otherwise(world: Path) -
     assert event.payload["report"]["status"] == "WARN"
 
 
+def test_the_trigger_reads_a_store_with_its_connection_and_keeps_it_to_itself(
+        world: Path, s3: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A landing zone and checkpoints on a real S3-compatible server, the credentials only in the Airflow connection:
+    the trigger reads the connection on the triggerer and scopes it to its own checks. The triggerer's environment,
+    which other triggers share, never holds the secret."""
+    import os
+
+    from sluice.storage import store
+    from tests.object_store import upload, uri
+
+    land(world, 3, minute=0)
+    upload(world / "landing", uri(s3, "landing"))
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_ALLOW_HTTP"):
+        monkeypatch.delenv(name)
+    store._store.cache_clear()  # the upload's client read the environment's credentials
+    secret = "sluice-test-secret"  # moto takes any; the point is where it goes
+    monkeypatch.setenv("AIRFLOW_CONN_SLUICE_STORAGE", json.dumps({
+        "conn_type": "aws", "login": "sluice-test", "password": secret,
+        "extra": {"region_name": "us-east-1", "endpoint_url": endpoint}}))
+    roots = {"landing": uri(s3, "landing"), "lake": uri(s3, "lake"), "checkpoints": uri(s3, "checkpoints")}
+    trigger = StreamLagTrigger(stream="events", catalog=str(world / "catalog.yaml"), roots=roots,
+                               max_status="WARN", storage_conn_id="sluice_storage")
+    assert "sluice_storage" in json.dumps(trigger.serialize()) and secret not in json.dumps(trigger.serialize())
+
+    async def first_event() -> Any:
+        return await anext(trigger.run())
+
+    event = asyncio.run(first_event())
+
+    assert event.payload["status"] == "success" and event.payload["report"]["backlog"]["files"] == 3
+    assert secret not in os.environ.values(), "the triggerer's environment never holds the connection"
+    assert secret not in json.dumps(event.payload)
+
+
 class RecordingLagSensor(StreamLagSensor):
     """The real sensor; the test learns when its check in the worker has run."""
 

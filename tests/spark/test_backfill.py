@@ -227,3 +227,78 @@ def test_replace_selects_a_file_whose_name_holds_quotes_and_timestamps(spark: An
     after = rows(roots)
     assert set(after) ^ {row[:4] for row in good} == set(), "the table equals the json oracle"
     assert all(row[1] == "corrupted" for row in corrupted)
+
+
+def mirrored_on_s3(catalog: Catalog, roots: Roots, bucket: str) -> tuple[Roots, Any]:
+    """The world with its landing zone, checkpoints and tables on S3, as Spark would have written them there: the
+    source log and the tables name each file by its URI on the store. Returns the roots and how a local file's path
+    or URI is spelled on the store."""
+    from deltalake import write_deltalake
+
+    from sluice.storage.checkpoint import local_file_path
+    from sluice.storage.delta import read_table
+    from sluice.storage.landing import spark_file_uri
+    from sluice.storage.store import folder
+    from tests.object_store import upload, uri
+
+    remote = Roots(landing=f"s3a://{bucket}/landing", lake=uri(bucket, "lake"), checkpoints=uri(bucket, "checkpoints"))
+
+    def moved(spelled: str) -> str:
+        """The URI Spark records for the file's copy on the store (percent-encoded, as Hadoop's Path spells it)."""
+        path = local_file_path(spelled)
+        if not path.startswith(roots.landing):
+            return spelled
+        return spark_file_uri(remote.landing + path.removeprefix(roots.landing))
+
+    upload(Path(roots.landing), remote.landing)
+    checkpoints = folder(remote.checkpoints)
+    for path in sorted(Path(roots.checkpoints).rglob("*")):
+        if path.is_file():
+            *parents, name = path.relative_to(roots.checkpoints).parts
+            data = path.read_bytes()
+            if "sources" in parents and not name.startswith("."):  # the file source log (not its .crc files): a
+                # version line, then one JSON entry per file
+                head, *entries = data.decode().split("\n")
+                data = "\n".join([head, *(json.dumps({**json.loads(line), "path": moved(json.loads(line)["path"])})
+                                          if line else line for line in entries)]).encode()
+            checkpoints.child(*parents).write_bytes(name, data)
+    for table in catalog.get("events").tables(roots):
+        rows = read_table(table.path)
+        column = "_source_file" if "_source_file" in rows.column_names else "source_file"
+        mapped = rows.set_column(rows.column_names.index(column), column,
+                                 [[moved(value) for value in rows.column(column).to_pylist()]])
+        write_deltalake(table.path.replace(roots.lake, remote.lake), mapped)
+    return remote, moved
+
+
+@pytest.mark.parametrize("mode", ["replace", "append"])
+def test_planning_on_s3_is_the_planning_on_disk(world: tuple[Catalog, Roots, Path], s3: str, mode: str) -> None:
+    """A backfill planned over a landing zone, a checkpoint and tables on S3 picks the files, leaves the live
+    stream's, and counts the rows to replace as it does over the same world on disk. (The run itself reads with
+    Spark's s3a connector, which comes from Maven: not on this machine.)"""
+    from sluice.operations.backfill import plan_backfill
+
+    catalog, roots, folder_ = world
+    stream = catalog.get("events")
+    DemoProducer(folder_ / "landing", seed=62).events_file(lines=10, now=NOW + dt.timedelta(hours=3))  # unread yet
+    remote, moved = mirrored_on_s3(catalog, roots, s3)
+    ask = request(catalog, f"s3-{mode}", mode=mode, start=NOW.isoformat(),
+                  end=(NOW + dt.timedelta(days=3)).isoformat(), select_by="event_time")
+
+    on_disk, on_s3 = plan_backfill(ask, stream, roots), plan_backfill(ask, stream, remote)
+
+    def portable(plan: Any) -> dict[str, Any]:
+        data = plan.to_dict()
+        data["files"] = sorted((moved(f["path"]), f["size"]) for f in data["files"])
+        for name in ("sink_filter", "dead_letter_filter"):
+            if data[name]:
+                data[name]["files"] = sorted(moved(spelled) for spelled in data[name]["files"])
+        return data
+
+    assert portable(on_s3) == portable(on_disk)
+    assert on_s3.pending_files == 1, "the file the live stream has not read yet is left to it"
+    if mode == "replace":
+        assert len(on_s3.files) == 3 and on_s3.rows_to_replace > 0 and on_s3.sink_filter is not None
+        assert all(spelled.startswith(f"s3a://{s3}/landing/") for spelled in on_s3.sink_filter.files)
+    else:
+        assert on_s3.held_files == 3 and not on_s3.files, "append skips the files the tables hold"

@@ -35,13 +35,13 @@ NOW = dt.datetime(2026, 11, 22, 8, 0, tzinfo=dt.timezone.utc)
 
 
 def submit(catalog: Path, roots: Roots, *extra_env: tuple[str, str], summary: Path | None = None,
-           run_id: str | None = None, log: Path | None = None) -> subprocess.Popen:
+           run_id: str | None = None, log: Path | None = None, stream: str = "events") -> subprocess.Popen:
     """spark-submit the runner. A run the test waits on without reading its output (until a crash point) writes it
     to ``log``: a pipe nobody drains would block the run once its buffer is full."""
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, **dict(extra_env)}
     command = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
                "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
-               str(RUNNER), "--catalog", str(catalog), "--stream", "events", *roots.as_args()]
+               str(RUNNER), "--catalog", str(catalog), "--stream", stream, *roots.as_args()]
     if summary is not None:
         command += ["--summary-file", str(summary)]
     if run_id is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,10 +17,12 @@ import pytest
 from sluice.catalog import Catalog, load_catalog
 from sluice.cli.demo_producer import DemoProducer
 from sluice.lag.observe import observe
+from sluice.operations.backfill import parse_request
 from sluice.operations.health import HealthReport, check_stream
 from sluice.paths import Roots
 from sluice.storage.lock import LOCK_FILE, LockInfo
 from sluice.storage.store import Folder, LocalFolder, folder
+from sluice_spark.backfill import run_backfill
 from sluice_spark.runner import run_streams
 from tests.helpers import events_stream, fresh_world, keep_pristine, roots_in, write_catalog
 from tests.object_store import upload, uri
@@ -106,16 +109,102 @@ def test_lag_on_s3_is_the_lag_on_disk(golden: Path, s3: str) -> None:
     assert (on_s3.backlog, on_s3.last_batch_id) == (on_disk.backlog, on_disk.last_batch_id)
 
 
+def tear_next_offsets(checkpoint: Folder) -> None:
+    """A crash while Spark wrote the offsets of the next batch."""
+    last = max(int(entry.name) for entry in checkpoint.child("offsets").entries() if entry.name.isdigit())
+    checkpoint.child("offsets").write_bytes(str(last + 1), b"v1\n{\"batchWatermarkMs\":0,")
+
+
+def first_batch_version(catalog: Catalog, local: Roots) -> int:
+    from sluice.storage.checkpoint import read_query_id
+    from sluice.storage.delta import txn_timeline
+
+    stream = catalog.get("events")
+    query_id = read_query_id(stream.checkpoint_path(local))
+    assert query_id is not None
+    return next(version for version, batch in txn_timeline(stream.sink_path(local), query_id) if batch == 0)
+
+
+# Each repair action, after the damage it is for.
+REPAIRS: dict[str, Callable[[Folder], None] | None] = {
+    "history": None, "backup": held_by_another_run, "quarantine-offsets": tear_next_offsets,
+    "repin-query-id": lose_metadata, "reset": None,
+}
+_STAMP = re.compile(r"\d{8}T\d{6}Z-\d{6}")
+
+
+def portable(result: dict[str, Any], roots: Roots) -> Any:
+    """A repair's result with its roots and time stamps named, so that the disk's and the store's compare."""
+    text = json.dumps(result, sort_keys=True, default=str)
+    for name in ("checkpoints", "lake"):
+        text = text.replace(getattr(roots, name).rstrip("/"), f"<{name}>")
+    return json.loads(_STAMP.sub("<stamp>", text))
+
+
+def tree(root: Folder) -> list[str]:
+    return sorted(relative for relative, _ in root.walk())
+
+
+@pytest.mark.parametrize("action", list(REPAIRS))
+def test_repair_on_s3_is_the_repair_on_disk(golden: Path, s3: str, action: str) -> None:
+    """Each repair action on a checkpoint and tables on S3 does what it does to their copy on disk: the same result,
+    the same checkpoint files moved and kept, the same tables, and the same health after it."""
+    from sluice.operations.repair import RepairError, run_action
+    from sluice.storage.delta import read_table, table_version
+    from sluice.storage.lock import LOCK_FILE as LOCK
+
+    catalog, local, remote = worlds(golden, s3)
+    stream = catalog.get("events")
+    on_disk, on_s3 = LocalFolder(stream.checkpoint_path(local)), folder(stream.checkpoint_path(remote))
+    version = first_batch_version(catalog, local) if action == "reset" else None
+    harm = REPAIRS[action]
+    if harm is not None:
+        harm(on_disk)
+        harm(on_s3)
+    if action == "backup":  # a lock is not backed up; a held one refuses the action
+        with pytest.raises(RepairError, match="is locked by run 'other'"):
+            run_action(action, stream, remote)
+        on_disk.delete(LOCK)
+        on_s3.delete(LOCK)
+        on_disk.write_bytes(f"{LOCK}.stale-1", b"{}")
+        on_s3.write_bytes(f"{LOCK}.stale-1", b"{}")
+
+    by_disk, by_s3 = run_action(action, stream, local, version=version), run_action(action, stream, remote,
+                                                                                      version=version)
+
+    assert portable(by_s3, remote) == portable(by_disk, local)
+    assert tree(on_s3) == tree(on_disk)
+    for key in ("backup", "moved_to", "quarantine"):
+        if key in by_disk:
+            assert tree(folder(by_s3[key])) == tree(LocalFolder(by_disk[key])), key
+            assert not any(name.startswith(LOCK) for name in tree(LocalFolder(by_disk[key]))), "no lock is copied"
+    for table in stream.tables(local):
+        remote_path = table.path.replace(local.lake, remote.lake)
+        assert table_version(remote_path) == table_version(table.path)
+        assert sorted(read_table(remote_path).to_pylist(), key=str) == sorted(read_table(table.path).to_pylist(),
+                                                                              key=str)
+    assert summary(check_stream(stream, remote)) == summary(check_stream(stream, local))
+    if action == "reset":
+        assert by_disk["resumes_after_batch"] == 0 and by_s3["tables"]["sink"]["restored"]
+        assert tree(on_s3.child("commits")) == ["0"] or tree(on_s3.child("commits")) == [".0.crc", "0"]
+    elif action == "quarantine-offsets":
+        assert by_s3["moved"] == ["2"] and folder(by_s3["quarantine"]).exists("2")
+    elif action == "repin-query-id":
+        assert by_s3["changed"] and on_s3.exists("metadata")
+
+
 @pytest.mark.slow
 def test_a_run_writing_its_tables_on_s3_survives_a_sigkill_mid_commit(tmp_path: Path, s3: str) -> None:
     """The rs engine on S3: executors write Parquet through delta-rs's object store, the driver commits with a
     conditional put. Killed between the sink's commit and the dead-letter table's, then rerun: both tables on S3
-    equal the batch oracle over the same files."""
+    equal the batch oracle over the same files. Then a silver stream reads the bronze table on S3 as a Delta
+    source (its log and data files through the store) into a silver table there: the same rows."""
     from sluice.storage.delta import read_table
-    from tests.helpers import expected_events
-    from tests.spark.test_crash_recovery import bronze, kill_at_then_rerun
+    from tests.helpers import expected_events, table_rows
+    from tests.spark.test_crash_recovery import bronze, kill_at_then_rerun, submit
+    from tests.spark.test_silver import COLUMNS, SILVER
 
-    catalog_path = write_catalog(tmp_path, events_stream(trigger={"max_files_per_trigger": 1}))
+    catalog_path = write_catalog(tmp_path, events_stream(trigger={"max_files_per_trigger": 1}), SILVER)
     stream = load_catalog(catalog_path).get("events")
     local = roots_in(tmp_path)
     roots = Roots(landing=local.landing, lake=uri(s3, "lake"), checkpoints=local.checkpoints)
@@ -128,6 +217,15 @@ def test_a_run_writing_its_tables_on_s3_survives_a_sigkill_mid_commit(tmp_path: 
     assert stream.sink_path(roots).startswith("s3://")
     assert bronze(stream.sink_path(roots)) == expected_good
     assert read_table(stream.dead_letter_table_path(roots)).num_rows == expected_bad
+
+    silver = load_catalog(catalog_path).get("events_silver")
+    assert observe(silver, roots).backlog.versions > 0, "bronze's versions wait for silver"
+    run = submit(catalog_path, roots, stream="events_silver")
+    output, _ = run.communicate(timeout=300)
+    assert run.returncode == 0, output[-3000:]
+    assert silver.sink_path(roots).startswith("s3://")
+    assert table_rows(silver.sink_path(roots), COLUMNS) == table_rows(stream.sink_path(roots), COLUMNS)
+    assert observe(silver, roots).backlog.versions == 0
     assert not (tmp_path / "lake").exists(), "nothing of the lake is written locally"
 
 
@@ -146,4 +244,8 @@ def test_a_checkpoint_on_s3a_without_hadoop_aws_is_refused_naming_the_jar(spark:
         run_streams(spark, catalog, ["events"], on_s3a)
     with pytest.raises(SluiceError, match="write s3a://"):
         run_streams(spark, catalog, ["events"], Roots(local.landing, local.lake, "s3://nowhere/checkpoints"))
+    backfill = parse_request({"stream": "events", "start": NOW.isoformat(), "end": (NOW + dt.timedelta(hours=1))
+                              .isoformat(), "select_by": "file_time"}, catalog, run_id="on-s3a")
+    with pytest.raises(SluiceError, match=r"backfill checkpoint 's3a://nowhere/checkpoints/_backfill/.*hadoop-aws"):
+        run_backfill(spark, catalog, backfill, on_s3a)
     assert not Path(local.lake).exists()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from sluice.operations.backfill import BackfillError
 from sluice.storage.lock import LockHeld, StreamLock, read_lock
 from sluice.storage.object_lock import waiting_lock
 from sluice_spark.backfill import hadoop_glob
@@ -40,3 +41,7 @@ def test_backfill_gives_up_after_its_wait(tmp_path: Path) -> None:
 def test_glob_matches_exactly_the_planned_files() -> None:
     assert hadoop_glob(["/l/e/2026-03-29/b.json", "/l/e/2026-03-28/a,1.json"]) == \
         "/l/e/{2026-03-28/a\\,1.json,2026-03-29/b.json}"
+    assert hadoop_glob(["s3a://bucket/l/e/b.json", "s3a://bucket/l/f/a.json"]) == "s3a://bucket/l/{e/b.json,f/a.json}"
+    assert hadoop_glob(["s3a://bucket/b.json", "s3a://bucket/a.json"]) == "s3a://bucket/{a.json,b.json}"
+    with pytest.raises(BackfillError, match="more than one store"):
+        hadoop_glob(["s3a://bucket/l/b.json", "s3a://bucket2/l/a.json"])

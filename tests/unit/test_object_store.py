@@ -14,7 +14,15 @@ import pytest
 from sluice.storage.checkpoint import CheckpointReader, ensure_query_id, read_query_id
 from sluice.storage.lock import LOCK_FILE, LockHeld, LockInfo
 from sluice.storage.object_lock import ObjectLock, lock_for, read_lock_at, require_conditional_writes
-from sluice.storage.store import AlreadyExists, Changed, Folder, LocalFolder, NoConditionalWrites, folder
+from sluice.storage.store import (
+    AlreadyExists,
+    Changed,
+    Folder,
+    LocalFolder,
+    NoConditionalWrites,
+    StoreError,
+    folder,
+)
 from tests.object_store import uri
 
 
@@ -42,6 +50,57 @@ def test_a_folder_reads_lists_and_writes_the_same_on_disk_and_on_s3(tmp_path: Pa
         place.delete("lock")
         place.delete("lock")
         assert not place.exists("lock")
+
+
+def test_a_folder_moves_copies_and_finds_its_siblings_the_same_on_disk_and_on_s3(tmp_path: Path, s3: str) -> None:
+    """What the repair actions do to a checkpoint: a file and a subfolder (every object under its prefix) moved
+    beside it, a copy without the lock, and a sibling's name."""
+    for place in both(tmp_path, s3):
+        checkpoint = place.child("events")
+        checkpoint.child("offsets").write_bytes("3", b"v1\n")
+        checkpoint.child("state", "0", "1").write_bytes("4.delta", b"s")
+        checkpoint.child("state", "0").write_bytes("_metadata", b"m")
+        checkpoint.write_bytes(LOCK_FILE, b"{}")
+        backup = checkpoint.sibling("events.backup-1")
+        assert backup.uri == f"{place.uri}/events.backup-1"
+
+        checkpoint.copy_tree(backup, skip=lambda name: name == LOCK_FILE)
+        aside = checkpoint.sibling("events.reset-1")
+        checkpoint.move("offsets/3", aside)
+        checkpoint.move("state", aside)
+
+        def files(root: Folder) -> list[str]:
+            return sorted(relative for relative, _ in root.walk())
+
+        assert files(backup) == ["offsets/3", "state/0/1/4.delta", "state/0/_metadata"]
+        assert files(aside) == ["offsets/3", "state/0/1/4.delta", "state/0/_metadata"]
+        assert files(checkpoint) == [LOCK_FILE] and aside.child("state", "0", "1").read_bytes("4.delta") == b"s"
+    with pytest.raises(StoreError, match="another store"):
+        folder(uri(s3, "a")).move("x", LocalFolder(tmp_path / "b"))
+    with pytest.raises(StoreError, match="root of its bucket"):
+        folder(f"s3://{s3}").sibling("other")
+
+
+def test_scoped_credentials_take_each_store_s_own_keys() -> None:
+    from sluice.storage.credentials import store_config
+
+    env = {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+           "AWS_ALLOW_HTTP": "true", "AZURE_STORAGE_ACCOUNT_NAME": "acct", "AZURE_STORAGE_SAS_KEY": "sas",
+           "GOOGLE_SERVICE_ACCOUNT_KEY": "{}"}
+    scoped = tuple(sorted(env.items()))
+    assert store_config("s3", scoped) == ({"access_key_id": "k", "secret_access_key": "s",
+                                           "endpoint": "http://127.0.0.1:9"}, {"allow_http": True})
+    assert store_config("abfss", scoped) == ({"account_name": "acct", "sas_key": "sas"}, {})
+    assert store_config("gs", scoped)[0] == {"service_account_key": "{}"}
+
+
+def test_a_file_uri_on_a_store_is_percent_encoded_as_spark_records_it() -> None:
+    from sluice.storage.checkpoint import local_file_path
+    from sluice.storage.landing import spark_file_uri
+
+    assert spark_file_uri("s3a://bucket/landing/a b%.json") == "s3a://bucket/landing/a%20b%25.json"
+    assert local_file_path(spark_file_uri("s3a://bucket/landing/a b%.json")) == "s3a://bucket/landing/a b%.json"
+    assert spark_file_uri("/data/landing/a b.json") == "file:/data/landing/a%20b.json"
 
 
 def test_listing_a_large_prefix_pages_through_the_store_without_reading_objects(s3: str) -> None:
@@ -224,15 +283,7 @@ def test_a_heartbeat_whose_reply_was_lost_keeps_the_lock(s3: str) -> None:
     assert read_lock_at(checkpoint) is None
 
 
-def test_repair_and_backfill_planning_refuse_an_object_store_checkpoint_with_a_message(tmp_path: Path) -> None:
-    from sluice.catalog import parse_catalog
-    from sluice.errors import CatalogError
-    from sluice.operations.repair import backup
-    from sluice.paths import Roots, resolved_key
-    from tests.helpers import events_stream
+def test_s3a_and_s3_are_one_store_in_the_overlap_checks() -> None:
+    from sluice.paths import resolved_key
 
-    stream = parse_catalog({"streams": [events_stream()]}).get("events")
-    roots = Roots(landing=str(tmp_path / "landing"), lake="s3://bucket/lake", checkpoints="s3a://bucket/checkpoints")
-    with pytest.raises(CatalogError, match=r"checkpoint to repair 's3a://bucket/checkpoints/.*local or mounted"):
-        backup(stream, roots)
     assert resolved_key("s3://b/lake", "t1") == resolved_key("s3a://b/lake", "t1"), "s3a:// and s3:// are one store"

@@ -90,6 +90,18 @@ def connection_environment(conn_id: str) -> dict[str, str] | None:
                                extra=conn.extra_dejson)
 
 
+async def aconnection_environment(conn_id: str) -> dict[str, str] | None:
+    """:func:`connection_environment` for a trigger, which must not block the triggerer's event loop."""
+    from airflow.sdk import BaseHook
+
+    try:
+        conn = await BaseHook.aget_connection(conn_id)
+    except Exception:  # as for the worker: no such connection
+        return None
+    return storage_environment(str(conn.conn_type or ""), login=conn.login, password=conn.password,
+                               extra=conn.extra_dejson)
+
+
 def secrets_of(env: Mapping[str, str]) -> list[str]:
     return [value for name, value in env.items() if name in SECRET_VARIABLES and value]
 

@@ -23,7 +23,6 @@ from sluice.model.section import Section
 from sluice.model.sinks import SinkSpec
 from sluice.model.sources import SourceSpec
 from sluice.paths import Roots, join
-from sluice.storage.store import folder
 
 if TYPE_CHECKING:
     from sluice.model.stream import StreamSpec
@@ -146,14 +145,13 @@ def delta_next_version(offset: Mapping[str, Any] | None) -> int:
 def delta_backlog(table_path: str, next_version: int) -> Backlog:
     """Versions of a Delta table from ``next_version`` on, with the bytes and records their data files add and the
     time of the oldest of them, read from the table's JSON commit files."""
-    from deltalake import DeltaTable
+    from sluice.storage.delta import commit_actions, open_table
 
-    latest = DeltaTable(table_path).version()
-    log = folder(table_path).child("_delta_log")
+    latest = open_table(table_path).version()
     backlog = Backlog(versions=max(latest - next_version + 1, 0), bytes=0, records=0)
     for version in range(next_version, latest + 1):
         try:
-            actions = [json.loads(line) for line in log.read_text(f"{version:020d}.json").splitlines() if line.strip()]
+            actions = commit_actions(table_path, version)
         except FileNotFoundError:
             backlog.notes.append(f"version {version}'s commit file was cleaned up; bytes and records are partial")
             continue

@@ -138,11 +138,12 @@ def newest_event_time(stream: StreamSpec, roots: Roots, reader: CheckpointReader
         return None
     import pyarrow as pa
     import pyarrow.compute as pc
-    from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
+    from sluice.storage.delta import open_table
+
     try:
-        actions = pa.table(DeltaTable(stream.sink_path(roots)).get_add_actions(flatten=True))
+        actions = pa.table(open_table(stream.sink_path(roots)).get_add_actions(flatten=True))
     except TableNotFoundError:
         return None
     if f"max.{column}" not in actions.column_names or actions.num_rows == 0:

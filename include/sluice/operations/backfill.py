@@ -37,10 +37,10 @@ from sluice.errors import SluiceError
 from sluice.kinds import sink_kind, source_kind
 from sluice.model.predicates import DATAFUSION, RowFilter, render
 from sluice.model.stream import StreamSpec
-from sluice.paths import Roots, require_local
-from sluice.storage.checkpoint import CheckpointReader
+from sluice.paths import Roots
+from sluice.storage.checkpoint import CheckpointReader, local_file_path
 from sluice.storage.delta import query
-from sluice.storage.landing import SourceFile, SourceState, list_landing_zone, local_file_path
+from sluice.storage.landing import SourceFile, SourceState, list_landing_zone
 
 MODES = tuple(mode.value for mode in BackfillMode)
 SELECT_BY = ("event_time", "file_time")
@@ -259,8 +259,6 @@ def count_rows(path: str, where: RowFilter) -> int:
 
 def plan_backfill(request: BackfillRequest, stream: StreamSpec, roots: Roots) -> BackfillPlan:
     """The files to read, the files left to the live stream, and what ``replace`` would swap out."""
-    require_local(stream.source_path(roots), what=f"stream '{stream.name}': landing folder to backfill from")
-    require_local(stream.checkpoint_path(roots), what=f"stream '{stream.name}': checkpoint of a backfilled stream")
     live = SourceState.of(stream, CheckpointReader(stream.checkpoint_path(roots)))
     start, end = request.start.timestamp(), request.end.timestamp()
     if request.select_by == "file_time":

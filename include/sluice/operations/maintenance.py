@@ -169,12 +169,14 @@ def maintain_table(path: str, role: str, *, readers: Sequence[Reader] = (), vacu
                    dry_run: bool = False, run_id: str | None = None, stream: str | None = None) -> TableReport:
     """Compact, vacuum, checkpoint and clean one Delta table (see the module's description). A missing table is
     reported as skipped."""
-    from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties
+    from deltalake import CommitProperties, PostCommitHookProperties
     from deltalake.exceptions import TableNotFoundError
+
+    from sluice.storage.delta import open_table
 
     report = TableReport(table=path, role=role)
     try:
-        table = DeltaTable(path)
+        table = open_table(path)
     except TableNotFoundError:
         report.skipped.append("no table yet")
         return report

@@ -15,13 +15,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import re
-import shutil
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from sluice.constants import (
@@ -31,10 +28,12 @@ from sluice.constants import (
 )
 from sluice.errors import SluiceError
 from sluice.model.stream import StreamSpec
-from sluice.paths import Roots, require_local
+from sluice.paths import Roots
 from sluice.storage import runlog
 from sluice.storage.checkpoint import CheckpointError, CheckpointReader, log_file_batch, read_query_id
-from sluice.storage.lock import LOCK_FILE, LockHeld, StreamLock
+from sluice.storage.lock import LOCK_FILE, LockHeld
+from sluice.storage.object_lock import lock_for
+from sluice.storage.store import Folder, folder
 
 log = logging.getLogger(__name__)
 
@@ -53,16 +52,16 @@ def _stamp() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{time.time_ns() % 1_000_000:06d}"
 
 
-def _local_checkpoint(stream: StreamSpec, roots: Roots) -> Path:
-    """Repair moves checkpoint files: on a local or mounted checkpoint only, for now."""
-    return Path(require_local(stream.checkpoint_path(roots), what=f"stream '{stream.name}': checkpoint to repair"))
+def _checkpoint(stream: StreamSpec, roots: Roots) -> Folder:
+    """The stream's checkpoint, on a disk or an object store (a store moves a file by copy, then delete)."""
+    return folder(stream.checkpoint_path(roots))
 
 
 @contextlib.contextmanager
-def _exclusive(checkpoint: Path, stream: str) -> Iterator[None]:
+def _exclusive(checkpoint: Folder, stream: str) -> Iterator[None]:
     """Hold the stream's lock for the whole action, so that no run starts while the checkpoint changes."""
     try:
-        with StreamLock(checkpoint, stream, f"repair-{uuid.uuid4()}"):
+        with lock_for(checkpoint.uri, stream, f"repair-{uuid.uuid4()}"):
             yield
     except LockHeld as exc:
         raise RepairError(f"{exc}; repair a checkpoint only while no run uses it") from None
@@ -84,27 +83,32 @@ def _sink_batch(stream: StreamSpec, roots: Roots, query_id: str | None) -> int |
 
 def backup(stream: StreamSpec, roots: Roots) -> dict[str, Any]:
     """Copy the whole checkpoint to ``<checkpoint>.backup-<time>`` beside it."""
-    checkpoint = _local_checkpoint(stream, roots)
+    checkpoint = _checkpoint(stream, roots)
     if not checkpoint.is_dir():
         raise RepairError(f"stream '{stream.name}' has no checkpoint at {checkpoint}")
     with _exclusive(checkpoint, stream.name):
-        return {"action": "backup", "stream": stream.name, "backup": str(_copy(checkpoint))}
+        return {"action": "backup", "stream": stream.name, "backup": _copy(checkpoint)}
 
 
-def _copy(checkpoint: Path) -> Path:
-    target = checkpoint.with_name(f"{checkpoint.name}.backup-{_stamp()}")
-    shutil.copytree(checkpoint, target, ignore=shutil.ignore_patterns(LOCK_FILE, f"{LOCK_FILE}.*"))
-    return target
+def _beside(checkpoint: Folder, kind: str) -> Folder:
+    """``<checkpoint>.<kind>-<time>``, beside the checkpoint."""
+    return checkpoint.sibling(f"{checkpoint.uri.rstrip('/').rpartition('/')[2]}.{kind}-{_stamp()}")
+
+
+def _copy(checkpoint: Folder) -> str:
+    target = _beside(checkpoint, "backup")
+    checkpoint.copy_tree(target, skip=lambda name: name == LOCK_FILE or name.startswith(f"{LOCK_FILE}."))
+    return target.uri
 
 
 def quarantine_offsets(stream: StreamSpec, roots: Roots) -> dict[str, Any]:
     """Move the latest ``offsets/N`` aside when batch N was never committed anywhere, so that Spark plans it again."""
-    checkpoint = _local_checkpoint(stream, roots)
+    checkpoint = _checkpoint(stream, roots)
     with _exclusive(checkpoint, stream.name):
         return _quarantine_offsets(stream, roots, checkpoint)
 
 
-def _quarantine_offsets(stream: StreamSpec, roots: Roots, checkpoint: Path) -> dict[str, Any]:
+def _quarantine_offsets(stream: StreamSpec, roots: Roots, checkpoint: Folder) -> dict[str, Any]:
     reader = CheckpointReader(checkpoint)
     offsets, commits = reader.offset_ids(), reader.commit_ids()
     if not offsets:
@@ -123,16 +127,14 @@ def _quarantine_offsets(stream: StreamSpec, roots: Roots, checkpoint: Path) -> d
         raise RepairError(f"batch {latest} is already committed to the Delta tables; quarantining its offsets would "
                           f"lose the files that arrived since. Restore offsets/{latest} from a backup instead")
     saved = _copy(checkpoint)
-    quarantine = checkpoint.with_name(f"{checkpoint.name}.quarantine-{_stamp()}") / "offsets"
-    quarantine.mkdir(parents=True)
+    quarantine = _beside(checkpoint, "quarantine")
     moved = []
     for name in (str(latest), f".{latest}.crc"):
-        source = checkpoint / "offsets" / name
-        if source.exists():
-            os.replace(source, quarantine / name)
+        if checkpoint.child("offsets").exists(name):
+            checkpoint.move(f"offsets/{name}", quarantine)
             moved.append(name)
     return {"action": "quarantine-offsets", "stream": stream.name, "batch_id": latest, "moved": moved,
-            "quarantine": str(quarantine), "backup": str(saved)}
+            "quarantine": quarantine.child("offsets").uri, "backup": saved}
 
 
 def repin_query_id(stream: StreamSpec, roots: Roots) -> dict[str, Any]:
@@ -141,12 +143,12 @@ def repin_query_id(stream: StreamSpec, roots: Roots) -> dict[str, Any]:
     Only for a checkpoint that lost its metadata and nothing else: its offsets must reach the sink's newest batch
     of that query. Re-pinning a lost or foreign checkpoint would make the sink skip new batches as replays.
     """
-    checkpoint = _local_checkpoint(stream, roots)
+    checkpoint = _checkpoint(stream, roots)
     with _exclusive(checkpoint, stream.name):
         return _repin_query_id(stream, roots, checkpoint)
 
 
-def _repin_query_id(stream: StreamSpec, roots: Roots, checkpoint: Path) -> dict[str, Any]:
+def _repin_query_id(stream: StreamSpec, roots: Roots, checkpoint: Folder) -> dict[str, Any]:
     from sluice.storage.delta import stream_query_ids
 
     recorded = next((found for table in stream.tables(roots) if (found := stream_query_ids(table.path, stream.name))),
@@ -167,10 +169,8 @@ def _repin_query_id(stream: StreamSpec, roots: Roots, checkpoint: Path) -> dict[
             f"{recorded[0]} committed: this is not a checkpoint that only lost its metadata, and re-pinning would make "
             "the sink skip new data as replays. Restore the checkpoint from a backup instead")
     result: dict[str, Any] = {"action": "repin-query-id", "stream": stream.name, "query_id": recorded[0],
-                              "previous": current, "changed": True, "backup": str(_copy(checkpoint))}
-    temporary = checkpoint / f".metadata.{_stamp()}.tmp"
-    temporary.write_text(json.dumps({"id": recorded[0]}) + "\n", encoding="utf-8")
-    os.replace(temporary, checkpoint / "metadata")
+                              "previous": current, "changed": True, "backup": _copy(checkpoint)}
+    checkpoint.write_bytes("metadata", (json.dumps({"id": recorded[0]}) + "\n").encode("utf-8"))  # whole or not at all
     return result
 
 
@@ -207,12 +207,12 @@ def reset_to_version(stream: StreamSpec, roots: Roots, version: int) -> dict[str
     """
     if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= MAX_DELTA_VERSION:
         raise RepairError(f"version: expected a Delta version number from 0 to {MAX_DELTA_VERSION}, got {version!r}")
-    checkpoint = _local_checkpoint(stream, roots)
+    checkpoint = _checkpoint(stream, roots)
     with _exclusive(checkpoint, stream.name):
         return _reset(stream, roots, checkpoint, version)
 
 
-def _reset(stream: StreamSpec, roots: Roots, checkpoint: Path, version: int) -> dict[str, Any]:
+def _reset(stream: StreamSpec, roots: Roots, checkpoint: Folder, version: int) -> dict[str, Any]:
     from sluice.storage.delta import table_version, txn_timeline
 
     sink = stream.sink_path(roots)
@@ -242,7 +242,7 @@ def _reset(stream: StreamSpec, roots: Roots, checkpoint: Path, version: int) -> 
         )
     log_offsets = _log_offsets(reader, batch)
     saved = _copy(checkpoint)
-    aside = checkpoint.with_name(f"{checkpoint.name}.reset-{_stamp()}")
+    aside = _beside(checkpoint, "reset")
     moved = _cut_checkpoint(checkpoint, batch, log_offsets, aside)
     restored: dict[str, Any] = {}
     for table in stream.tables(roots):
@@ -252,7 +252,7 @@ def _reset(stream: StreamSpec, roots: Roots, checkpoint: Path, version: int) -> 
             (at for at, txn in txn_timeline(table.path, query_id) if txn <= batch), default=None)
         restored[table.name] = _restore(table.path, target, query_id, batch, stream.name, version)
     return {"action": "reset", "stream": stream.name, "version": version, "query_id": query_id,
-            "resumes_after_batch": batch, "moved": moved, "moved_to": str(aside), "backup": str(saved),
+            "resumes_after_batch": batch, "moved": moved, "moved_to": aside.uri, "backup": saved,
             "tables": restored}
 
 
@@ -262,7 +262,7 @@ def _log_offsets(reader: CheckpointReader, batch: int) -> dict[int, int]:
     if batch < 0:
         return {}
     for log_name in ("offsets", "commits"):
-        if not (reader.root / log_name / str(batch)).exists():
+        if not reader.folder.child(log_name).exists(str(batch)):
             raise RepairError(
                 f"version: the checkpoint no longer holds {log_name}/{batch} (Spark keeps the last "
                 "spark.sql.streaming.minBatchesToRetain batches); reset to a later version, or restore a backup"
@@ -277,8 +277,8 @@ def _log_offsets(reader: CheckpointReader, batch: int) -> dict[int, int]:
             continue  # not a file source: its position is the offsets file itself
         log_offset = offset["logOffset"]
         present = set(reader.file_source_log(source))
-        compacts = [i for i in present if (reader.root / "sources" / str(source) / f"{i}.compact").exists()
-                    and i <= log_offset]
+        names = {entry.name for entry in reader.folder.child("sources", str(source)).entries()}
+        compacts = [i for i in present if f"{i}.compact" in names and i <= log_offset]
         needed = range(max(compacts, default=-1) + 1, log_offset + 1)
         missing = [i for i in needed if i not in present]
         if missing:
@@ -291,52 +291,52 @@ def _log_offsets(reader: CheckpointReader, batch: int) -> dict[int, int]:
     return reached
 
 
-def _cut_checkpoint(checkpoint: Path, batch: int, log_offsets: dict[int, int], aside: Path) -> list[str]:
+def _cut_checkpoint(checkpoint: Folder, batch: int, log_offsets: dict[int, int], aside: Folder) -> list[str]:
     """Move every log and state file after ``batch`` into ``aside``; a reset to before the first batch moves the
     file-source logs and the state whole."""
     moved: list[str] = []
 
-    def move(path: Path) -> None:
-        relative = path.relative_to(checkpoint)
-        (aside / relative).parent.mkdir(parents=True, exist_ok=True)
-        os.replace(path, aside / relative)
-        moved.append(str(relative))
+    def move(relative: str) -> None:
+        checkpoint.move(relative, aside)
+        moved.append(relative)
 
     for log_name in ("offsets", "commits"):
-        folder = checkpoint / log_name
-        for path in sorted(folder.iterdir()) if folder.is_dir() else []:
-            logged = log_file_batch(path.name, with_checksums=True)
-            if logged is not None and logged > batch:
-                move(path)
-    for folder in sorted((checkpoint / "sources").glob("*")):
+        for entry in checkpoint.child(log_name).entries():
+            logged = log_file_batch(entry.name, with_checksums=True)
+            if not entry.is_dir and logged is not None and logged > batch:
+                move(f"{log_name}/{entry.name}")
+    for source in checkpoint.child("sources").entries():
+        if not source.is_dir:
+            continue
         if batch < 0:
-            move(folder)
-        elif folder.name.isdigit() and int(folder.name) in log_offsets:
-            for path in sorted(folder.iterdir()):
-                logged = log_file_batch(path.name, with_checksums=True)
-                if logged is not None and logged > log_offsets[int(folder.name)]:
-                    move(path)
-    state = checkpoint / "state"
+            move(f"sources/{source.name}")
+        elif source.name.isdigit() and int(source.name) in log_offsets:
+            for entry in checkpoint.child("sources", source.name).entries():
+                logged = log_file_batch(entry.name, with_checksums=True)
+                if not entry.is_dir and logged is not None and logged > log_offsets[int(source.name)]:
+                    move(f"sources/{source.name}/{entry.name}")
+    state = checkpoint.child("state")
     if state.is_dir() and batch < 0:
-        move(state)
+        move("state")
     elif state.is_dir():
         # Batch N loads state version N and commits version N + 1.
-        for directory, _, files in sorted(os.walk(state)):
-            for name in sorted(files):
-                match = _STATE_FILE.match(name)
-                if match and int(match.group(1)) > batch + 1:
-                    move(Path(directory) / name)
+        for relative, entry in sorted(state.walk()):
+            match = _STATE_FILE.match(entry.name)
+            if match and int(match.group(1)) > batch + 1:
+                move(f"state/{relative}")
     return moved
 
 
 def _restore(path: str, target: int | None, query_id: str, batch: int, stream: str, version: int) -> dict[str, Any]:
     """Restore one table to ``target`` in one commit that also sets the query's transaction version to ``batch``,
     so that the sink takes the replayed batches as new. ``target`` None: the table has no batch after ``batch``."""
-    from deltalake import CommitProperties, DeltaTable, Transaction
+    from deltalake import CommitProperties, Transaction
     from deltalake.exceptions import TableNotFoundError
 
+    from sluice.storage.delta import open_table
+
     try:
-        table = DeltaTable(path)
+        table = open_table(path)
     except TableNotFoundError:
         return {"table": path, "restored": False}
     before = table.version()
@@ -349,7 +349,7 @@ def _restore(path: str, target: int | None, query_id: str, batch: int, stream: s
         app_transactions=[Transaction(query_id, batch)],
     ))
     return {"table": path, "restored": True, "from_version": before, "restored_to": target,
-            "version": DeltaTable(path).version()}
+            "version": open_table(path).version()}
 
 
 def run_action(action: str, stream: StreamSpec, roots: Roots, *, version: int | None = None) -> dict[str, Any]:

@@ -15,12 +15,11 @@ import os
 import re
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import unquote, urlsplit
 
 from sluice.errors import SluiceError
-from sluice.storage.store import AlreadyExists, Folder, LocalFolder, folder
+from sluice.storage.store import AlreadyExists, Folder, folder
 
 
 class CheckpointError(SluiceError):
@@ -74,13 +73,16 @@ def ensure_query_id(checkpoint: Location) -> str:
     return query_id
 
 
-def _local_path(uri: str) -> str:
-    """The local path of a ``file:///...`` URI from the source log (the common unescaped case without a parse); an
-    object-store URI (``s3a://bucket/key``) as it is, unescaped."""
+def local_file_path(uri: str) -> str:
+    """A file as Spark records it (in the source log, in ``_metadata.file_path``), as Sluice lists it: the local path
+    of a ``file:`` URI (``file:///...`` unescaped is the common case, without a parse), an object-store URI
+    (``s3a://bucket/key``) as it is but unescaped, and anything without a scheme as it is."""
     if uri.startswith("file:///") and "%" not in uri and "?" not in uri and "#" not in uri:
         return uri[7:]
     parts = urlsplit(uri)
-    if parts.scheme and parts.scheme != "file":
+    if not parts.scheme:
+        return uri
+    if parts.scheme != "file":
         return unquote(uri)
     return unquote(parts.path)
 
@@ -152,13 +154,6 @@ class CheckpointReader:
 
     def __init__(self, root: Location) -> None:
         self.folder = _folder(root)
-
-    @property
-    def root(self) -> Path:
-        """The checkpoint's local path (the repair actions move files; they work on local checkpoints)."""
-        if not isinstance(self.folder, LocalFolder):
-            raise CheckpointError(f"{self.folder}: this action works on a local or mounted checkpoint")
-        return self.folder.path
 
     def where(self, *names: str) -> str:
         """How a message names a file of the checkpoint."""
@@ -251,7 +246,7 @@ class CheckpointReader:
             str(i) for i in ids if start is None or i > start]
         files: dict[str, FileEntry] = {}
         for name in names:
-            files.update((_local_path(entry["path"]), FileEntry(entry["timestamp"], entry.get("batchId", -1)))
+            files.update((local_file_path(entry["path"]), FileEntry(entry["timestamp"], entry.get("batchId", -1)))
                          for entry in _log_entries(log, name))
         return files
 

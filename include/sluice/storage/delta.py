@@ -15,6 +15,7 @@ from sluice.constants import (
     CommitInfo,
 )
 from sluice.errors import SluiceError
+from sluice.storage.credentials import delta_options
 from sluice.times import iso_utc
 
 log = logging.getLogger(__name__)
@@ -24,13 +25,30 @@ class DeltaSchemaMismatch(SluiceError):
     """An existing table's schema is not the one the stream writes."""
 
 
+def open_table(path: str, **options: Any) -> Any:
+    """A Delta table (delta-rs), on a disk or a store, with the credentials of the work at hand
+    (:mod:`sluice.storage.credentials`)."""
+    from deltalake import DeltaTable
+
+    return DeltaTable(path, storage_options=delta_options(), **options)
+
+
+def commit_actions(path: str, version: int) -> list[dict[str, Any]]:
+    """The actions of one commit of a table on a disk or a store, from its JSON file in ``_delta_log``;
+    :class:`FileNotFoundError` when the log no longer holds it. One action per line: a line ends at ``\n`` only
+    (JSON leaves U+2028 and its kind unescaped inside strings)."""
+    from sluice.storage.store import folder
+
+    text = folder(path).child("_delta_log").read_text(f"{version:020d}.json")
+    return [json.loads(line) for line in text.split("\n") if line.strip()]
+
+
 def table_version(path: str) -> int | None:
     """The table's current version, or None when there is no Delta table at ``path``."""
-    from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
     try:
-        return DeltaTable(path).version()
+        return open_table(path).version()
     except TableNotFoundError:
         return None
 
@@ -65,11 +83,10 @@ def added_columns(path: str) -> dict[str, str]:
     """The columns of the table at ``path`` that ``add_new_columns`` added (marked with
     :data:`~sluice.constants.ADDED_COLUMN_KEY`), with their Spark SQL types, in the table's order; empty when there
     is no table."""
-    from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
     try:
-        fields = json.loads(DeltaTable(path).schema().to_json())["fields"]
+        fields = json.loads(open_table(path).schema().to_json())["fields"]
     except TableNotFoundError:
         return {}
     added = {field["name"]: sql_type(field["type"]) for field in fields
@@ -91,10 +108,11 @@ def ensure_table(path: str, schema: Any, partition_by: Iterable[str], *, name: s
 
     partitions = list(partition_by)
     try:
-        existing = DeltaTable(path)
+        existing = open_table(path)
     except TableNotFoundError:
         DeltaTable.create(
             path,
+            storage_options=delta_options(),
             schema=schema,
             partition_by=partitions or None,
             name=name,
@@ -158,7 +176,7 @@ def recorded_batch(table: Any, query_id: str) -> int | None:
 
     if not isinstance(table, DeltaTable):
         try:
-            table = DeltaTable(table)
+            table = open_table(table)
         except TableNotFoundError:
             return None
     version = table.transaction_version(query_id)
@@ -187,14 +205,13 @@ def batch_commits(path: str, *, query_id: str, batch_ids: Collection[int], since
     committed and this run replayed is older, possibly behind maintenance commits: the search goes back until it
     passes a commit older than the oldest wanted batch, or reaches the table's first version.
     """
-    from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
     wanted = set(batch_ids)
     if not wanted:
         return []
     try:
-        table = DeltaTable(path)
+        table = open_table(path)
     except TableNotFoundError:
         return []
     oldest = min(wanted)
@@ -246,11 +263,11 @@ def query(path: str, sql: str, *, version: int | None = None) -> Any:
     filesystem adapter leaves threads that abort the interpreter at exit.
     """
     import pyarrow as pa
-    from deltalake import DeltaTable, QueryBuilder
+    from deltalake import QueryBuilder
     from deltalake.exceptions import TableNotFoundError
 
     try:
-        table = DeltaTable(path, version=version)
+        table = open_table(path, version=version)
     except TableNotFoundError:
         return None
     result = pa.table(QueryBuilder().register("t", table).execute(sql))
@@ -273,11 +290,10 @@ def read_table(path: str, columns: Iterable[str] | None = None, *, version: int 
 
 def stream_query_ids(path: str, stream: str, *, limit: int = 200) -> list[str]:
     """Query ids that committed batches of ``stream`` to the table, newest first (from the last ``limit`` commits)."""
-    from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
     try:
-        history = DeltaTable(path).history(limit=limit)
+        history = open_table(path).history(limit=limit)
     except TableNotFoundError:
         return []
     found: list[str] = []
@@ -301,11 +317,10 @@ def txn_timeline(path: str, query_id: str) -> list[tuple[int, int]]:
     The batch is the query's Delta transaction version as of that table version: batch commits raise it, resets
     set it back; -1 before the query's first batch. Read from the commit history, not from one snapshot per version.
     """
-    from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
     try:
-        history = DeltaTable(path).history()
+        history = open_table(path).history()
     except TableNotFoundError:
         return []
     timeline: list[tuple[int, int]] = []
@@ -323,11 +338,10 @@ def txn_timeline(path: str, query_id: str) -> list[tuple[int, int]]:
 def table_history(path: str, *, limit: int = 50) -> list[dict[str, Any]]:
     """The newest ``limit`` commits, newest first, with the stream, query and batch of each batch commit; empty
     when there is no table yet."""
-    from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
     try:
-        history = DeltaTable(path).history(limit=limit)
+        history = open_table(path).history(limit=limit)
     except TableNotFoundError:
         return []
     rows = []

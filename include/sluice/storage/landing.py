@@ -19,7 +19,7 @@ import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import quote
 
 from sluice.errors import SluiceError
 from sluice.model.stream import StreamSpec
@@ -30,16 +30,18 @@ from sluice.times import parse_duration
 
 # Spark's default for the file source's maxFileAge.
 DEFAULT_MAX_FILE_AGE = timedelta(days=7)
+# What Hadoop's Path.toUri leaves unencoded in a path.
+_URI_SAFE = "/-_.~!$&'()*+,;=:@"
+
+
 def spark_file_uri(path: str) -> str:
     """The ``_metadata.file_path`` Spark records for a file: ``file:`` and the percent-encoded path of a local one;
-    an object-store URI as it is."""
+    an object-store URI with its key percent-encoded the same way (``s3a://bucket/a%20b.json``)."""
     if "://" in path:
-        return path
-    return "file:" + quote(path, safe="/-_.~!$&'()*+,;=:@")
-
-
-def local_file_path(uri: str) -> str:
-    return unquote(urlsplit(uri).path) if "://" in uri or uri.startswith("file:") else uri
+        scheme, _, rest = path.partition("://")
+        authority, slash, key = rest.partition("/")
+        return f"{scheme}://{authority}{slash}{quote(key, safe=_URI_SAFE)}"
+    return "file:" + quote(path, safe=_URI_SAFE)
 
 
 @dataclass(frozen=True)

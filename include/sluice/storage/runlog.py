@@ -76,10 +76,9 @@ def split_run_id(run_id: str) -> tuple[str | None, str | None]:
 def _upsert(lake_root: str, table: str, columns: Mapping[str, str], key: Sequence[str],
             rows: Sequence[Mapping[str, Any]], *, name: str) -> None:
     import pyarrow as pa
-    from deltalake import DeltaTable
     from deltalake.exceptions import CommitFailedError
 
-    from sluice.storage.delta import ensure_table
+    from sluice.storage.delta import ensure_table, open_table
 
     if not rows:
         return
@@ -90,7 +89,7 @@ def _upsert(lake_root: str, table: str, columns: Mapping[str, str], key: Sequenc
     condition = " AND ".join(f"t.{column} = s.{column}" for column in key)
     for attempt in range(_COMMIT_ATTEMPTS):
         try:
-            (DeltaTable(path).merge(data, condition, source_alias="s", target_alias="t")
+            (open_table(path).merge(data, condition, source_alias="s", target_alias="t")
              .when_matched_update_all().when_not_matched_insert_all().execute())
             break
         except CommitFailedError:
@@ -104,10 +103,11 @@ def keep_small(path: str) -> bool:
     """Compact a run log table past :data:`COMPACT_AFTER_FILES` files and vacuum what was removed over a week ago
     (no reader keeps a version that long). True when it compacted. A run that loses this race to another leaves
     the work to the next one."""
-    from deltalake import DeltaTable
     from deltalake.exceptions import CommitFailedError
 
-    table = DeltaTable(path)
+    from sluice.storage.delta import open_table
+
+    table = open_table(path)
     if len(table.file_uris()) <= COMPACT_AFTER_FILES:
         return False
     try:

@@ -17,15 +17,17 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import tempfile
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from sluice.errors import SluiceError
+from sluice.storage import credentials
 
 # Schemes Sluice reads and writes, and the one obstore knows them by.
 SCHEMES = {"s3": "s3", "s3a": "s3", "gs": "gs", "abfss": "abfss", "az": "az", "file": "file"}
@@ -104,6 +106,24 @@ class Folder(ABC):
     def total_bytes(self) -> int:
         """The bytes of every file under the folder, at any depth."""
 
+    @abstractmethod
+    def sibling(self, name: str) -> Folder:
+        """The folder ``name`` beside this one, under the same parent."""
+
+    @abstractmethod
+    def move(self, name: str, target: Folder) -> None:
+        """Move the file or subfolder ``name`` (a path under this folder) to the same path under ``target``, a folder
+        of the same store. A store moves a subfolder object by object: a crash part-way leaves some of it in each
+        place, and moving it again finishes the move."""
+
+    def copy_tree(self, target: Folder, *, skip: Callable[[str], bool] = lambda name: False) -> None:
+        """Copy every file under the folder to the same path under ``target``, but those whose name ``skip``
+        picks."""
+        for relative, _ in self.walk():
+            *parents, name = relative.split("/")
+            if not skip(name):
+                target.child(*parents).write_bytes(name, self.read_bytes(relative))
+
     def is_dir(self) -> bool:
         return bool(self.entries())
 
@@ -144,6 +164,22 @@ class LocalFolder(Folder):
 
     def child(self, *names: str) -> LocalFolder:
         return LocalFolder(self.path.joinpath(*names))
+
+    def sibling(self, name: str) -> LocalFolder:
+        return LocalFolder(self.path.with_name(name))
+
+    def move(self, name: str, target: Folder) -> None:
+        if not isinstance(target, LocalFolder):
+            raise StoreError(f"cannot move {self.where(name)} to another store ({target})")
+        (target.path / name).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(self.path / name, target.path / name)
+
+    def copy_tree(self, target: Folder, *, skip: Callable[[str], bool] = lambda name: False) -> None:
+        if not isinstance(target, LocalFolder):
+            super().copy_tree(target, skip=skip)
+            return
+        # copy2 keeps modification times: a commit's time is when its batch ended.
+        shutil.copytree(self.path, target.path, ignore=lambda _, names: {name for name in names if skip(name)})
 
     def entries(self) -> list[Entry]:
         try:
@@ -241,6 +277,40 @@ class ObjectFolder(Folder):
         parts = [part for name in names for part in name.split("/") if part]
         return ObjectFolder(self.store, "/".join([self.prefix, *parts]) if self.prefix else "/".join(parts),
                             "/".join([self.uri, *parts]))
+
+    def sibling(self, name: str) -> ObjectFolder:
+        if not self.prefix:
+            raise StoreError(f"{self.uri} is the root of its bucket: it has no folder beside it")
+        parent = self.prefix.rpartition("/")[0]
+        return ObjectFolder(self.store, f"{parent}/{name}" if parent else name,
+                            f"{self.uri.rpartition('/')[0]}/{name}")
+
+    def move(self, name: str, target: Folder) -> None:
+        import obstore
+
+        there = self._same_store(name, target)
+        # A subfolder is every object under its prefix (listed whole before any moves); a name with nothing under
+        # it is one object. On a store with real directories (ADLS with a hierarchical namespace) a folder has
+        # objects under it too, so the listing decides.
+        inside = [relative for relative, _ in self.child(name).walk()]
+        for relative in inside or [""]:
+            key = f"{name}/{relative}" if relative else name
+            obstore.rename(self.store, self._key(key), there._key(key))
+
+    def copy_tree(self, target: Folder, *, skip: Callable[[str], bool] = lambda name: False) -> None:
+        import obstore
+
+        if not isinstance(target, ObjectFolder) or target.store is not self.store:
+            super().copy_tree(target, skip=skip)
+            return
+        for relative in [relative for relative, _ in self.walk()]:  # copied on the store's side
+            if not skip(relative.rsplit("/", 1)[-1]):
+                obstore.copy(self.store, self._key(relative), target._key(relative))
+
+    def _same_store(self, name: str, target: Folder) -> ObjectFolder:
+        if not isinstance(target, ObjectFolder) or target.store is not self.store:
+            raise StoreError(f"cannot move {self.where(name)} to another store ({target})")
+        return target
 
     def entries(self) -> list[Entry]:
         import obstore
@@ -358,7 +428,8 @@ def scheme_of(uri: str) -> str:
 
 def folder(uri: str | os.PathLike[str]) -> Folder:
     """The folder at ``uri``: a local path (or ``file://``), or a prefix of a bucket or container, whose store reads
-    its endpoint and credentials from the environment (:mod:`sluice.connections.storage`)."""
+    its endpoint and credentials from the environment (:mod:`sluice.connections.storage`), or from the credentials
+    scoped to the work at hand (:mod:`sluice.storage.credentials`)."""
     text = os.fspath(uri)
     if is_local(text):
         return LocalFolder(text.removeprefix("file://"))
@@ -367,17 +438,19 @@ def folder(uri: str | os.PathLike[str]) -> Folder:
     assert match is not None
     authority, prefix = match.group(2), match.group(3)
     root = f"{scheme}://{authority}/"
-    return ObjectFolder(_store(root), prefix, text)
+    return ObjectFolder(_store(root, credentials.current()), prefix, text)
 
 
 @lru_cache(maxsize=32)
-def _store(root: str) -> Any:
-    """One client per bucket: obstore keeps its connections in it."""
+def _store(root: str, scoped: tuple[tuple[str, str], ...]) -> Any:
+    """One client per bucket and credentials: obstore keeps its connections in it."""
     from obstore.store import from_url
 
-    # AWS S3 has honoured If-None-Match and If-Match since 2024; the lock needs both.
-    config = {"aws_conditional_put": "etag"} if root.startswith("s3://") else None
+    config, client = credentials.store_config(root.split("://", 1)[0], scoped)
+    if root.startswith("s3://"):
+        # AWS S3 has honoured If-None-Match and If-Match since 2024; the lock needs both.
+        config.setdefault("conditional_put", "etag")
     try:
-        return from_url(root, config=config)  # type: ignore[arg-type]
+        return from_url(root, config=config or None, client_options=client or None)  # type: ignore[arg-type]
     except Exception as exc:  # obstore raises per-store configuration errors
         raise StoreError(f"{root}: cannot open the store ({exc})") from exc
