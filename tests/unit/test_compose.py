@@ -25,6 +25,8 @@ PROJECT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = PROJECT / "docker-compose.yaml"
 # Warm mode's override file: docker compose -f docker-compose.yaml -f docker-compose.warm.yaml up
 WARM_FILE = PROJECT / "docker-compose.warm.yaml"
+# The object-storage profile: docker compose -f docker-compose.yaml -f docker-compose.object-storage.yaml up
+OBJECT_STORAGE_FILE = PROJECT / "docker-compose.object-storage.yaml"
 ENV_EXAMPLE = PROJECT / ".env.example"
 DOCKER_DIR = PROJECT / "include" / "docker"
 AIRFLOW_DOCKERFILE = DOCKER_DIR / "airflow.Dockerfile"
@@ -276,7 +278,8 @@ def test_bind_mounts_exist_in_the_repository_or_are_data_created_at_run_time() -
 
 def test_every_variable_is_defaulted_or_listed_in_env_example() -> None:
     listed = set(env_example())
-    used = substitutions() + substitutions(yaml.safe_load(WARM_FILE.read_text(encoding="utf-8")))
+    used = substitutions() + [found for override in (WARM_FILE, OBJECT_STORAGE_FILE)
+                              for found in substitutions(yaml.safe_load(override.read_text(encoding="utf-8")))]
     assert used, "the compose file substitutes no variable at all"
     undocumented = {name for name, op in used if op not in (":-", "-") and name not in listed}
     assert not undocumented, f"set in neither a default nor .env.example: {sorted(undocumented)}"
@@ -667,3 +670,47 @@ def test_the_warm_override_adds_a_warm_server_and_points_the_run_tasks_at_it(mon
                                  {"SLUICE_WARM_SECRET": secret})
         monkeypatch.setenv("AIRFLOW_CONN_SLUICE_WARM", connection)
         assert warm_address("sluice_warm") == WarmAddress("sluice-warm", int(option("--port")), secret), name
+
+
+def test_the_object_storage_override_puts_the_lake_on_its_store_with_the_connections_credentials() -> None:
+    from sluice.connections.storage import storage_environment
+    from sluice.storage.store import is_local
+
+    profile = yaml.safe_load(OBJECT_STORAGE_FILE.read_text(encoding="utf-8"))
+    served = AIRFLOW_SERVICES - {"airflow-init"}
+    assert set(profile["services"]) == {"object-storage", "object-storage-init", "spark-worker"} | served
+    store, init = profile["services"]["object-storage"], profile["services"]["object-storage-init"]
+    for service in (store, init):
+        assert PINNED_IMAGE.fullmatch(with_defaults(str(service["image"]))), "pin the store as name:tag@sha256"
+    assert [written for written, _ in published_ports(store)] == [f"${{{BIND_VARIABLE}:-{LOOPBACK}}}"]
+    assert store["healthcheck"]["test"] and init["depends_on"] == {"object-storage": {"condition": "service_healthy"}}
+    command = " ".join(store["command"])
+    port = re.search(r"-s3\.port=(\d+)", command)
+    assert port and "-s3.config=" in command and "$$SLUICE_S3_SECRET_KEY" in command
+    assert "s3.bucket.create -name sluice" in " ".join(init["command"])
+
+    # Two required secrets; every service that needs them gets them from .env, never a default.
+    found = substitutions(profile)
+    for secret in ("SLUICE_S3_ACCESS_KEY", "SLUICE_S3_SECRET_KEY"):
+        assert {op for name, op in found if name == secret} == {":?"}
+        assert secret in env_example() and not env_example()[secret]
+    secrets = {"SLUICE_S3_ACCESS_KEY": "a" * 20, "SLUICE_S3_SECRET_KEY": "s" * 40}
+
+    # The lake moves to the store's bucket; the landing zone and the checkpoints stay on the shared mount.
+    base_env = services()["airflow-scheduler"]["environment"]
+    for name in served:
+        env = {key: interpolate(str(value), secrets) for key, value in profile["services"][name]["environment"].items()}
+        assert env["SLUICE_LAKE_ROOT"] == "s3://sluice/lake" and not is_local(env["SLUICE_LAKE_ROOT"])
+        assert "SLUICE_CHECKPOINT_ROOT" not in env and is_local(base_env["SLUICE_CHECKPOINT_ROOT"])
+        connection = json.loads(env["AIRFLOW_CONN_SLUICE_STORAGE"])
+        assert (connection["login"], connection["password"]) == (secrets["SLUICE_S3_ACCESS_KEY"],
+                                                                 secrets["SLUICE_S3_SECRET_KEY"])
+    # The executors write the tables' files: the workers' environment is what the connection gives the driver.
+    given = storage_environment(connection["conn_type"], login=connection["login"], password=connection["password"],
+                                extra=connection["extra"])
+    assert given["AWS_ENDPOINT_URL"] == f"http://object-storage:{port.group(1)}"
+    worker = {key: interpolate(str(value), secrets)
+              for key, value in profile["services"]["spark-worker"]["environment"].items()}
+    assert worker == given
+    assert profile["services"]["airflow-scheduler"]["depends_on"] == {
+        "object-storage-init": {"condition": "service_completed_successfully"}}
