@@ -8,7 +8,7 @@ import os
 import socket
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,17 +41,32 @@ def resolve_roots(landing: str | None, lake: str | None, checkpoints: str | None
                  checkpoints=checkpoints or defaults.checkpoints)
 
 
-def storage_environment(roots: Roots, conn_id: str, log: Any) -> dict[str, str]:
+def places(roots: Roots, catalog: str | None, streams: Sequence[str] | None = None) -> list[str]:
+    """The roots, and every place the catalog's streams (or ``streams`` of them) read or write under them; the roots
+    alone when the catalog does not load (the task's own check of it says why)."""
+    from sluice.catalog import load_catalog
+    from sluice.errors import SluiceError
+
+    found = [roots.landing, roots.lake, roots.checkpoints]
+    try:
+        loaded = load_catalog(catalog)
+        selected = loaded.select(list(streams)) if streams else list(loaded)
+    except (SluiceError, OSError):
+        return found
+    return found + [place for stream in selected for place in stream.locations(roots)]
+
+
+def storage_environment(where: Iterable[str], conn_id: str, log: Any) -> dict[str, str]:
     """The object store's credentials from the Airflow connection ``conn_id``, as the environment its readers take;
-    empty when every root is local or the connection is not defined. Each secret is registered with Airflow's masker
-    before anything is logged."""
+    empty when every place in ``where`` is local or the connection is not defined. Each secret is registered with
+    Airflow's masker before anything is logged."""
     from airflow.sdk.log import mask_secret
 
     from sluice.connections.storage import connection_environment, described, secrets_of
     from sluice.errors import SluiceError
     from sluice.storage.store import is_local
 
-    if all(is_local(root) for root in (roots.landing, roots.lake, roots.checkpoints)):
+    if all(is_local(place) for place in where):
         return {}
     try:
         env = connection_environment(conn_id)
@@ -115,7 +130,8 @@ class SluiceOperator(BaseOperator):
         every root is local or the connection is not defined. Read in the worker at run time; each secret is
         registered with Airflow's masker before anything is logged."""
         if self._storage_env is None:
-            self._storage_env = storage_environment(self.resolved_roots(), self.storage_conn_id, self.log)
+            self._storage_env = storage_environment(places(self.resolved_roots(), self.catalog_path()),
+                                                    self.storage_conn_id, self.log)
         return self._storage_env
 
     def resolved_roots(self) -> Roots:

@@ -55,7 +55,7 @@ class StreamLagTrigger(BaseTrigger):
         from sluice.errors import SluiceError
         from sluice.storage.store import is_local
 
-        if self.storage_conn_id is None or all(is_local(root) for root in self.roots.values()):
+        if self.storage_conn_id is None or all(is_local(place) for place in await asyncio.to_thread(self._places)):
             return None
         try:
             env = await aconnection_environment(self.storage_conn_id)
@@ -68,6 +68,12 @@ class StreamLagTrigger(BaseTrigger):
         for secret in secrets_of(env):
             mask_secret(secret)
         return env
+
+    def _places(self) -> list[str]:
+        from sluice.paths import Roots
+        from sluice_airflow.operators import places
+
+        return places(Roots(**self.roots), self.catalog, [self.stream])
 
     def _check(self, credentials: dict[str, str] | None) -> dict[str, Any]:
         from sluice.catalog import load_catalog

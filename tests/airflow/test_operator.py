@@ -219,29 +219,40 @@ def test_the_backfill_plan_reads_the_roots_it_is_given(tmp_path: Path, monkeypat
     assert (result["pending_files"], result["file_count"]) == (1, 0)
 
 
-def test_the_health_check_reads_s3_roots_with_the_storage_connection(
-        tmp_path: Path, s3: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """Roots on a real S3-compatible server, the credentials only in the Airflow connection ``sluice_storage``:
-    the check reads the store with them, and the secret is in no log line and not in the result."""
+@pytest.mark.parametrize("on_s3", ["roots", "catalog paths"])
+def test_the_health_check_reads_s3_with_the_storage_connection(
+        tmp_path: Path, s3: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        on_s3: str) -> None:
+    """Roots on a real S3-compatible server, or a catalog's own absolute S3 paths under local roots, the credentials
+    only in the Airflow connection ``sluice_storage``: the check reads the store with them, and the secret is in no
+    log line and not in the result."""
     import json as json_module
 
     from airflow.sdk import DAG
 
+    from sluice.storage import store
     from sluice_airflow.operators import CheckpointHealthCheckOperator
     from tests.helpers import events_stream, write_catalog
 
     endpoint = os.environ["AWS_ENDPOINT_URL"]
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_ALLOW_HTTP"):
         monkeypatch.delenv(name)
+    store._store.cache_clear()  # no client made with the environment's credentials may serve the check
     secret = "never-print-this-secret-4711"
     monkeypatch.setenv("AIRFLOW_CONN_SLUICE_STORAGE", json_module.dumps({
         "conn_type": "aws", "login": "sluice-test", "password": secret,
         "extra": {"region_name": "us-east-1", "endpoint_url": endpoint}}))
-    catalog = write_catalog(tmp_path, events_stream())
+    if on_s3 == "roots":
+        catalog = write_catalog(tmp_path, events_stream())
+        lake, checkpoints = f"s3://{s3}/lake", f"s3://{s3}/checkpoints"
+    else:
+        catalog = write_catalog(tmp_path, events_stream(checkpoint=f"s3://{s3}/checkpoints/events",
+                                                        sink={"path": f"s3://{s3}/lake/events"}))
+        lake, checkpoints = str(tmp_path / "lake"), str(tmp_path / "checkpoints")
     with DAG("health_s3", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")):
         check = CheckpointHealthCheckOperator(task_id="check", stream="events", catalog=str(catalog),
-                                              landing_root=str(tmp_path / "landing"), lake_root=f"s3://{s3}/lake",
-                                              checkpoint_root=f"s3://{s3}/checkpoints")
+                                              landing_root=str(tmp_path / "landing"), lake_root=lake,
+                                              checkpoint_root=checkpoints)
     result = check.execute({})  # type: ignore[arg-type]
     logged = "".join(capsys.readouterr())
     assert result["status"] == "OK" and [finding["code"] for finding in result["findings"]] == ["NEW"]

@@ -129,6 +129,13 @@ class StreamSpec:
         """The Airflow connections the stream's source and sink use, each once."""
         return list(dict.fromkeys(conn for conn in (self.source.connection, self.sink.connection) if conn))
 
+    def locations(self, roots: Roots) -> list[str]:
+        """Every place the stream reads or writes, resolved: its source's (and a joined stream's), its checkpoint and
+        its tables. A catalog may name an absolute object-store path under local roots."""
+        sources = [self.source, *([self.patterns.join.source] if self.patterns.join else [])]
+        return [*(found for source in sources if (found := source.location(roots)) is not None),
+                self.checkpoint_path(roots), *(table.path for table in self.tables(roots))]
+
     def source_path(self, roots: Roots) -> str:
         """The resolved folder or table the source reads."""
         location = self.source.location(roots)
