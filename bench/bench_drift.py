@@ -22,11 +22,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from harness import compare_sides, run_catalog
+from harness import compare_sides, run_files_stream
 from pyspark.sql import SparkSession
-
-from sluice.catalog import parse_catalog
-from sluice.paths import Roots
 
 SCHEMA = {
     "event_id": "string not null",
@@ -68,18 +65,7 @@ def write_events(folder: Path, rows: int, files: int) -> None:
 
 def run(spark: SparkSession, landing: Path, out: Path, policy: str, file_format: str = "json"
         ) -> tuple[float, dict[str, Any]]:
-    stream = {
-        "name": "bench_events",
-        "source": {"type": "files", "format": file_format, "path": str(landing), "schema": SCHEMA,
-                   "schema_evolution": policy},
-        "sink": {"path": str(out / "table"), "engine": "rs"},
-        "checkpoint": str(out / "checkpoint"),
-        "schedule": "@hourly",
-    }
-    catalog = parse_catalog({"version": 1, "streams": [stream]})
-    elapsed, result = run_catalog(spark, catalog, Roots(landing=str(landing), lake=str(out), checkpoints=str(out)))
-    return elapsed, {"input": result.input_rows, "written": result.output_rows,
-                     "dead_letter": result.dead_letter_rows, "rescued": result.rescued_rows}
+    return run_files_stream(spark, landing, out, schema=SCHEMA, file_format=file_format, policy=policy)
 
 
 def check(counts: dict[str, dict[str, Any]], rows: int) -> None:

@@ -49,6 +49,27 @@ def run_catalog(spark: SparkSession, catalog: Any, roots: Any, name: str = "benc
     return elapsed, stream
 
 
+def run_files_stream(spark: SparkSession, landing: Path, out: Path, *, schema: dict[str, str], file_format: str,
+                     policy: str, options: dict[str, Any] | None = None) -> tuple[float, dict[str, Any]]:
+    """A bronze stream over the files in ``landing`` under the drift ``policy``, on the rs engine: its seconds and its
+    counts."""
+    from sluice.catalog import parse_catalog
+    from sluice.paths import Roots
+
+    stream = {
+        "name": "bench_events",
+        "source": {"type": "files", "format": file_format, "path": str(landing), "schema": schema,
+                   "options": options or {}, "schema_evolution": policy},
+        "sink": {"path": str(out / "table"), "engine": "rs"},
+        "checkpoint": str(out / "checkpoint"),
+        "schedule": "@hourly",
+    }
+    catalog = parse_catalog({"version": 1, "streams": [stream]})
+    elapsed, result = run_catalog(spark, catalog, Roots(landing=str(landing), lake=str(out), checkpoints=str(out)))
+    return elapsed, {"input": result.input_rows, "written": result.output_rows,
+                     "dead_letter": result.dead_letter_rows, "rescued": result.rescued_rows}
+
+
 def compare_sides(doc: str, prefix: str, sides: tuple[str, str], write: Callable[[Path, int, int], None],
                   run: Callable[[SparkSession, Path, Path, str], tuple[float, dict[str, Any]]],
                   check: Callable[[dict[str, dict[str, Any]], int], None], goal: float) -> None:

@@ -130,12 +130,19 @@ class SluiceOperator(BaseOperator):
         every root is local or the connection is not defined. Read in the worker at run time; each secret is
         registered with Airflow's masker before anything is logged."""
         if self._storage_env is None:
-            self._storage_env = storage_environment(places(self.resolved_roots(), self.catalog_path()),
-                                                    self.storage_conn_id, self.log)
+            self._storage_env = storage_environment(
+                places(self.resolved_roots(), self.catalog_path(), self.stream_names()), self.storage_conn_id, self.log)
         return self._storage_env
 
     def resolved_roots(self) -> Roots:
         return resolve_roots(self.landing_root, self.lake_root, self.checkpoint_root)
+
+    def stream_names(self) -> list[str] | None:
+        """The streams this task reads or writes; None for every stream of the catalog (a backfill's stream is a
+        param of its run)."""
+        streams = getattr(self, "streams", None)
+        stream = getattr(self, "stream", None)
+        return list(streams) if streams else [stream] if isinstance(stream, str) else None
 
     def catalog_path(self) -> str:
         return self.catalog or os.environ.get("SLUICE_CATALOG") or str(DEFAULT_CATALOG)

@@ -212,7 +212,7 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
         trigger=TriggerSpec(max_files_per_trigger=request.max_files_per_trigger),
     )
     targets = sink_targets(stream, roots, data_columns)
-    resolved = resolve_engine(spark, engine or stream.sink.engine)
+    resolved = resolve_engine(spark, engine or stream.sink.engine, stream.locations(roots))
     if not request.dry_run:  # as for a run (see sluice_spark.runner.prepare_stream)
         create_tables(stream, routed, targets if resolved is DeltaEngine.RS
                       else [target for target in targets if table_version(target.path) is not None])

@@ -52,7 +52,7 @@ from sluice.model.types import (
     parse,
     quote,
 )
-from sluice_spark.targets import NEW_COLUMNS_COLUMN, NEW_FIELDS_COLUMN, NEW_TYPES_COLUMN
+from sluice_spark.targets import CSV_FIELDS_COLUMN, NEW_COLUMNS_COLUMN, NEW_FIELDS_COLUMN, NEW_TYPES_COLUMN
 
 _ENTRIES = "ARRAY<STRUCT<path: STRING, value: VARIANT>>"
 _RAW = "_sluice_raw"
@@ -283,9 +283,22 @@ def schema_struct(schema: Schema) -> Struct:
     return Struct(tuple(Field(column.name, column.data_type) for column in schema.columns))
 
 
+def reads_by_header(source: SourceSpec) -> bool:
+    """Whether a source's CSV files are matched to its schema by the names in their headers
+    (:mod:`sluice_spark.csv_drift`): under ``rescue``, with ``header``, and without ``enforceSchema``, which asks for
+    columns by position."""
+    options = source.options
+    return (source.format is FileFormat.CSV and source.schema_evolution is SchemaEvolution.RESCUE
+            and options.get("header", "false").lower() == "true"
+            and options.get("enforceSchema", "false").lower() != "true")
+
+
 def reparse_as_text(source: SourceSpec) -> Column | None:
     """A corrupt JSON, CSV or Parquet record parsed again with every declared field as a string: what each field
-    held before the cast (NULL for another format)."""
+    held before the cast (NULL for another format). A CSV record read by its header has its declared fields as text
+    beside it already (NULL when it is malformed)."""
+    if reads_by_header(source):
+        return F.col(CSV_FIELDS_COLUMN)
     columns = ", ".join(f"{quote(name)} STRING" for name in source.read_schema.names)
     schema = f"{columns}, `{CORRUPT_COLUMN}` STRING"
     options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}
@@ -321,6 +334,11 @@ def _empty() -> Column:
 
 def _entry(path: Column, value: Column) -> Column:
     return F.struct(path.alias("path"), value.alias("value"))
+
+
+def key_of(name: Column) -> Column:
+    """A top-level field's key in ``_rescued_data``: its name, quoted when it is no identifier."""
+    return _child_path(F.lit(""), name)
 
 
 def _child_path(path: Column, name: Column) -> Column:

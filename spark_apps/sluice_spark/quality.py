@@ -30,7 +30,14 @@ from sluice.model.stream import StreamSpec
 from sluice.model.types import dotted, quote
 from sluice_spark.drift import reparse_as_text
 from sluice_spark.parquet_drift import UNREADABLE_PARQUET
-from sluice_spark.targets import FAILED_COLUMN, NEW_COLUMNS_COLUMN, NEW_FIELDS_COLUMN, RAW_COLUMN, REASON_COLUMN
+from sluice_spark.targets import (
+    CSV_FIELDS_COLUMN,
+    FAILED_COLUMN,
+    NEW_COLUMNS_COLUMN,
+    NEW_FIELDS_COLUMN,
+    RAW_COLUMN,
+    REASON_COLUMN,
+)
 
 _MAX_VALUE_IN_REASON = 120
 #: The name of the observed metrics that count, per micro-batch, the rows the rules judged (``checked``), the rows
@@ -119,6 +126,7 @@ def flag_dead_letters(frame: DataFrame, stream: StreamSpec) -> DataFrame:
         reason = F.coalesce(reason, F.when(F.col(NEW_FIELDS_COLUMN).isNotNull(), new_fields))
     flagged = frame.withColumn(REASON_COLUMN, reason)
     flagged = flagged.withColumn(RAW_COLUMN, F.when(F.col(REASON_COLUMN).isNotNull(), _raw_record(stream)))
+    flagged = flagged.drop(CSV_FIELDS_COLUMN)
     if stream.source.rescues:
         rescued = F.count_if(F.col(REASON_COLUMN).isNull() & F.col(RESCUED_COLUMN).isNotNull())
         flagged = flagged.observe(RESCUE_METRIC.format(stream=stream.name), rescued.alias("rescued"))

@@ -255,7 +255,7 @@ def prepare_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, run
     checkpoint = stream.checkpoint_path(roots)
     query_id = ensure_query_id(checkpoint)
     stream = with_added_columns(stream, roots)
-    resolved = resolve_engine(spark, engine or stream.sink.engine)
+    resolved = resolve_engine(spark, engine or stream.sink.engine, stream.locations(roots))
     routed, data_columns = build_routed_frame(spark, stream, roots, engine=resolved)
     targets = sink_targets(stream, roots, data_columns)
     kinds.sink(stream).check(spark, stream)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 
 from pyspark.sql import SparkSession
 
@@ -96,25 +97,35 @@ HADOOP_CONNECTORS = {
 
 
 def require_hadoop_connector(spark: SparkSession, uri: str, what: str) -> None:
-    """Before Spark touches ``uri`` (a landing folder, a checkpoint): its scheme's Hadoop connector must load."""
+    """Before Spark touches ``uri`` (a landing folder, a checkpoint, a table on the jvm engine): its scheme's Hadoop
+    connector must load."""
+    problem = hadoop_problem(spark, uri)
+    if problem is not None:
+        raise SluiceError(f"{what} {uri!r}{problem}")
+
+
+def hadoop_problem(spark: SparkSession, uri: str) -> str | None:
+    """Why Spark cannot reach ``uri`` through Hadoop's file systems (the end of a sentence that names it), or None."""
     if "://" not in uri or uri.startswith("file:"):
-        return
+        return None
     scheme = uri.split("://", 1)[0].lower()
     if scheme == "s3":
-        raise SluiceError(f"{what} {uri!r}: Spark reaches S3 through Hadoop's s3a connector; write s3a:// (Sluice's "
-                          "own reads take either)")
+        return ": Spark reaches S3 through Hadoop's s3a connector; write s3a:// (Sluice's own reads take either)"
     if scheme not in HADOOP_CONNECTORS:
-        raise SluiceError(f"{what} {uri!r}: Spark has no connector for {scheme}://; use one of "
-                          f"{', '.join(f'{name}://' for name in HADOOP_CONNECTORS)} or a local or mounted path")
+        return (f": Spark has no connector for {scheme}://; use one of "
+                f"{', '.join(f'{name}://' for name in HADOOP_CONNECTORS)} or a local or mounted path")
     class_name, jars = HADOOP_CONNECTORS[scheme]
     if missing_classes(spark, [class_name]):
-        raise SluiceError(f"{what} {uri!r} is on {scheme}://, but Hadoop's connector for it is not on Spark's "
-                          f"classpath (missing {class_name}). Provide {jars} in spark.jars (--jars) or Spark's jars "
-                          "directory; the compose images carry them (include/docker/spark-jars.txt)")
+        return (f" is on {scheme}://, but Hadoop's connector for it is not on Spark's classpath (missing "
+                f"{class_name}). Provide {jars} in spark.jars (--jars) or Spark's jars directory; the compose images "
+                "carry them (include/docker/spark-jars.txt)")
+    return None
 
 
-def resolve_engine(spark: SparkSession, requested: DeltaEngine) -> DeltaEngine:
-    """The Delta engine a stream runs with: ``auto`` is ``jvm`` when delta-spark's classes load, else ``rs``."""
+def resolve_engine(spark: SparkSession, requested: DeltaEngine, places: Sequence[str] = ()) -> DeltaEngine:
+    """The Delta engine a stream runs with, given every place it reads or writes: ``auto`` is ``jvm`` when
+    delta-spark's classes load and Hadoop reaches each of the places on a store (no ``s3://``, the connector
+    there), else ``rs``, which reaches them through delta-rs. ``jvm`` asked for by name needs both."""
     if requested is DeltaEngine.RS:
         return DeltaEngine.RS
     available = delta_jvm_available(spark)
@@ -124,4 +135,13 @@ def resolve_engine(spark: SparkSession, requested: DeltaEngine) -> DeltaEngine:
             f"--packages {delta_maven_package()} (needs Maven Central), --jars <delta-spark and delta-storage jars>, "
             "or set sink.engine to 'rs' or 'auto'"
         )
-    return DeltaEngine.JVM if available else DeltaEngine.RS
+    if requested is DeltaEngine.JVM:
+        for place in places:
+            problem = hadoop_problem(spark, place)
+            if problem is not None:
+                raise SluiceError(f"sink.engine is 'jvm', which writes through Hadoop, and {place!r}{problem}; or set "
+                                  "sink.engine to 'rs' or 'auto'")
+        return DeltaEngine.JVM
+    if not available or any(hadoop_problem(spark, place) is not None for place in places):
+        return DeltaEngine.RS
+    return DeltaEngine.JVM

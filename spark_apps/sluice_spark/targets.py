@@ -31,6 +31,9 @@ NEW_COLUMNS_COLUMN = "_sluice_new_columns"
 # Beside it, for a typed source (a Delta table): the new columns' types in the source, as a JSON object of Spark SQL
 # types; the writer gives each added column its type instead of one read from the JSON values.
 NEW_TYPES_COLUMN = "_sluice_new_types"
+# A CSV record read by its file's header: its declared fields as text (NULL when it is malformed), for the reasons of
+# its dead letter (:mod:`sluice_spark.csv_drift`); dropped once they are made.
+CSV_FIELDS_COLUMN = "_sluice_csv_fields"
 _MAX_EXAMPLE = 500
 _MAX_ORIGINS = 5
 

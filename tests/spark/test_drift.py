@@ -318,6 +318,133 @@ def test_a_csv_value_that_does_not_fit_is_rescued_as_its_text(spark: Any, tmp_pa
     assert dead["reason"] == "missing required field 'order_id'"
 
 
+ORDER_SCHEMA = {"order_id": "string not null", "amount": "decimal(12,2)", "currency": "string"}
+# CSV exports whose header changes: reordered, widened, narrowed, renamed in case, a quoted name with a comma, a
+# repeated name.
+CSV_EXPORTS = {
+    "a.csv": "order_id,amount,currency\no1,9.50,EUR\no2,n/a,USD\n,1.00,EUR\n",
+    "b.csv": "currency,coupon,order_id,amount\nGBP,X1,o3,1.00\nEUR,,o4,2.00\nEUR,X2,o9\n",
+    "c.csv": 'ORDER_ID,Amount,"note, free"\no5,3.00,"hello, world"\no6,4.00\n',
+    "d.csv": "order_id,amount,amount\no7,1.00,2.00\n",
+}
+
+
+def csv_stream(name: str, path: str, policy: str | None = None, **options: Any) -> dict[str, Any]:
+    source: dict[str, Any] = {"type": "files", "format": "csv", "path": path, "options": {"header": True, **options},
+                              "schema": ORDER_SCHEMA}
+    if policy is not None:
+        source["schema_evolution"] = policy
+    return events_stream(name, source=source, transform="identity", sink={"path": f"bronze/{name}", "engine": "rs"})
+
+
+def csv_oracle(files: dict[str, str]) -> tuple[dict[str, tuple[Any, ...]], list[str]]:
+    """Python's csv module over the exports, matched by header name without case: the good rows as (amount,
+    currency, rescued), and the text of the records that are dead letters."""
+    import csv
+    import io
+
+    good, dead = {}, []
+    for text in files.values():
+        header, *records = list(csv.reader(io.StringIO(text)))
+        folded = [name.lower() for name in header]
+        lines = text.splitlines()[1:]
+        for line, fields in zip(lines, records, strict=True):
+            by_name = dict(zip(folded, fields, strict=False))
+            if len(fields) != len(header) or len(set(folded)) != len(folded):
+                # Spark's reader keeps the text of a record it did not split into the declared number of fields;
+                # one it did keeps its fields, re-quoted.
+                split = len(fields) == len(ORDER_SCHEMA)
+                dead.append(",".join(f'"{value}"' for value in fields) if split else line)
+                continue
+            if not by_name.get("order_id"):  # a record that lacks a required value: its fields, as JSON
+                dead.append(json.dumps({"amount": float(by_name["amount"]), "currency": by_name.get("currency")}))
+                continue
+            rescued = {(name if name.isidentifier() else f"`{name}`"): value
+                       for name, value in zip(header, fields, strict=True)
+                       if name.lower() not in ORDER_SCHEMA and value}
+            try:
+                amount = Decimal(by_name["amount"]) if by_name.get("amount") else None
+            except ArithmeticError:
+                amount, rescued["amount"] = None, by_name["amount"]
+            good[by_name["order_id"]] = (amount, by_name.get("currency") or None, rescued or None)
+    return good, dead
+
+
+def test_csv_files_whose_header_changes_are_read_by_name_and_rescue_the_rest(spark: Any, tmp_path: Path) -> None:
+    """Under rescue, each CSV file's columns are found by its header: a reordered file lands each value under its
+    name, a new column is rescued, a missing one is NULL, and a record with another number of fields than its
+    header, or under a header that repeats a name, is a dead letter with its text. Oracle: Python's csv module."""
+    catalog = load_catalog(write_catalog(tmp_path, csv_stream("orders", "orders")))
+    stream, roots = catalog.get("orders"), roots_in(tmp_path)
+    folder = tmp_path / "landing" / "orders"
+    folder.mkdir(parents=True)
+    for name, text in CSV_EXPORTS.items():
+        (folder / name).write_text(text, encoding="utf-8")
+
+    [run] = run_streams(spark, catalog, ["orders"], roots).streams
+
+    assert run.status == "succeeded", run.error
+    expected, dead = csv_oracle(CSV_EXPORTS)
+    rows = {row["order_id"]: (row["amount"], row["currency"],
+                              json.loads(row[RESCUED_COLUMN]) if row[RESCUED_COLUMN] else None)
+            for row in read_table(stream.sink_path(roots)).to_pylist()}
+    assert rows == expected
+    assert rows["o3"] == (Decimal("1.00"), "GBP", {"coupon": "X1"}) and rows["o5"][2] == {
+        "`note, free`": "hello, world"}
+    letters = read_table(stream.dead_letter_table_path(roots)).to_pylist()
+    as_json = {row["raw_record"]: json.loads(row["raw_record"]) for row in letters
+               if row["raw_record"].startswith("{")}
+    assert sorted(json.dumps({key: value for key, value in as_json.get(row["raw_record"], {}).items()
+                              if key in ORDER_SCHEMA}) if row["raw_record"] in as_json else row["raw_record"]
+                  for row in letters) == sorted(dead)
+    reasons = {row["raw_record"]: row["reason"] for row in letters}
+    assert reasons["o6,4.00"] == reasons['"o7","1.00","2.00"'] == reasons['"EUR","X2","o9"'] == "malformed CSV record"
+    assert [reasons[raw] for raw in as_json] == ["missing required field 'order_id'"]
+    assert (run.input_rows, run.output_rows, run.dead_letter_rows, run.rescued_rows) == (9, 5, 4, 3)
+
+
+def test_csv_read_by_header_reads_what_sparks_reader_reads(spark: Any, tmp_path: Path) -> None:
+    """Spark's own reader (schema_evolution: none) over an export, and the by-header reader over the same records
+    with their columns reordered and a column added: the same values, with the stream's quoting, escapes, comments,
+    multi-line values, whitespace and nullValue. Every field is split by Spark's parser on both sides."""
+    options = {"sep": ";", "quote": "'", "escape": "\\", "comment": "#", "multiLine": True, "nullValue": "NA",
+               "ignoreLeadingWhiteSpace": True, "timestampFormat": "yyyy-MM-dd HH:mm"}
+    schema = {"order_id": "string not null", "amount": "decimal(12,2)", "note": "string", "at": "timestamp"}
+    records = [("o1", "9.50", "'two\nlines; one value'", "2026-11-22 10:00"),
+               ("o2", "NA", "'it\\'s quoted'", "2026-11-22 10:01"),
+               ("o3", "  1.25", "", "NA"),
+               ("o4", "x", "'NA'", "later")]
+    original = "order_id;amount;note;at\n# exported by the shop\n" + "".join(
+        ";".join(fields) + "\n" for fields in records)
+    moved = "at;extra;note;order_id;amount\n" + "".join(
+        ";".join([at, f"e{index}", note, order_id, amount]) + "\n"
+        for index, (order_id, amount, note, at) in enumerate(records))
+    specs = []
+    for name, policy, text in (("plain", "none", original), ("moved", "rescue", moved)):
+        spec = csv_stream(name, name, policy, **options)
+        spec["source"]["schema"] = schema
+        specs.append(spec)
+        (tmp_path / "landing" / name).mkdir(parents=True)
+        (tmp_path / "landing" / name / "export.csv").write_text(text, encoding="utf-8")
+    catalog = load_catalog(write_catalog(tmp_path, *specs))
+    roots = roots_in(tmp_path)
+
+    runs = run_streams(spark, catalog, ["plain", "moved"], roots).streams
+
+    assert [run.status for run in runs] == ["succeeded", "succeeded"], [run.error for run in runs]
+    plain, moved_rows = ({row["order_id"]: row for row in read_table(catalog.get(name).sink_path(roots)).to_pylist()}
+                         for name in ("plain", "moved"))
+    # o4's values fit no type: a dead letter under none, rescued by the by-header side.
+    assert sorted(plain) == ["o1", "o2", "o3"] and sorted(moved_rows) == ["o1", "o2", "o3", "o4"]
+    for order_id, row in plain.items():
+        assert {key: moved_rows[order_id][key] for key in schema} == {key: row[key] for key in schema}, order_id
+    assert plain["o1"]["note"] == "two\nlines; one value" and plain["o2"]["note"] == "it's quoted"
+    assert plain["o2"]["amount"] is None and plain["o3"]["amount"] == Decimal("1.25") and plain["o3"]["at"] is None
+    assert (moved_rows["o4"]["amount"], moved_rows["o4"]["note"], moved_rows["o4"]["at"]) == (None, None, None)
+    assert json.loads(moved_rows["o4"][RESCUED_COLUMN]) == {"extra": "e3", "amount": "x", "at": "later"}
+    assert json.loads(moved_rows["o1"][RESCUED_COLUMN]) == {"extra": "e0"}
+
+
 ADDED = [record(20, coupon="X1", score=1, vip=True, meta={"a": [1, 2]}),
          record(21, score=2.5, actor={"id": 21, "login": "user21", "site_admin": True}),
          record(22, amount="twelve", **{"user.agent": "curl/8.5"})]

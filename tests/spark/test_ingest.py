@@ -200,7 +200,8 @@ def test_csv_stream_with_header(spark: Any, tmp_path: Path) -> None:
     assert stream.rescued_rows == 0 and all(row["_rescued_data"] is None for row in rows)
 
 
-def test_csv_with_reordered_columns_fails_loudly_instead_of_swapping_values(spark: Any, tmp_path: Path) -> None:
+def test_csv_with_reordered_columns_lands_each_value_under_its_name(spark: Any, tmp_path: Path) -> None:
+    """The bundled orders stream rescues (the default): its files' columns are found by their headers."""
     roots = roots_in(tmp_path)
     folder = Path(roots.landing) / "orders"
     folder.mkdir(parents=True)
@@ -209,8 +210,27 @@ def test_csv_with_reordered_columns_fails_loudly_instead_of_swapping_values(spar
 
     stream = run_streams(spark, load_catalog(), ["orders_bronze"], roots).streams[0]
 
+    assert stream.status == "succeeded", stream.error
+    [row] = read_table(load_catalog().get("orders_bronze").sink_path(roots)).to_pylist()
+    assert (row["order_id"], row["user_id"], row["amount"], row["status"]) == ("o1", "u1", Decimal("9.50"), "paid")
+
+
+def test_csv_under_none_with_reordered_columns_fails_loudly_instead_of_swapping_values(spark: Any,
+                                                                                       tmp_path: Path) -> None:
+    spec = {"name": "orders", "source": {"type": "files", "format": "csv", "path": "orders",
+                                         "options": {"header": True}, "schema_evolution": "none",
+                                         "schema": {"order_id": "string not null", "user_id": "string"}},
+            "sink": {"path": "bronze/orders", "engine": "rs"}, "schedule": "@hourly"}
+    catalog = load_catalog(write_catalog(tmp_path, spec))
+    roots = roots_in(tmp_path)
+    folder = Path(roots.landing) / "orders"
+    folder.mkdir(parents=True)
+    (folder / "export.csv").write_text("user_id,order_id\nu1,o1\n")
+
+    stream = run_streams(spark, catalog, ["orders"], roots).streams[0]
+
     assert stream.status == "failed" and "header" in stream.error.lower()
-    assert DeltaTable(load_catalog().get("orders_bronze").sink_path(roots)).version() == 0
+    assert DeltaTable(catalog.get("orders").sink_path(roots)).version() == 0
 
 
 def test_parquet_stream(spark: Any, tmp_path: Path) -> None:

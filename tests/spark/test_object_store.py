@@ -249,3 +249,23 @@ def test_a_checkpoint_on_s3a_without_hadoop_aws_is_refused_naming_the_jar(spark:
     with pytest.raises(SluiceError, match=r"backfill checkpoint 's3a://nowhere/checkpoints/_backfill/.*hadoop-aws"):
         run_backfill(spark, catalog, backfill, on_s3a)
     assert not Path(local.lake).exists()
+
+
+def test_auto_takes_the_rs_engine_where_hadoop_cannot_reach_a_place(spark: Any,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """delta-spark writes through Hadoop's file systems, which know no s3:// and need a connector for s3a://; delta-rs
+    reaches both. delta-spark's jars are not on this machine (Maven), so their presence is simulated: the one thing
+    this test fakes."""
+    from sluice.constants import DeltaEngine
+    from sluice.errors import SluiceError
+    from sluice_spark import session
+
+    monkeypatch.setattr(session, "delta_jvm_available", lambda _: True)
+    assert session.resolve_engine(spark, DeltaEngine.AUTO, ["/data/lake/t", "file:/data/checkpoints/t"]) \
+        is DeltaEngine.JVM
+    assert session.resolve_engine(spark, DeltaEngine.AUTO, ["/data/checkpoints/t", "s3://b/lake/t"]) is DeltaEngine.RS
+    if session.missing_classes(spark, ["org.apache.hadoop.fs.s3a.S3AFileSystem"]):
+        assert session.resolve_engine(spark, DeltaEngine.AUTO, ["s3a://b/lake/t"]) is DeltaEngine.RS
+    with pytest.raises(SluiceError, match=r"sink.engine is 'jvm'.*'s3://b/lake/t'.*write s3a://"):
+        session.resolve_engine(spark, DeltaEngine.JVM, ["s3://b/lake/t"])
+    assert session.resolve_engine(spark, DeltaEngine.RS, ["s3://b/lake/t"]) is DeltaEngine.RS

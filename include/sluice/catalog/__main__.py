@@ -22,7 +22,10 @@ def describe(stream: StreamSpec) -> str:
              f"{sink.destination} ({sink.mode.value}, {sink.engine.value})"]
     for column in source.schema.columns:
         lines.append(f"    {column.name}: {column.data_type.sql()}{'' if column.nullable else ' NOT NULL'}")
-    kept = "misfits" if source.format is FileFormat.CSV else "undeclared fields and misfits"
+    by_header = source.options.get("header", "false").lower() == "true" \
+        and source.options.get("enforceSchema", "false").lower() != "true"
+    kept = ("undeclared columns of a file's header, and misfits" if by_header else "misfits") \
+        if source.format is FileFormat.CSV else "undeclared fields and misfits"
     lines.append(f"  schema_evolution {source.schema_evolution.value}"
                  + (f" ({kept} in _rescued_data)" if source.rescues else ""))
     lines.append(f"  transform {stream.transform_name} -> {', '.join(stream.output_columns)}")

@@ -130,11 +130,12 @@ class StreamSpec:
         return list(dict.fromkeys(conn for conn in (self.source.connection, self.sink.connection) if conn))
 
     def locations(self, roots: Roots) -> list[str]:
-        """Every place the stream reads or writes, resolved: its source's (and a joined stream's), its checkpoint and
-        its tables. A catalog may name an absolute object-store path under local roots."""
+        """Every place the stream reads or writes, resolved: its source's (and a joined stream's), its checkpoint, its
+        tables and its lookup tables. A catalog may name an absolute object-store path under local roots."""
         sources = [self.source, *([self.patterns.join.source] if self.patterns.join else [])]
         return [*(found for source in sources if (found := source.location(roots)) is not None),
-                self.checkpoint_path(roots), *(table.path for table in self.tables(roots))]
+                self.checkpoint_path(roots), *(table.path for table in self.tables(roots)),
+                *(join(roots.lake, lookup.table) for lookup in self.patterns.lookup)]
 
     def source_path(self, roots: Roots) -> str:
         """The resolved folder or table the source reads."""

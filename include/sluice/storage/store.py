@@ -147,6 +147,10 @@ class Folder(ABC):
     def read_text(self, name: str) -> str:
         return self.read_bytes(name).decode("utf-8")
 
+    def read_head(self, name: str, size: int) -> bytes:
+        """A file's first ``size`` bytes (all of a smaller one); :class:`FileNotFoundError` when it is not there."""
+        return self.read_bytes(name)[:size]
+
     def where(self, name: str) -> str:
         """How a message names a file of the folder."""
         return f"{self.uri.rstrip('/')}/{name}"
@@ -205,6 +209,10 @@ class LocalFolder(Folder):
 
     def read_bytes(self, name: str) -> bytes:
         return (self.path / name).read_bytes()
+
+    def read_head(self, name: str, size: int) -> bytes:
+        with open(self.path / name, "rb") as handle:
+            return handle.read(size)
 
     def write_bytes(self, name: str, data: bytes) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -337,6 +345,16 @@ class ObjectFolder(Folder):
         if versioned is None:
             raise FileNotFoundError(self.where(name))
         return versioned[0]
+
+    def read_head(self, name: str, size: int) -> bytes:
+        import obstore
+
+        entry = self.stat(name)
+        if entry is None:
+            raise FileNotFoundError(self.where(name))
+        if entry.size == 0:
+            return b""
+        return bytes(obstore.get_range(self.store, self._key(name), start=0, length=min(size, entry.size)))
 
     def write_bytes(self, name: str, data: bytes) -> None:
         import obstore

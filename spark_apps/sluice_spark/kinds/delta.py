@@ -42,7 +42,7 @@ from sluice_spark.writers import BatchRouter, SinkRequest, stream_commit_info
 def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | None, trigger: TriggerSpec) -> DataFrame:
     """The source table, from the version after the checkpoint's, as a streaming DataFrame of the declared columns."""
     path = stream.source_path(roots)
-    engine = resolve_engine(spark, stream.sink.engine)
+    engine = resolve_engine(spark, stream.sink.engine, stream.locations(roots))
     if engine is not DeltaEngine.JVM:
         register_data_sources(spark)
     reader = spark.readStream.format("delta" if engine is DeltaEngine.JVM else DATA_SOURCE_NAME)

@@ -24,7 +24,8 @@ from sluice.kinds.files import FileSource
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.model.types import quote
 from sluice.paths import Roots
-from sluice_spark.drift import parse_json_text, rescue_csv
+from sluice_spark import csv_drift
+from sluice_spark.drift import parse_json_text, reads_by_header, rescue_csv
 from sluice_spark.parquet_drift import conform_files, output_columns
 from sluice_spark.session import require_hadoop_connector
 
@@ -54,6 +55,11 @@ def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | N
     if source.format is FileFormat.PARQUET and policy is not SchemaEvolution.NONE:
         return _parquet_files(spark, stream, path, trigger)
     reader = _limited(spark.readStream.format(source.format.value).options(**source.options), trigger)
+    if reads_by_header(source):  # each file's columns found by its header (sluice_spark.csv_drift)
+        frame = reader.option("enforceSchema", "true").schema(csv_drift.read_schema_ddl(source)) \
+            .option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT_COLUMN).load(path)
+        return csv_drift.conform(frame.select(*[quote(name) for name in source.read_schema.names], CORRUPT_COLUMN,
+                                              F.col("_metadata.file_path").alias(SOURCE_FILE_COLUMN)), source)
 
     schema = source.schema.ddl(nullable_only=True)
     if source.format is FileFormat.CSV and source.options.get("header") == "true":

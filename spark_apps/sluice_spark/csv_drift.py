@@ -1,0 +1,252 @@
+"""CSV files whose header changes, read under ``rescue``: each file's columns are matched to the schema by the names
+in its header, and the columns the schema does not declare are kept in ``_rescued_data``.
+
+Spark's CSV reader takes one header for every file (it checks each file's against the schema, or ignores it), so a
+file with a new column fails the run, or lands its values in the wrong columns. Here every step that reads CSV text
+is still Spark's own parser, with the stream's options, so that quoting, escapes, comments, ``multiLine``,
+whitespace and ``nullValue`` mean what they mean to Spark:
+
+1. Spark's reader splits the files into records and drops each file's header line (``header``, with
+   ``enforceSchema``: no check), reading the declared number of fields as text. A record with another number of
+   fields keeps its text in ``_corrupt_record``.
+2. The header is each file's first record, read from the file by the executors (:func:`first_record`: the first
+   line that is not blank or a comment, or as many lines as a quoted header spans under ``multiLine``).
+3. A header, and a record Spark did not split into the declared number of fields, is split again by
+   ``from_csv`` with a marker field appended: the marker's position is the number of fields (Spark's reader
+   says nothing else about it).
+4. A record is malformed when its number of fields is not its header's (a dead letter, with its text). Otherwise
+   each declared column takes the field under its name (without case, as Spark compares headers; NULL when the
+   header lacks it), and the fields of undeclared names go to ``_rescued_data``.
+5. The declared fields are typed by ``from_csv`` over one canonical line (every value quoted, NULL as an empty
+   field), with the stream's ``nullValue``, ``timestampFormat``, ``dateFormat`` and ``timeZone``: the conversions
+   of Spark's reader. A value that does not fit is rescued, as for any CSV record.
+
+Limits: a header may name at most :data:`EXTRA_FIELDS` more columns than the schema declares (a file with more is
+malformed whole); a header that repeats a name (without case) makes its file's records malformed; a record that
+Spark split into the declared number of fields keeps, as a dead letter, its fields re-quoted, not its bytes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any
+
+import pandas as pd
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from sluice.constants import CORRUPT_COLUMN, RESCUED_COLUMN, SOURCE_FILE_COLUMN
+from sluice.model.sources import SourceSpec
+from sluice.model.types import quote
+from sluice.storage.checkpoint import local_file_path
+from sluice.storage.store import folder, is_local
+from sluice_spark.drift import field_key, key_of, reads_by_header
+from sluice_spark.targets import CSV_FIELDS_COLUMN
+
+#: How many more columns than the schema declares a file's header may name.
+EXTRA_FIELDS = 64
+# How much of a file is read to find its header.
+_HEAD_BYTES = 1 << 20
+# The options that say how CSV text splits into fields, as Spark's reader and from_csv take them.
+_SPLIT_OPTIONS = frozenset({"sep", "delimiter", "quote", "escape", "nullValue", "emptyValue", "ignoreLeadingWhiteSpace",
+                            "ignoreTrailingWhiteSpace"})
+# The options that say how a field's text becomes a value.
+_VALUE_OPTIONS = frozenset({"nullValue", "timestampFormat", "dateFormat", "timeZone"})
+_PAD = "_sluice_pad"
+# The steps' columns (:func:`conform`).
+(_HEADER, _HEADER_SPLIT, _RECORD_SPLIT, _NAMES, _HEADER_COUNT, _FIELDS, _COUNT, _FOLDED, _OK, _VALUE, _UNDECLARED,
+ _TYPED) = (f"_sluice_csv_{name}" for name in ("header", "header_split", "record_split", "names", "header_count",
+                                               "fields", "count", "folded", "ok", "value", "undeclared", "typed"))
+_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
+def first_record(head: bytes, *, encoding: str = "utf-8", line_sep: str | None = None, comment: str | None = None,
+                 quote_char: str = '"', escape: str = "\\", multi_line: bool = False) -> str | None:
+    """The header of a CSV file from its first bytes: its first line that is not blank or a comment (Spark's
+    ``filterCommentAndEmpty``), and under ``multiLine`` as many more lines as a quoted name spans. None when the
+    bytes hold none."""
+    text = head.decode(encoding, errors="replace").removeprefix("\ufeff")  # a byte order mark names nothing
+    # Hadoop's line reader ends a line at \n, \r\n or \r only (str.splitlines knows more).
+    lines = text.split(line_sep) if line_sep else _LINE_END.split(text)
+    pending: list[str] = []
+    for line in lines:
+        if not pending and (not line.strip() or (comment and line.startswith(comment))):
+            continue
+        pending.append(line)
+        record = "\n".join(pending)
+        if not multi_line or _quotes_closed(record, quote_char, escape):
+            return record
+    return None
+
+
+def _quotes_closed(text: str, quote_char: str, escape: str) -> bool:
+    """Whether every quoted value of ``text`` is closed (an escaped quote, or a doubled one, closes nothing)."""
+    inside, index = False, 0
+    while index < len(text):
+        char = text[index]
+        if inside and char == escape and escape != quote_char and index + 1 < len(text):
+            index += 2
+            continue
+        if char == quote_char:
+            if inside and index + 1 < len(text) and text[index + 1] == quote_char:
+                index += 2
+                continue
+            inside = not inside
+        index += 1
+    return not inside
+
+
+def _options(source: SourceSpec, names: frozenset[str]) -> dict[str, str]:
+    return {key: value for key, value in source.options.items() if key in names}
+
+
+def _file_head(uri: str) -> bytes:
+    path = local_file_path(uri)
+    if is_local(path):
+        with open(path, "rb") as handle:
+            return handle.read(_HEAD_BYTES)
+    parent, _, name = path.rpartition("/")
+    return folder(parent).read_head(name, _HEAD_BYTES)
+
+
+@lru_cache(maxsize=4096)
+def _header_of(uri: str, options: tuple[tuple[str, str], ...]) -> str | None:
+    settings = dict(options)
+    return first_record(_file_head(uri), encoding=settings.get("encoding", settings.get("charset", "utf-8")),
+                        line_sep=settings.get("lineSep"), comment=settings.get("comment"),
+                        quote_char=settings.get("quote", '"'), escape=settings.get("escape", "\\"),
+                        multi_line=settings.get("multiLine", "false").lower() == "true")
+
+
+def header_text(options: tuple[tuple[str, str], ...]) -> Any:
+    """A pandas UDF: a file (its ``_metadata.file_path``) -> its header's text, each file read once per Python
+    worker."""
+
+    @F.pandas_udf("string")  # type: ignore[call-overload]
+    def header(files: pd.Series) -> pd.Series:
+        return files.map(lambda uri: _header_of(uri, options))
+
+    return header
+
+
+def _marker(options: Mapping[str, str]) -> str:
+    """A field no option can split or change: letters only, none of them a separator, quote or escape."""
+    used = set("".join(options.get(key, "") for key in ("sep", "delimiter", "quote", "escape", "comment")))
+    for marker in ("SluiceEndOfRecord", "QzxEndMarker", "XyzzyPlugh"):
+        if not used & set(marker):
+            return marker
+    return "\u2063\u2063"  # an invisible separator: no stream splits on it
+
+
+def split_fields(text: Column, options: Mapping[str, str], width: int) -> Column:
+    """``text`` split into fields by ``from_csv`` with the stream's options and a marker field appended: a struct
+    of ``width + 1`` strings (:func:`fields_and_count` reads it). Name it in a step of its own: every reference to a
+    field of an unnamed ``from_csv`` parses the text again."""
+    separator = options.get("sep", options.get("delimiter", ","))
+    schema = ", ".join(f"`f{index}` STRING" for index in range(width + 1))
+    return F.from_csv(F.concat(text, F.lit(separator + _marker(options))), F.lit(schema),
+                      {**options, "mode": "PERMISSIVE"})
+
+
+def fields_and_count(parsed: Column, options: Mapping[str, str], width: int) -> tuple[Column, Column]:
+    """A split's fields as an array, and how many there are (-1 when more than ``width``, or when the text does not
+    end where a field ends)."""
+    fields = F.array(*[parsed[f"f{index}"] for index in range(width + 1)])
+    count = F.array_position(fields, _marker(options)) - 1
+    return F.slice(fields, 1, F.greatest(count, F.lit(1))), count
+
+
+def _quoted(value: Column, quote_char: str) -> Column:
+    escaped = F.replace(value, F.lit(quote_char), F.lit(quote_char * 2))
+    return F.coalesce(F.concat(F.lit(quote_char), escaped, F.lit(quote_char)), F.lit(""))
+
+
+def conform(frame: DataFrame, source: SourceSpec) -> DataFrame:
+    """Spark's reader's rows (the declared number of fields as text, ``_corrupt_record``, ``_source_file``) matched
+    to the schema by their files' headers: the declared columns typed, ``_corrupt_record``, ``_rescued_data``,
+    ``_source_file`` and the declared fields as text (:data:`CSV_FIELDS_COLUMN`, for the dead-letter reasons).
+
+    Built in steps, each naming what it makes: a Column is a tree, and one expression holding the splits once per
+    declared column would be too large to plan."""
+    names = source.read_schema.names
+    width = len(names) + EXTRA_FIELDS
+    split = _options(source, _SPLIT_OPTIONS)
+    separator = source.options.get("sep", source.options.get("delimiter", ","))
+    text_columns = [F.col(quote(name)) for name in names]
+    raw = F.col(CORRUPT_COLUMN)
+
+    # 1. The file's header, once per file on a worker.
+    header = header_text(tuple(sorted(source.options.items())))(F.col(SOURCE_FILE_COLUMN))
+    staged = frame.withColumn(_HEADER, header)
+    # 2. The header's names and the record's fields, split by Spark's parser (the declared names as they are need no
+    # split, nor a record Spark's reader split into the declared number of fields).
+    staged = staged.withColumns({_HEADER_SPLIT: split_fields(F.col(_HEADER), split, width),
+                                 _RECORD_SPLIT: F.when(raw.isNotNull(), split_fields(raw, split, width))})
+    header_fields, header_count = fields_and_count(F.col(_HEADER_SPLIT), split, width)
+    # A header's empty name is `_c<i>`, as Spark names a column it has no name for.
+    header_names = F.transform(header_fields, lambda name, index: F.coalesce(name, F.concat(F.lit("_c"), index)))
+    special = {separator, source.options.get("quote", '"'), source.options.get("escape", "\\"), " ", "\t"}
+    if not any(char in name for name in names for part in special if part for char in part):
+        plain = F.col(_HEADER) == F.lit(separator.join(names))
+        header_names = F.when(plain, F.array(*map(F.lit, names))).otherwise(header_names)
+        header_count = F.when(plain, F.lit(len(names))).otherwise(header_count)
+    record_fields, record_count = fields_and_count(F.col(_RECORD_SPLIT), split, width)
+    staged = staged.withColumns({
+        _NAMES: header_names, _HEADER_COUNT: header_count,
+        _FIELDS: F.when(raw.isNull(), F.array(*text_columns)).otherwise(record_fields),
+        _COUNT: F.when(raw.isNull(), F.lit(len(names))).otherwise(record_count)})
+    # 3. Whether the record splits as its header does: the header split, names no name twice (without case), and
+    # the record has as many fields.
+    folded = F.transform(F.col(_NAMES), F.lower)
+    staged = staged.withColumns({
+        _FOLDED: folded,
+        _OK: (F.col(_HEADER_COUNT) > 0) & (F.size(F.array_distinct(folded)) == F.size(folded))
+        & (F.col(_COUNT) == F.col(_HEADER_COUNT))})
+    # 4. Each declared column's field, by its name in the header; the undeclared names' fields.
+    well_formed = F.col(_OK)
+
+    def field(name: str) -> Column:
+        position = F.array_position(F.col(_FOLDED), F.lower(F.lit(name)))
+        return F.when(well_formed & (position > 0),
+                      F.element_at(F.col(_FIELDS), F.greatest(position, F.lit(1)).cast("int")))
+
+    declared_folded = F.array(*[F.lower(F.lit(name)) for name in names])
+    undeclared = F.map_filter(F.map_from_arrays(F.col(_NAMES), F.col(_FIELDS)),
+                              lambda key, value: value.isNotNull() & ~F.array_contains(declared_folded, F.lower(key)))
+    values = [f"{_VALUE}{index}" for index in range(len(names))]
+    staged = staged.withColumns({
+        **{value: field(name) for value, name in zip(values, names, strict=True)},
+        _UNDECLARED: F.when(well_formed, F.transform_keys(undeclared, lambda key, _: key_of(key)))})
+    # 5. The declared fields typed by Spark's CSV conversions, from one canonical line.
+    canonical = F.concat_ws(",", *[_quoted(F.col(value), '"') for value in values], F.lit('"p"'))
+    value_options = {"sep": ",", "quote": '"', "escape": '"', "emptyValue": "", "mode": "PERMISSIVE",
+                     **_options(source, _VALUE_OPTIONS)}
+    typed_schema = f"{source.read_schema.ddl(nullable_only=True)}, `{_PAD}` STRING"
+    staged = staged.withColumn(_TYPED, F.from_csv(canonical, F.lit(typed_schema), value_options))
+    # 6. The row as the file source gives it.
+    typed = {name: F.when(well_formed, F.col(_TYPED)[name]) for name in names}
+    misfits = F.map_filter(F.create_map(*[part for value, name in zip(values, names, strict=True) for part in (
+        F.lit(field_key(name)), F.when(typed[name].isNull(), F.col(value)))]), lambda _, found: found.isNotNull())
+    rescued = F.map_concat(F.coalesce(F.col(_UNDECLARED), F.create_map().cast("map<string,string>")), misfits)
+    quote_char = source.options.get("quote", '"') or '"'
+    requoted = F.concat_ws(separator, *[_quoted(column, quote_char) for column in text_columns])
+    corrupt = F.when(~well_formed | (F.size(misfits) > 0), F.coalesce(raw, requoted))
+    text_fields = F.when(well_formed, F.struct(*[F.col(value).alias(name) for value, name in zip(values, names,
+                                                                                                   strict=True)],
+                                               F.lit(None).cast("string").alias(CORRUPT_COLUMN)))
+    return staged.select(*[column.alias(name) for name, column in typed.items()], corrupt.alias(CORRUPT_COLUMN),
+                         F.when(F.size(rescued) > 0, F.to_json(rescued)).alias(RESCUED_COLUMN), SOURCE_FILE_COLUMN,
+                         text_fields.alias(CSV_FIELDS_COLUMN))
+
+
+__all__ = ["EXTRA_FIELDS", "conform", "fields_and_count", "first_record", "read_schema_ddl", "reads_by_header",
+           "split_fields"]
+
+
+def read_schema_ddl(source: SourceSpec) -> str:
+    """What Spark's reader reads: the declared number of fields, by the declared names (so that a file whose header
+    matches draws no warning), as text."""
+    return ", ".join([*(f"{quote(name)} STRING" for name in source.read_schema.names), f"`{CORRUPT_COLUMN}` STRING"])
+
