@@ -28,22 +28,26 @@ Spark split into the declared number of fields keeps, as a dead letter, its fiel
 
 from __future__ import annotations
 
+import bz2
+import operator
 import re
+import zlib
 from collections.abc import Mapping
-from functools import lru_cache
+from functools import lru_cache, reduce
 from typing import Any
 
 import pandas as pd
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from sluice.constants import CORRUPT_COLUMN, RESCUED_COLUMN, SOURCE_FILE_COLUMN
+from sluice.constants import CORRUPT_COLUMN, RESCUED_COLUMN, SOURCE_FILE_COLUMN, SchemaEvolution
+from sluice.errors import SluiceError
 from sluice.model.sources import SourceSpec
 from sluice.model.types import quote
 from sluice.storage.checkpoint import local_file_path
 from sluice.storage.store import folder, is_local
-from sluice_spark.drift import field_key, key_of, reads_by_header
-from sluice_spark.targets import CSV_FIELDS_COLUMN
+from sluice_spark.drift import column_like_key, field_key, key_of, reads_by_header
+from sluice_spark.targets import CSV_FIELDS_COLUMN, NEW_COLUMNS_COLUMN, NEW_FIELDS_COLUMN
 
 #: How many more columns than the schema declares a file's header may name.
 EXTRA_FIELDS = 64
@@ -56,24 +60,37 @@ _SPLIT_OPTIONS = frozenset({"sep", "delimiter", "quote", "escape", "nullValue", 
 _VALUE_OPTIONS = frozenset({"nullValue", "timestampFormat", "dateFormat", "timeZone"})
 _PAD = "_sluice_pad"
 # The steps' columns (:func:`conform`).
-(_HEADER, _HEADER_SPLIT, _RECORD_SPLIT, _NAMES, _HEADER_COUNT, _FIELDS, _COUNT, _FOLDED, _OK, _VALUE, _UNDECLARED,
- _TYPED) = (f"_sluice_csv_{name}" for name in ("header", "header_split", "record_split", "names", "header_count",
-                                               "fields", "count", "folded", "ok", "value", "undeclared", "typed"))
+(_HEADER, _PLAIN, _HEADER_SPLIT, _RECORD_SPLIT, _NAMES, _HEADER_COUNT, _FIELDS, _COUNT, _FOLDED, _OK, _VALUE,
+ _UNDECLARED, _TYPED) = (f"_sluice_csv_{name}" for name in (
+    "header", "plain", "header_split", "record_split", "names", "header_count", "fields", "count", "folded", "ok",
+    "value", "undeclared", "typed"))
 _LINE_END = re.compile(r"\r\n|\r|\n")
+# What Java's String.trim removes: every character up to the space.
+_JAVA_BLANK = "".join(map(chr, range(33)))
+# How much of a file is read first for its header.
+_FIRST_BYTES = 1 << 16
+# Hadoop's codecs whose files this module cannot read a header from.
+_OTHER_CODECS = frozenset({"zst", "lz4", "snappy", "br", "xz", "lzo"})
+# The file source's own columns the header's cache is keyed by.
+_MODIFIED, _SIZE, _MISFIT = "_sluice_csv_modified", "_sluice_csv_size", "_sluice_csv_misfit"
 
 
 def first_record(head: bytes, *, encoding: str = "utf-8", line_sep: str | None = None, comment: str | None = None,
-                 quote_char: str = '"', escape: str = "\\", multi_line: bool = False) -> str | None:
-    """The header of a CSV file from its first bytes: its first line that is not blank or a comment (Spark's
-    ``filterCommentAndEmpty``), and under ``multiLine`` as many more lines as a quoted name spans. None when the
-    bytes hold none."""
+                 quote_char: str = '"', escape: str = "\\", multi_line: bool = False,
+                 complete: bool = False) -> str | None:
+    """The header of a CSV file from its first bytes: its first line that is not blank (Java's ``trim``) or a
+    comment (Spark's ``filterCommentAndEmpty``), and under ``multiLine`` as many more lines as a quoted name spans.
+    None when the bytes hold none; with ``complete``, also when the bytes may end inside it (no line end after it)."""
     text = head.decode(encoding, errors="replace").removeprefix("\ufeff")  # a byte order mark names nothing
     # Hadoop's line reader ends a line at \n, \r\n or \r only (str.splitlines knows more).
     lines = text.split(line_sep) if line_sep else _LINE_END.split(text)
     pending: list[str] = []
-    for line in lines:
-        if not pending and (not line.strip() or (comment and line.startswith(comment))):
+    last = len(lines) - 1
+    for index, line in enumerate(lines):
+        if not pending and (not line.strip(_JAVA_BLANK) or (comment and line.startswith(comment))):
             continue
+        if complete and index == last:
+            return None  # the bytes may end inside this line
         pending.append(line)
         record = "\n".join(pending)
         if not multi_line or _quotes_closed(record, quote_char, escape):
@@ -102,22 +119,45 @@ def _options(source: SourceSpec, names: frozenset[str]) -> dict[str, str]:
     return {key: value for key, value in source.options.items() if key in names}
 
 
-def _file_head(uri: str) -> bytes:
+def _decompressed(name: str, head: bytes) -> bytes:
+    """The first bytes of a file as Spark's reader sees them: Hadoop decompresses a file by its suffix."""
+    suffix = name.rsplit(".", 1)[-1].lower() if "." in name else ""
+    if suffix in ("gz", "gzip"):
+        return zlib.decompressobj(wbits=31).decompress(head, _HEAD_BYTES)
+    if suffix == "deflate":
+        return zlib.decompressobj().decompress(head, _HEAD_BYTES)
+    if suffix == "bz2":
+        return bz2.BZ2Decompressor().decompress(head, _HEAD_BYTES)
+    if suffix in _OTHER_CODECS:
+        raise SluiceError(f"{name}: a .{suffix} file's header cannot be read here; decompress it, or read the stream "
+                          "with schema_evolution: none")
+    return head
+
+
+def _file_head(uri: str, size: int) -> bytes:
     path = local_file_path(uri)
     if is_local(path):
         with open(path, "rb") as handle:
-            return handle.read(_HEAD_BYTES)
-    parent, _, name = path.rpartition("/")
-    return folder(parent).read_head(name, _HEAD_BYTES)
+            head = handle.read(size)
+    else:
+        parent, _, name = path.rpartition("/")
+        head = folder(parent).read_head(name, size)
+    return _decompressed(path, head)
 
 
 @lru_cache(maxsize=4096)
-def _header_of(uri: str, options: tuple[tuple[str, str], ...]) -> str | None:
+def _header_of(uri: str, version: tuple[Any, Any], options: tuple[tuple[str, str], ...]) -> str | None:
+    """The header of a file at one version (its modification time and size: a file written again at the same path
+    is read again): from its first 64 KiB, or its first MiB when the header runs past them."""
     settings = dict(options)
-    return first_record(_file_head(uri), encoding=settings.get("encoding", settings.get("charset", "utf-8")),
-                        line_sep=settings.get("lineSep"), comment=settings.get("comment"),
-                        quote_char=settings.get("quote", '"'), escape=settings.get("escape", "\\"),
-                        multi_line=settings.get("multiLine", "false").lower() == "true")
+
+    def read(size: int, complete: bool) -> str | None:
+        return first_record(_file_head(uri, size), encoding=settings.get("encoding", settings.get("charset", "utf-8")),
+                            line_sep=settings.get("lineSep"), comment=settings.get("comment"),
+                            quote_char=settings.get("quote", '"'), escape=settings.get("escape", "\\"),
+                            multi_line=settings.get("multiLine", "false").lower() == "true", complete=complete)
+
+    return read(_FIRST_BYTES, True) or read(_HEAD_BYTES, False)
 
 
 def header_text(options: tuple[tuple[str, str], ...]) -> Any:
@@ -125,15 +165,36 @@ def header_text(options: tuple[tuple[str, str], ...]) -> Any:
     worker."""
 
     @F.pandas_udf("string")  # type: ignore[call-overload]
-    def header(files: pd.Series) -> pd.Series:
-        return files.map(lambda uri: _header_of(uri, options))
+    def header(files: pd.Series, modified: pd.Series, sizes: pd.Series) -> pd.Series:
+        # A batch of rows holds a few files (each at one version): each is looked up once.
+        versions = pd.DataFrame({"file": files, "modified": modified, "size": sizes}).drop_duplicates("file")
+        found = {row.file: _header_of(row.file, (row.modified, row.size), options)
+                 for row in versions.itertuples(index=False)}
+        return files.map(found)
 
     return header
 
 
+# The escapes Spark's CSVExprUtils.toChar reads in a separator.
+_ESCAPED = {"\\t": "\t", "\\r": "\r", "\\b": "\b", "\\f": "\f", '\\"': '"', "\\'": "'", "\\\\": "\\"}
+
+
+def delimiter(options: Mapping[str, str]) -> str:
+    """The field separator as Spark's reader takes it from ``sep`` (or ``delimiter``): ``\\t`` written out is a tab,
+    as for ``CSVExprUtils.toDelimiterStr``."""
+    written = options.get("sep", options.get("delimiter", ","))
+    found, index = [], 0
+    while index < len(written):
+        step = 2 if written[index] == "\\" else 1
+        part = written[index:index + step]
+        found.append(_ESCAPED.get(part, part))
+        index += step
+    return "".join(found)
+
+
 def _marker(options: Mapping[str, str]) -> str:
     """A field no option can split or change: letters only, none of them a separator, quote or escape."""
-    used = set("".join(options.get(key, "") for key in ("sep", "delimiter", "quote", "escape", "comment")))
+    used = set(delimiter(options) + "".join(options.get(key, "") for key in ("quote", "escape", "comment")))
     for marker in ("SluiceEndOfRecord", "QzxEndMarker", "XyzzyPlugh"):
         if not used & set(marker):
             return marker
@@ -144,7 +205,7 @@ def split_fields(text: Column, options: Mapping[str, str], width: int) -> Column
     """``text`` split into fields by ``from_csv`` with the stream's options and a marker field appended: a struct
     of ``width + 1`` strings (:func:`fields_and_count` reads it). Name it in a step of its own: every reference to a
     field of an unnamed ``from_csv`` parses the text again."""
-    separator = options.get("sep", options.get("delimiter", ","))
+    separator = delimiter(options)
     schema = ", ".join(f"`f{index}` STRING" for index in range(width + 1))
     return F.from_csv(F.concat(text, F.lit(separator + _marker(options))), F.lit(schema),
                       {**options, "mode": "PERMISSIVE"})
@@ -156,6 +217,17 @@ def fields_and_count(parsed: Column, options: Mapping[str, str], width: int) -> 
     fields = F.array(*[parsed[f"f{index}"] for index in range(width + 1)])
     count = F.array_position(fields, _marker(options)) - 1
     return F.slice(fields, 1, F.greatest(count, F.lit(1))), count
+
+
+def _requoted(value: Column, options: Mapping[str, str]) -> Column:
+    """A field as the stream's own CSV would write it: quoted, its quotes escaped with the stream's ``escape``,
+    NULL as its ``nullValue``."""
+    quote_char = options.get("quote", '"') or '"'
+    escape = options.get("escape", "\\") or "\\"
+    escaped = F.replace(F.replace(value, F.lit(escape), F.lit(escape * 2)), F.lit(quote_char),
+                        F.lit(escape + quote_char)) if escape != quote_char else F.replace(
+        value, F.lit(quote_char), F.lit(quote_char * 2))
+    return F.coalesce(F.concat(F.lit(quote_char), escaped, F.lit(quote_char)), F.lit(options.get("nullValue", "")))
 
 
 def _quoted(value: Column, quote_char: str) -> Column:
@@ -173,76 +245,115 @@ def conform(frame: DataFrame, source: SourceSpec) -> DataFrame:
     names = source.read_schema.names
     width = len(names) + EXTRA_FIELDS
     split = _options(source, _SPLIT_OPTIONS)
-    separator = source.options.get("sep", source.options.get("delimiter", ","))
+    separator = delimiter(source.options)
     text_columns = [F.col(quote(name)) for name in names]
     raw = F.col(CORRUPT_COLUMN)
 
-    # 1. The file's header, once per file on a worker.
-    header = header_text(tuple(sorted(source.options.items())))(F.col(SOURCE_FILE_COLUMN))
-    staged = frame.withColumn(_HEADER, header)
-    # 2. The header's names and the record's fields, split by Spark's parser (the declared names as they are need no
-    # split, nor a record Spark's reader split into the declared number of fields).
-    staged = staged.withColumns({_HEADER_SPLIT: split_fields(F.col(_HEADER), split, width),
-                                 _RECORD_SPLIT: F.when(raw.isNotNull(), split_fields(raw, split, width))})
-    header_fields, header_count = fields_and_count(F.col(_HEADER_SPLIT), split, width)
-    # A header's empty name is `_c<i>`, as Spark names a column it has no name for.
-    header_names = F.transform(header_fields, lambda name, index: F.coalesce(name, F.concat(F.lit("_c"), index)))
+    # 1. The file's header, once per file on a worker; whether it is the declared names as they are (the common
+    # case, which needs no split).
+    header = header_text(tuple(sorted(source.options.items())))(F.col(SOURCE_FILE_COLUMN), F.col(_MODIFIED),
+                                                                F.col(_SIZE))
     special = {separator, source.options.get("quote", '"'), source.options.get("escape", "\\"), " ", "\t"}
-    if not any(char in name for name in names for part in special if part for char in part):
-        plain = F.col(_HEADER) == F.lit(separator.join(names))
-        header_names = F.when(plain, F.array(*map(F.lit, names))).otherwise(header_names)
-        header_count = F.when(plain, F.lit(len(names))).otherwise(header_count)
-    record_fields, record_count = fields_and_count(F.col(_RECORD_SPLIT), split, width)
+    splits_plainly = not any(char in name for name in names for part in special if part for char in part)
+    staged = frame.withColumn(_HEADER, header).withColumn(
+        _PLAIN, F.coalesce(F.col(_HEADER) == F.lit(separator.join(names)), F.lit(False)) if splits_plainly
+        else F.lit(False))
+    plain = F.col(_PLAIN)
+    # 2. Otherwise the header's names and the record's fields, split by Spark's parser (a record Spark's reader split
+    # into the declared number of fields needs no split).
     staged = staged.withColumns({
-        _NAMES: header_names, _HEADER_COUNT: header_count,
-        _FIELDS: F.when(raw.isNull(), F.array(*text_columns)).otherwise(record_fields),
+        _HEADER_SPLIT: F.when(~plain, split_fields(F.col(_HEADER), split, width)),
+        _RECORD_SPLIT: F.when(~plain & raw.isNotNull(), split_fields(raw, split, width))})
+    header_fields, header_count = fields_and_count(F.col(_HEADER_SPLIT), split, width)
+    record_fields, record_count = fields_and_count(F.col(_RECORD_SPLIT), split, width)
+    # A header's empty name is `_c<i>`, as Spark names a column it has no name for.
+    staged = staged.withColumns({
+        _NAMES: F.when(~plain, F.transform(header_fields,
+                                           lambda name, index: F.coalesce(name, F.concat(F.lit("_c"), index)))),
+        _HEADER_COUNT: header_count,
+        _FIELDS: F.when(~plain, F.when(raw.isNull(), F.array(*text_columns)).otherwise(record_fields)),
         _COUNT: F.when(raw.isNull(), F.lit(len(names))).otherwise(record_count)})
     # 3. Whether the record splits as its header does: the header split, names no name twice (without case), and
-    # the record has as many fields.
+    # the record has as many fields. Under the declared header, whether Spark's reader split it so.
     folded = F.transform(F.col(_NAMES), F.lower)
-    staged = staged.withColumns({
-        _FOLDED: folded,
-        _OK: (F.col(_HEADER_COUNT) > 0) & (F.size(F.array_distinct(folded)) == F.size(folded))
-        & (F.col(_COUNT) == F.col(_HEADER_COUNT))})
+    staged = staged.withColumns({_FOLDED: folded, _OK: F.when(plain, raw.isNull()).otherwise(
+        (F.col(_HEADER_COUNT) > 0) & (F.size(F.array_distinct(folded)) == F.size(folded))
+        & (F.col(_COUNT) == F.col(_HEADER_COUNT)))})
     # 4. Each declared column's field, by its name in the header; the undeclared names' fields.
     well_formed = F.col(_OK)
 
-    def field(name: str) -> Column:
+    def field(name: str, text: Column) -> Column:
         position = F.array_position(F.col(_FOLDED), F.lower(F.lit(name)))
-        return F.when(well_formed & (position > 0),
-                      F.element_at(F.col(_FIELDS), F.greatest(position, F.lit(1)).cast("int")))
+        by_name = F.when(well_formed & (position > 0),
+                         F.element_at(F.col(_FIELDS), F.greatest(position, F.lit(1)).cast("int")))
+        return F.when(plain, F.when(well_formed, text)).otherwise(by_name)
 
     declared_folded = F.array(*[F.lower(F.lit(name)) for name in names])
     undeclared = F.map_filter(F.map_from_arrays(F.col(_NAMES), F.col(_FIELDS)),
                               lambda key, value: value.isNotNull() & ~F.array_contains(declared_folded, F.lower(key)))
     values = [f"{_VALUE}{index}" for index in range(len(names))]
     staged = staged.withColumns({
-        **{value: field(name) for value, name in zip(values, names, strict=True)},
-        _UNDECLARED: F.when(well_formed, F.transform_keys(undeclared, lambda key, _: key_of(key)))})
-    # 5. The declared fields typed by Spark's CSV conversions, from one canonical line.
-    canonical = F.concat_ws(",", *[_quoted(F.col(value), '"') for value in values], F.lit('"p"'))
+        **{value: field(name, text) for value, name, text in zip(values, names, text_columns, strict=True)},
+        _UNDECLARED: F.when(~plain & well_formed, undeclared)})
+    # 5. The declared fields typed by Spark's CSV conversions, from one canonical line: Spark's CSV writer quotes
+    # every value and writes NULL as the stream's nullValue, which the conversion reads back as NULL.
+    canonical = F.to_csv(F.struct(*[F.col(value) for value in values], F.lit("p").alias(_PAD)),
+                         {"sep": ",", "quote": '"', "escape": '"', "quoteAll": "true",
+                          "nullValue": source.options.get("nullValue", "")})
     value_options = {"sep": ",", "quote": '"', "escape": '"', "emptyValue": "", "mode": "PERMISSIVE",
                      **_options(source, _VALUE_OPTIONS)}
     typed_schema = f"{source.read_schema.ddl(nullable_only=True)}, `{_PAD}` STRING"
     staged = staged.withColumn(_TYPED, F.from_csv(canonical, F.lit(typed_schema), value_options))
-    # 6. The row as the file source gives it.
+    # 6. Whether a declared value did not fit its type (most rows: none, and no map is built for them).
     typed = {name: F.when(well_formed, F.col(_TYPED)[name]) for name in names}
-    misfits = F.map_filter(F.create_map(*[part for value, name in zip(values, names, strict=True) for part in (
-        F.lit(field_key(name)), F.when(typed[name].isNull(), F.col(value)))]), lambda _, found: found.isNotNull())
-    rescued = F.map_concat(F.coalesce(F.col(_UNDECLARED), F.create_map().cast("map<string,string>")), misfits)
-    quote_char = source.options.get("quote", '"') or '"'
-    requoted = F.concat_ws(separator, *[_quoted(column, quote_char) for column in text_columns])
-    corrupt = F.when(~well_formed | (F.size(misfits) > 0), F.coalesce(raw, requoted))
-    text_fields = F.when(well_formed, F.struct(*[F.col(value).alias(name) for value, name in zip(values, names,
-                                                                                                   strict=True)],
-                                               F.lit(None).cast("string").alias(CORRUPT_COLUMN)))
+    unfit = {name: typed[name].isNull() & F.col(value).isNotNull() for value, name in zip(values, names, strict=True)}
+    staged = staged.withColumn(_MISFIT, reduce(operator.or_, unfit.values()))
+    # 7. The row as the file source gives it, with the policy's columns.
+    misfit = F.col(_MISFIT)
+    misfits = F.when(misfit, F.map_filter(F.create_map(*[part for value, name in zip(values, names, strict=True)
+                                                         for part in (F.lit(field_key(name)),
+                                                                      F.when(unfit[name], F.col(value)))]),
+                                          lambda _, found: found.isNotNull()))
+    empty = F.create_map().cast("map<string,string>")
+    policy_columns = _policy_columns(source.schema_evolution, F.coalesce(F.col(_UNDECLARED), empty),
+                                     F.coalesce(misfits, empty))
+    requoted = F.concat_ws(separator, *[_requoted(column, source.options) for column in text_columns])
+    corrupt = F.when(~well_formed | misfit, F.coalesce(raw, requoted))
+    text_fields = F.when(well_formed & misfit, F.struct(
+        *[F.col(value).alias(name) for value, name in zip(values, names, strict=True)],
+        F.lit(None).cast("string").alias(CORRUPT_COLUMN)))
     return staged.select(*[column.alias(name) for name, column in typed.items()], corrupt.alias(CORRUPT_COLUMN),
-                         F.when(F.size(rescued) > 0, F.to_json(rescued)).alias(RESCUED_COLUMN), SOURCE_FILE_COLUMN,
-                         text_fields.alias(CSV_FIELDS_COLUMN))
+                         *policy_columns, SOURCE_FILE_COLUMN, text_fields.alias(CSV_FIELDS_COLUMN))
+
+
+def _policy_columns(policy: SchemaEvolution, undeclared: Column, misfits: Column) -> list[Column]:
+    """The drift policy's columns from a record's undeclared fields (by their header names; NULL ones left out) and
+    its misfits: under ``rescue`` both in ``_rescued_data``; under ``add_new_columns`` the fields whose name may be
+    a column's as new columns (CSV text, so strings), the rest and the misfits rescued; under
+    ``fail_on_new_columns`` the names, which stop the batch (a misfit makes a dead letter there)."""
+    quoted = F.transform_keys(undeclared, lambda key, _: key_of(key))
+    empty = F.create_map().cast("map<string,string>")
+    nothing = (F.size(undeclared) == 0) & (F.size(misfits) == 0)
+    if policy is SchemaEvolution.FAIL_ON_NEW_COLUMNS:
+        return [F.when(F.size(quoted) > 0, F.array_sort(F.map_keys(quoted))).alias(NEW_FIELDS_COLUMN)]
+    rescued = F.map_concat(quoted, misfits)
+    extra = []
+    if policy is SchemaEvolution.ADD_NEW_COLUMNS:
+        columns = F.map_filter(undeclared, lambda key, _: column_like_key(key))
+        others = F.transform_keys(F.map_filter(undeclared, lambda key, _: ~column_like_key(key)),
+                                  lambda key, _: key_of(key))
+        rescued = F.map_concat(F.coalesce(others, empty), misfits)
+        extra.append(F.when(F.size(columns) > 0, F.to_json(columns)).alias(NEW_COLUMNS_COLUMN))
+    return [F.when(~nothing & (F.size(rescued) > 0), F.to_json(rescued)).alias(RESCUED_COLUMN), *extra]
 
 
 __all__ = ["EXTRA_FIELDS", "conform", "fields_and_count", "first_record", "read_schema_ddl", "reads_by_header",
            "split_fields"]
+
+
+def file_version() -> list[Column]:
+    """The columns of the file source that :func:`conform` keys a file's header by, beside ``_source_file``."""
+    return [F.col("_metadata.file_modification_time").alias(_MODIFIED), F.col("_metadata.file_size").alias(_SIZE)]
 
 
 def read_schema_ddl(source: SourceSpec) -> str:

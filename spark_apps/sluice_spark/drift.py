@@ -236,6 +236,11 @@ def field_key(name: str) -> str:
     return name if IDENTIFIER.fullmatch(name) else quote(name)
 
 
+def column_like_key(key: Column) -> Column:
+    """:func:`column_like`, for a key in a frame."""
+    return key.rlike(_COLUMN_NAME)
+
+
 def column_like(name: str) -> bool:
     """Whether a new field's name may be a column's under ``add_new_columns`` (see :data:`_COLUMN_NAME`)."""
     return re.match(_COLUMN_NAME, name) is not None
@@ -285,10 +290,10 @@ def schema_struct(schema: Schema) -> Struct:
 
 def reads_by_header(source: SourceSpec) -> bool:
     """Whether a source's CSV files are matched to its schema by the names in their headers
-    (:mod:`sluice_spark.csv_drift`): under ``rescue``, with ``header``, and without ``enforceSchema``, which asks for
-    columns by position."""
+    (:mod:`sluice_spark.csv_drift`): under a drift policy, with ``header``, and without ``enforceSchema``, which asks
+    for columns by position."""
     options = source.options
-    return (source.format is FileFormat.CSV and source.schema_evolution is SchemaEvolution.RESCUE
+    return (source.format is FileFormat.CSV and source.schema_evolution is not SchemaEvolution.NONE
             and options.get("header", "false").lower() == "true"
             and options.get("enforceSchema", "false").lower() != "true")
 
@@ -322,7 +327,7 @@ def rescue_csv(source: SourceSpec) -> Column:
     fields = source.read_schema.names
     misfits = F.map_filter(
         F.create_map(*[part for name in fields for part in (
-            F.lit(name), F.when(F.col(quote(name)).isNull(), reparsed[name]))]),
+            F.lit(field_key(name)), F.when(F.col(quote(name)).isNull(), reparsed[name]))]),
         lambda _, value: value.isNotNull())
     split = F.col(CORRUPT_COLUMN).isNotNull() & reparsed[CORRUPT_COLUMN].isNull() & reparsed.isNotNull()
     return F.when(split & (F.size(misfits) > 0), F.to_json(misfits))

@@ -420,7 +420,7 @@ def test_csv_read_by_header_reads_what_sparks_reader_reads(spark: Any, tmp_path:
         ";".join([at, f"e{index}", note, order_id, amount]) + "\n"
         for index, (order_id, amount, note, at) in enumerate(records))
     specs = []
-    for name, policy, text in (("plain", "none", original), ("moved", "rescue", moved)):
+    for name, policy, text in (("plain", "none", original), ("same", "rescue", original), ("moved", "rescue", moved)):
         spec = csv_stream(name, name, policy, **options)
         spec["source"]["schema"] = schema
         specs.append(spec)
@@ -429,11 +429,16 @@ def test_csv_read_by_header_reads_what_sparks_reader_reads(spark: Any, tmp_path:
     catalog = load_catalog(write_catalog(tmp_path, *specs))
     roots = roots_in(tmp_path)
 
-    runs = run_streams(spark, catalog, ["plain", "moved"], roots).streams
+    runs = run_streams(spark, catalog, ["plain", "same", "moved"], roots).streams
 
-    assert [run.status for run in runs] == ["succeeded", "succeeded"], [run.error for run in runs]
-    plain, moved_rows = ({row["order_id"]: row for row in read_table(catalog.get(name).sink_path(roots)).to_pylist()}
-                         for name in ("plain", "moved"))
+    assert [run.status for run in runs] == ["succeeded"] * 3, [run.error for run in runs]
+    plain, same, moved_rows = (
+        {row["order_id"]: row for row in read_table(catalog.get(name).sink_path(roots)).to_pylist()}
+        for name in ("plain", "same", "moved"))
+    # The header as declared: Spark's split, typed again by the by-header side, equals Spark's reader.
+    assert sorted(same) == ["o1", "o2", "o3", "o4"]
+    for order_id, row in plain.items():
+        assert {key: same[order_id][key] for key in schema} == {key: row[key] for key in schema}, order_id
     # o4's values fit no type: a dead letter under none, rescued by the by-header side.
     assert sorted(plain) == ["o1", "o2", "o3"] and sorted(moved_rows) == ["o1", "o2", "o3", "o4"]
     for order_id, row in plain.items():
@@ -443,6 +448,57 @@ def test_csv_read_by_header_reads_what_sparks_reader_reads(spark: Any, tmp_path:
     assert (moved_rows["o4"]["amount"], moved_rows["o4"]["note"], moved_rows["o4"]["at"]) == (None, None, None)
     assert json.loads(moved_rows["o4"][RESCUED_COLUMN]) == {"extra": "e3", "amount": "x", "at": "later"}
     assert json.loads(moved_rows["o1"][RESCUED_COLUMN]) == {"extra": "e0"}
+
+
+def test_csv_by_header_reads_compressed_tab_separated_files_and_names_an_unnamed_column(spark: Any,
+                                                                                        tmp_path: Path) -> None:
+    """A gzipped export separated by tabs (``sep`` written ``\\t``, as Spark reads it), whose header leaves a column
+    unnamed: the header is read through the codec, and the unnamed column is rescued as ``_c<i>``, Spark's name."""
+    import gzip
+
+    catalog = load_catalog(write_catalog(tmp_path, csv_stream("orders", "orders", sep="\\t")))
+    stream, roots = catalog.get("orders"), roots_in(tmp_path)
+    folder = tmp_path / "landing" / "orders"
+    folder.mkdir(parents=True)
+    (folder / "export.tsv.gz").write_bytes(gzip.compress(b"currency\tamount\t\torder_id\nEUR\t1.00\tx\to1\n"))
+
+    [run] = run_streams(spark, catalog, ["orders"], roots).streams
+
+    assert run.status == "succeeded", run.error
+    [row] = read_table(stream.sink_path(roots)).to_pylist()
+    assert (row["order_id"], row["amount"], row["currency"]) == ("o1", Decimal("1.00"), "EUR")
+    assert json.loads(row[RESCUED_COLUMN]) == {"_c2": "x"}
+
+
+def test_csv_new_columns_widen_the_table_or_stop_the_batch_by_policy(spark: Any, tmp_path: Path) -> None:
+    """A CSV file whose header names a new column: add_new_columns adds it (as text) in the commit of the batch that
+    brought it; fail_on_new_columns stops that batch, naming the column and the file, and commits nothing."""
+    specs = [csv_stream("added", "orders", "add_new_columns"), csv_stream("failing", "orders", "fail_on_new_columns")]
+    catalog = load_catalog(write_catalog(tmp_path, *specs))
+    roots = roots_in(tmp_path)
+    folder = tmp_path / "landing" / "orders"
+    folder.mkdir(parents=True)
+    (folder / "a.csv").write_text(CSV_EXPORTS["a.csv"], encoding="utf-8")
+    assert [run.status for run in run_streams(spark, catalog, ["added", "failing"], roots).streams] == [
+        "succeeded", "succeeded"]
+    versions = {name: DeltaTable(catalog.get(name).sink_path(roots)).version() for name in ("added", "failing")}
+    (folder / "b.csv").write_text("currency,coupon,order_id,amount,Bad Name\nGBP,X1,o3,1.00,q\nEUR,,o4,n/a,\n",
+                                  encoding="utf-8")
+
+    added, failing = run_streams(spark, catalog, ["added", "failing"], roots).streams
+
+    assert added.status == "succeeded", added.error
+    assert added.added_columns == {"coupon": "STRING"}
+    table = DeltaTable(catalog.get("added").sink_path(roots))
+    assert table.version() == versions["added"] + 1, "the column and the rows are one commit"
+    rows = {row["order_id"]: row for row in read_table(catalog.get("added").sink_path(roots)).to_pylist()}
+    assert (rows["o3"]["coupon"], rows["o3"]["currency"], rows["o4"]["coupon"], rows["o1"]["coupon"]) == (
+        "X1", "GBP", None, None)
+    assert json.loads(rows["o3"][RESCUED_COLUMN]) == {"`Bad Name`": "q"}, "a name no column may take is rescued"
+    assert json.loads(rows["o4"][RESCUED_COLUMN]) == {"amount": "n/a"}
+    assert failing.status == "failed" and not failing.retryable
+    assert "'coupon' (1 row)" in (failing.error or "") and "b.csv" in (failing.error or "")
+    assert DeltaTable(catalog.get("failing").sink_path(roots)).version() == versions["failing"]
 
 
 ADDED = [record(20, coupon="X1", score=1, vip=True, meta={"a": [1, 2]}),

@@ -32,3 +32,14 @@ def test_the_first_record_is_the_header_spark_takes(head: bytes, options: dict, 
 def test_a_line_ends_only_where_hadoops_line_reader_ends_it() -> None:
     assert first_record("id\u2028x,amount\n1,2\n".encode()) == "id\u2028x,amount"
     assert first_record(b"id\x0bx,amount\n") == "id\x0bx,amount"
+
+
+def test_blank_is_what_javas_trim_removes() -> None:
+    assert first_record(b" \t\nid\n") == "id"
+    assert first_record("\u00a0\nid\n".encode()) == "\u00a0", "a no-break space is no blank to Spark"
+
+
+def test_a_header_the_bytes_may_cut_short_is_not_taken_from_them() -> None:
+    assert first_record(b"id,amo", complete=True) is None
+    assert first_record(b"id,amount\n1", complete=True) == "id,amount"
+    assert first_record(b"id,amo") == "id,amo"

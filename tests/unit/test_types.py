@@ -148,7 +148,9 @@ def test_the_drift_policy_defaults_to_rescue_where_the_source_can_rescue(source:
      "source.options.datetimeRebaseMode",
      "reads each Parquet file with pyarrow, which takes no Spark reader option"),
     ({**JSON_SOURCE, "format": "csv", "schema_evolution": "fail_on_new_columns"}, "source.schema_evolution",
-     "a csv source cannot follow fail_on_new_columns; it takes rescue, none"),
+     "fail_on_new_columns finds a CSV file's new columns by the names in its header: set options.header: true"),
+    ({**JSON_SOURCE, "format": "csv", "options": {"header": True, "enforceSchema": True},
+      "schema_evolution": "add_new_columns"}, "source.schema_evolution", "(without enforceSchema)"),
     ({**KAFKA_SOURCE, "format": "avro", "value_schema": '{"type": "record", "name": "r", "fields": [{"name": "id", '
                                                         '"type": "string"}]}', "schema_evolution": "rescue"},
      "source.schema_evolution", "a kafka avro source cannot follow rescue; it takes none"),

@@ -8,6 +8,7 @@ files whose time falls in a range, into the same tables, with its own checkpoint
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
@@ -43,10 +44,12 @@ _SPARK_PARQUET_OPTIONS = frozenset({"mergeSchema", "datetimeRebaseMode", "int96R
 POLICIES = {
     FileFormat.JSON: (SchemaEvolution.RESCUE, SchemaEvolution.ADD_NEW_COLUMNS, SchemaEvolution.FAIL_ON_NEW_COLUMNS,
                       SchemaEvolution.NONE),
-    FileFormat.CSV: (SchemaEvolution.RESCUE, SchemaEvolution.NONE),
+    FileFormat.CSV: (SchemaEvolution.RESCUE, SchemaEvolution.ADD_NEW_COLUMNS, SchemaEvolution.FAIL_ON_NEW_COLUMNS,
+                     SchemaEvolution.NONE),
     FileFormat.PARQUET: (SchemaEvolution.RESCUE, SchemaEvolution.ADD_NEW_COLUMNS,
                          SchemaEvolution.FAIL_ON_NEW_COLUMNS, SchemaEvolution.NONE),
 }
+_NEW_COLUMN_POLICIES = (SchemaEvolution.ADD_NEW_COLUMNS, SchemaEvolution.FAIL_ON_NEW_COLUMNS)
 # What a JSON source reads as something other than strict UTF-8 JSON: the drift policies find new fields with
 # Spark's strict parser, so they take none of these.
 LENIENT_JSON_OPTIONS = {"allowComments": "true", "allowSingleQuotes": "true"}
@@ -104,6 +107,17 @@ class FilesKind(SourceKind):
         policy = schema_evolution(section, POLICIES[file_format], file_format.value)
         if file_format is FileFormat.JSON and policy is not SchemaEvolution.NONE:
             check_strict_json(section, options, policy)
+        by_header = options.get("header") == "true" and options.get("enforceSchema", "false").lower() != "true"
+        if file_format is FileFormat.CSV and by_header and policy is not SchemaEvolution.NONE:
+            encoding = options.get("encoding", "utf-8")
+            try:
+                codecs.lookup(encoding)
+            except LookupError:
+                raise section.error("options.encoding", f"schema_evolution {policy.value} reads each file's header "
+                                                        f"in Python, which knows no encoding {encoding!r}") from None
+        if file_format is FileFormat.CSV and policy in _NEW_COLUMN_POLICIES and not by_header:
+            raise section.error("schema_evolution", f"{policy.value} finds a CSV file's new columns by the names in "
+                                                    "its header: set options.header: true (without enforceSchema)")
         spark_only = sorted(options.keys() & _SPARK_PARQUET_OPTIONS) if file_format is FileFormat.PARQUET else []
         if spark_only and "schema_evolution" not in section.raw:
             policy = SchemaEvolution.NONE  # options for Spark's reader: the catalog reads with it

@@ -59,7 +59,8 @@ def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | N
         frame = reader.option("enforceSchema", "true").schema(csv_drift.read_schema_ddl(source)) \
             .option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT_COLUMN).load(path)
         return csv_drift.conform(frame.select(*[quote(name) for name in source.read_schema.names], CORRUPT_COLUMN,
-                                              F.col("_metadata.file_path").alias(SOURCE_FILE_COLUMN)), source)
+                                              F.col("_metadata.file_path").alias(SOURCE_FILE_COLUMN),
+                                              *csv_drift.file_version()), source)
 
     schema = source.schema.ddl(nullable_only=True)
     if source.format is FileFormat.CSV and source.options.get("header") == "true":
