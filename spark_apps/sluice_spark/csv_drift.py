@@ -1,5 +1,5 @@
-"""CSV files whose header changes, read under ``rescue``: each file's columns are matched to the schema by the names
-in its header, and the columns the schema does not declare are kept in ``_rescued_data``.
+"""CSV files whose header changes, read under a drift policy: each file's columns are matched to the schema by the
+names in its header, and the columns the schema does not declare are rescued, added or refused, as the policy says.
 
 Spark's CSV reader takes one header for every file (it checks each file's against the schema, or ignores it), so a
 file with a new column fails the run, or lands its values in the wrong columns. Here every step that reads CSV text
@@ -16,10 +16,11 @@ whitespace and ``nullValue`` mean what they mean to Spark:
    says nothing else about it).
 4. A record is malformed when its number of fields is not its header's (a dead letter, with its text). Otherwise
    each declared column takes the field under its name (without case, as Spark compares headers; NULL when the
-   header lacks it), and the fields of undeclared names go to ``_rescued_data``.
-5. The declared fields are typed by ``from_csv`` over one canonical line (every value quoted, NULL as an empty
-   field), with the stream's ``nullValue``, ``timestampFormat``, ``dateFormat`` and ``timeZone``: the conversions
-   of Spark's reader. A value that does not fit is rescued, as for any CSV record.
+   header lacks it), and the fields of undeclared names go to the policy.
+5. A declared string column takes its field's text as it is. The others are typed by ``from_csv`` over one
+   canonical line (written by ``to_csv``: every value quoted and kept whole, NULL as the stream's ``nullValue``),
+   with the stream's ``nullValue``, ``timestampFormat``, ``dateFormat`` and ``timeZone``: the conversions of
+   Spark's reader. A value that does not fit is rescued, as for any CSV record.
 
 Limits: a header may name at most :data:`EXTRA_FIELDS` more columns than the schema declares (a file with more is
 malformed whole); a header that repeats a name (without case) makes its file's records malformed; a record that
@@ -72,7 +73,8 @@ _FIRST_BYTES = 1 << 16
 # Hadoop's codecs whose files this module cannot read a header from.
 _OTHER_CODECS = frozenset({"zst", "lz4", "snappy", "br", "xz", "lzo"})
 # The file source's own columns the header's cache is keyed by.
-_MODIFIED, _SIZE, _MISFIT = "_sluice_csv_modified", "_sluice_csv_size", "_sluice_csv_misfit"
+_MODIFIED, _SIZE, _MISFIT, _NEW_NAMES = ("_sluice_csv_modified", "_sluice_csv_size", "_sluice_csv_misfit",
+                                         "_sluice_csv_new_names")
 
 
 def first_record(head: bytes, *, encoding: str = "utf-8", line_sep: str | None = None, comment: str | None = None,
@@ -157,6 +159,8 @@ def _header_of(uri: str, version: tuple[Any, Any], options: tuple[tuple[str, str
                             quote_char=settings.get("quote", '"'), escape=settings.get("escape", "\\"),
                             multi_line=settings.get("multiLine", "false").lower() == "true", complete=complete)
 
+    if uri.lower().endswith(".bz2"):  # bz2 gives whole blocks of up to 900 KB only
+        return read(_HEAD_BYTES, False)
     return read(_FIRST_BYTES, True) or read(_HEAD_BYTES, False)
 
 
@@ -223,9 +227,9 @@ def _requoted(value: Column, options: Mapping[str, str]) -> Column:
     """A field as the stream's own CSV would write it: quoted, its quotes escaped with the stream's ``escape``,
     NULL as its ``nullValue``."""
     quote_char = options.get("quote", '"') or '"'
-    escape = options.get("escape", "\\") or "\\"
+    escape = options.get("escape", "\\")
     escaped = F.replace(F.replace(value, F.lit(escape), F.lit(escape * 2)), F.lit(quote_char),
-                        F.lit(escape + quote_char)) if escape != quote_char else F.replace(
+                        F.lit(escape + quote_char)) if escape and escape != quote_char else F.replace(
         value, F.lit(quote_char), F.lit(quote_char * 2))
     return F.coalesce(F.concat(F.lit(quote_char), escaped, F.lit(quote_char)), F.lit(options.get("nullValue", "")))
 
@@ -294,18 +298,24 @@ def conform(frame: DataFrame, source: SourceSpec) -> DataFrame:
     values = [f"{_VALUE}{index}" for index in range(len(names))]
     staged = staged.withColumns({
         **{value: field(name, text) for value, name, text in zip(values, names, text_columns, strict=True)},
-        _UNDECLARED: F.when(~plain & well_formed, undeclared)})
+        _UNDECLARED: F.when(~plain & well_formed, undeclared),
+        _NEW_NAMES: F.when(~plain & well_formed, F.filter(F.col(_NAMES), lambda name: ~F.array_contains(
+            declared_folded, F.lower(name))))})
     # 5. The declared fields typed by Spark's CSV conversions, from one canonical line: Spark's CSV writer quotes
     # every value and writes NULL as the stream's nullValue, which the conversion reads back as NULL.
     canonical = F.to_csv(F.struct(*[F.col(value) for value in values], F.lit("p").alias(_PAD)),
                          {"sep": ",", "quote": '"', "escape": '"', "quoteAll": "true",
-                          "nullValue": source.options.get("nullValue", "")})
+                          "nullValue": source.options.get("nullValue", ""),
+                          # Spark's CSV writer trims values unless told not to.
+                          "ignoreLeadingWhiteSpace": "false", "ignoreTrailingWhiteSpace": "false"})
     value_options = {"sep": ",", "quote": '"', "escape": '"', "emptyValue": "", "mode": "PERMISSIVE",
                      **_options(source, _VALUE_OPTIONS)}
     typed_schema = f"{source.read_schema.ddl(nullable_only=True)}, `{_PAD}` STRING"
     staged = staged.withColumn(_TYPED, F.from_csv(canonical, F.lit(typed_schema), value_options))
     # 6. Whether a declared value did not fit its type (most rows: none, and no map is built for them).
-    typed = {name: F.when(well_formed, F.col(_TYPED)[name]) for name in names}
+    text_typed = {column.name for column in source.read_schema.columns if column.sql_type == "STRING"}
+    typed = {name: F.when(well_formed, F.col(value) if name in text_typed else F.col(_TYPED)[name])
+             for value, name in zip(values, names, strict=True)}
     unfit = {name: typed[name].isNull() & F.col(value).isNotNull() for value, name in zip(values, names, strict=True)}
     staged = staged.withColumn(_MISFIT, reduce(operator.or_, unfit.values()))
     # 7. The row as the file source gives it, with the policy's columns.
@@ -316,7 +326,7 @@ def conform(frame: DataFrame, source: SourceSpec) -> DataFrame:
                                           lambda _, found: found.isNotNull()))
     empty = F.create_map().cast("map<string,string>")
     policy_columns = _policy_columns(source.schema_evolution, F.coalesce(F.col(_UNDECLARED), empty),
-                                     F.coalesce(misfits, empty))
+                                     F.coalesce(misfits, empty), F.col(_NEW_NAMES))
     requoted = F.concat_ws(separator, *[_requoted(column, source.options) for column in text_columns])
     corrupt = F.when(~well_formed | misfit, F.coalesce(raw, requoted))
     text_fields = F.when(well_formed & misfit, F.struct(
@@ -326,16 +336,17 @@ def conform(frame: DataFrame, source: SourceSpec) -> DataFrame:
                          *policy_columns, SOURCE_FILE_COLUMN, text_fields.alias(CSV_FIELDS_COLUMN))
 
 
-def _policy_columns(policy: SchemaEvolution, undeclared: Column, misfits: Column) -> list[Column]:
-    """The drift policy's columns from a record's undeclared fields (by their header names; NULL ones left out) and
-    its misfits: under ``rescue`` both in ``_rescued_data``; under ``add_new_columns`` the fields whose name may be
-    a column's as new columns (CSV text, so strings), the rest and the misfits rescued; under
-    ``fail_on_new_columns`` the names, which stop the batch (a misfit makes a dead letter there)."""
+def _policy_columns(policy: SchemaEvolution, undeclared: Column, misfits: Column, new_names: Column) -> list[Column]:
+    """The drift policy's columns from a record's undeclared fields (by their header names; NULL ones left out), its
+    misfits, and its header's undeclared names: under ``rescue`` the fields and the misfits in ``_rescued_data``;
+    under ``add_new_columns`` the fields whose name may be a column's as new columns (CSV text, so strings), the rest
+    and the misfits rescued; under ``fail_on_new_columns`` the names, even of an empty column, which stop the batch
+    (a misfit makes a dead letter there)."""
     quoted = F.transform_keys(undeclared, lambda key, _: key_of(key))
     empty = F.create_map().cast("map<string,string>")
     nothing = (F.size(undeclared) == 0) & (F.size(misfits) == 0)
     if policy is SchemaEvolution.FAIL_ON_NEW_COLUMNS:
-        return [F.when(F.size(quoted) > 0, F.array_sort(F.map_keys(quoted))).alias(NEW_FIELDS_COLUMN)]
+        return [F.when(F.size(new_names) > 0, F.array_sort(F.transform(new_names, key_of))).alias(NEW_FIELDS_COLUMN)]
     rescued = F.map_concat(quoted, misfits)
     extra = []
     if policy is SchemaEvolution.ADD_NEW_COLUMNS:

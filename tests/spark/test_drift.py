@@ -413,7 +413,9 @@ def test_csv_read_by_header_reads_what_sparks_reader_reads(spark: Any, tmp_path:
     records = [("o1", "9.50", "'two\nlines; one value'", "2026-11-22 10:00"),
                ("o2", "NA", "'it\\'s quoted'", "2026-11-22 10:01"),
                ("o3", "  1.25", "", "NA"),
-               ("o4", "x", "'NA'", "later")]
+               ("o4", "x", "'NA'", "later"),
+               ("o5", "2.00", "' padded '", "2026-11-22 10:02"),
+               ("o6", "3.00", "'   '", "2026-11-22 10:03")]
     original = "order_id;amount;note;at\n# exported by the shop\n" + "".join(
         ";".join(fields) + "\n" for fields in records)
     moved = "at;extra;note;order_id;amount\n" + "".join(
@@ -436,11 +438,12 @@ def test_csv_read_by_header_reads_what_sparks_reader_reads(spark: Any, tmp_path:
         {row["order_id"]: row for row in read_table(catalog.get(name).sink_path(roots)).to_pylist()}
         for name in ("plain", "same", "moved"))
     # The header as declared: Spark's split, typed again by the by-header side, equals Spark's reader.
-    assert sorted(same) == ["o1", "o2", "o3", "o4"]
+    assert sorted(same) == ["o1", "o2", "o3", "o4", "o5", "o6"]
     for order_id, row in plain.items():
         assert {key: same[order_id][key] for key in schema} == {key: row[key] for key in schema}, order_id
     # o4's values fit no type: a dead letter under none, rescued by the by-header side.
-    assert sorted(plain) == ["o1", "o2", "o3"] and sorted(moved_rows) == ["o1", "o2", "o3", "o4"]
+    assert sorted(plain) == ["o1", "o2", "o3", "o5", "o6"] and sorted(moved_rows) == sorted(same)
+    assert plain["o5"]["note"] == " padded ", "a quoted value keeps its spaces"
     for order_id, row in plain.items():
         assert {key: moved_rows[order_id][key] for key in schema} == {key: row[key] for key in schema}, order_id
     assert plain["o1"]["note"] == "two\nlines; one value" and plain["o2"]["note"] == "it's quoted"
@@ -497,7 +500,8 @@ def test_csv_new_columns_widen_the_table_or_stop_the_batch_by_policy(spark: Any,
     assert json.loads(rows["o3"][RESCUED_COLUMN]) == {"`Bad Name`": "q"}, "a name no column may take is rescued"
     assert json.loads(rows["o4"][RESCUED_COLUMN]) == {"amount": "n/a"}
     assert failing.status == "failed" and not failing.retryable
-    assert "'coupon' (1 row)" in (failing.error or "") and "b.csv" in (failing.error or "")
+    # Every row under the new header stops the batch, with or without a value in the new column.
+    assert "'coupon' (2 rows)" in (failing.error or "") and "b.csv" in (failing.error or "")
     assert DeltaTable(catalog.get("failing").sink_path(roots)).version() == versions["failing"]
 
 

@@ -107,7 +107,8 @@ class FilesKind(SourceKind):
         policy = schema_evolution(section, POLICIES[file_format], file_format.value)
         if file_format is FileFormat.JSON and policy is not SchemaEvolution.NONE:
             check_strict_json(section, options, policy)
-        by_header = options.get("header") == "true" and options.get("enforceSchema", "false").lower() != "true"
+        by_header = options.get("header", "false").lower() == "true" \
+            and options.get("enforceSchema", "false").lower() != "true"
         if file_format is FileFormat.CSV and by_header and policy is not SchemaEvolution.NONE:
             encoding = options.get("encoding", "utf-8")
             try:
