@@ -234,11 +234,6 @@ def _requoted(value: Column, options: Mapping[str, str]) -> Column:
     return F.coalesce(F.concat(F.lit(quote_char), escaped, F.lit(quote_char)), F.lit(options.get("nullValue", "")))
 
 
-def _quoted(value: Column, quote_char: str) -> Column:
-    escaped = F.replace(value, F.lit(quote_char), F.lit(quote_char * 2))
-    return F.coalesce(F.concat(F.lit(quote_char), escaped, F.lit(quote_char)), F.lit(""))
-
-
 def conform(frame: DataFrame, source: SourceSpec) -> DataFrame:
     """Spark's reader's rows (the declared number of fields as text, ``_corrupt_record``, ``_source_file``) matched
     to the schema by their files' headers: the declared columns typed, ``_corrupt_record``, ``_rescued_data``,

@@ -37,6 +37,7 @@ def test_a_folder_reads_lists_and_writes_the_same_on_disk_and_on_s3(tmp_path: Pa
         place.write_bytes("metadata", b'{"id": "q"}\n')
         assert [(entry.name, entry.is_dir) for entry in place.entries()] == [("metadata", False), ("offsets", True)]
         assert place.read_text("metadata") == '{"id": "q"}\n' and place.child("offsets").stat("0").size == 6
+        assert place.read_head("metadata", 5) == b'{"id"' and place.read_head("metadata", 99) == b'{"id": "q"}\n'
         assert place.total_bytes() == 6 + 12
         with pytest.raises(FileNotFoundError):
             place.read_bytes("nothing")
