@@ -47,7 +47,7 @@ from sluice.model.sources import SourceSpec
 from sluice.model.types import quote
 from sluice.storage.checkpoint import local_file_path
 from sluice.storage.store import folder, is_local
-from sluice_spark.drift import column_like_key, field_key, key_of, reads_by_header
+from sluice_spark.drift import column_like_key, field_key, key_of
 from sluice_spark.targets import CSV_FIELDS_COLUMN, NEW_COLUMNS_COLUMN, NEW_FIELDS_COLUMN
 
 #: How many more columns than the schema declares a file's header may name.
@@ -351,10 +351,6 @@ def _policy_columns(policy: SchemaEvolution, undeclared: Column, misfits: Column
         rescued = F.map_concat(F.coalesce(others, empty), misfits)
         extra.append(F.when(F.size(columns) > 0, F.to_json(columns)).alias(NEW_COLUMNS_COLUMN))
     return [F.when(~nothing & (F.size(rescued) > 0), F.to_json(rescued)).alias(RESCUED_COLUMN), *extra]
-
-
-__all__ = ["EXTRA_FIELDS", "conform", "fields_and_count", "first_record", "read_schema_ddl", "reads_by_header",
-           "split_fields"]
 
 
 def file_version() -> list[Column]:
