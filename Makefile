@@ -37,6 +37,8 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e .
+	@# The Spark driver's class archive (README, "Cost"): cold runs start seconds sooner; without one, only slower.
+	$(BIN)/python -m sluice jvm-archive || echo "make: no Spark driver archive was recorded; runs start without it"
 	touch $@
 
 .PHONY: venv

@@ -6,8 +6,11 @@ time, four ways, in one run of this script:
 
 - ``spark``: the floor. A fresh ``spark-submit`` of ``readStream.json(...).writeStream.parquet(...)`` with
   availableNow over the same files, with the same schema;
-- ``bare``: ``spark-submit spark_apps/stream_runner.py --stream events_bronze`` (a small run: its batch is
-  collected to the driver and appended there);
+- ``spark_same_jvm``: the floor again, its driver JVM started with the options Sluice gives its own (below): what
+  those options alone buy plain Spark (for comparison; no goal);
+- ``bare``: ``spark-submit spark_apps/stream_runner.py --stream events_bronze`` as the operator launches it: the
+  driver JVM with the class archive of ``python -m sluice jvm-archive`` and, for this small run, the light JIT
+  (:mod:`sluice.operations.jvm`). A small run: its batch is collected to the driver and appended there;
 - ``bare_executors``: the same with ``SLUICE_DRIVER_WRITE_MAX_BYTES=0``: the executors' Python data source writes
   it, as for a large run (for comparison; no goal);
 - ``dag``: ``airflow dags test ingest_events_bronze`` (the health gate, then the run through the operator);
@@ -20,7 +23,7 @@ time, four ways, in one run of this script:
 Every side uses ``--master local[*]`` and its own data root, emptied of tables and checkpoints before each round.
 Rounds alternate the order of the sides and the best time of each is kept, because these machines are shared and
 noisy. Then the phases of the bare run (Sluice's own timings from the run summary, Spark's from the progress
-reports in the run log) and of the DAG run (its task instances) are printed.
+reports in the run log) and of the DAG run (its task instances) are printed. The driver JVM options are printed first.
 
 Goals: bare / spark <= 1.15, dag / bare <= 1.15 and warm / spark <= 0.25. The last line is the result as JSON.
 
@@ -42,15 +45,19 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 from harness import best_of_rounds
 
-from sluice.catalog import DEFAULT_CATALOG
+from sluice.catalog import DEFAULT_CATALOG, load_catalog
 from sluice.cli.demo_producer import EVENT_SCHEMA, DemoProducer
+from sluice.cli.devserver import warm_jvm_environment
 from sluice.constants import SUMMARY_MARKER
+from sluice.operations.jvm import driver_java_options, small_run, submit_env, usable_archive
+from sluice.paths import Roots
 
 PROJECT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -131,9 +138,10 @@ class World:
     def side_env(self, root: Path) -> dict[str, str]:
         return {**self.env, "SLUICE_LAKE_ROOT": str(root / "lake"), "SLUICE_CHECKPOINT_ROOT": str(root / "checkpoints")}
 
-    def spark_submit(self, *args: str, env: dict[str, str] | None = None) -> str:
-        done = subprocess.run([str(BIN / "spark-submit"), "--master", "local[*]", *args], env=env or self.env,
-                              capture_output=True, text=True)
+    def spark_submit(self, *args: str, env: dict[str, str] | None = None, java_options: Sequence[str] = ()) -> str:
+        env = env or self.env
+        done = subprocess.run([str(BIN / "spark-submit"), "--master", "local[*]", *args],
+                              env={**env, **submit_env(java_options, env)}, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"spark-submit {args[0]} failed:\n{done.stderr[-3000:]}")
         return done.stdout
@@ -216,7 +224,8 @@ class Warm:
         self.process = subprocess.Popen(
             [str(BIN / "spark-submit"), "--master", "local[*]", str(PROJECT / "spark_apps" / "warm_server.py"),
              "--catalog", str(world.catalog), *roots, "--port", "0"],
-            env={**world.env, "SLUICE_WARM_TOKEN": token}, stdout=self.log.open("wb"), stderr=subprocess.STDOUT,
+            env={**world.env, **warm_jvm_environment(), "SLUICE_WARM_TOKEN": token}, stdout=self.log.open("wb"),
+            stderr=subprocess.STDOUT,
             start_new_session=True)
         deadline = time.monotonic() + 300
         address = ""
@@ -283,17 +292,18 @@ def main() -> None:
         def run(side: str, _: int) -> float:
             root = world.root(side) if side != "scheduler" else None
             started = time.monotonic()
-            if side == "spark":
+            if side in ("spark", "spark_same_jvm"):
                 assert root is not None
                 world.spark_submit(str(world.floor), str(world.landing / "events"), str(root / "out"),
-                                   str(root / "checkpoint"), schema)
+                                   str(root / "checkpoint"), schema,
+                                   java_options=java_options if side == "spark_same_jvm" else [])
             elif side in ("bare", "bare_executors"):
                 assert root is not None
                 env = world.env if side == "bare" else {**world.env, "SLUICE_DRIVER_WRITE_MAX_BYTES": "0"}
                 outputs[side] = world.spark_submit(
                     str(PROJECT / "spark_apps" / "stream_runner.py"), "--catalog", str(world.catalog),
                     "--stream", STREAM, "--landing-root", str(world.landing), "--lake-root", str(root / "lake"),
-                    "--checkpoint-root", str(root / "checkpoints"), env=env)
+                    "--checkpoint-root", str(root / "checkpoints"), env=env, java_options=java_options)
             elif side == "dag":
                 assert root is not None
                 done = subprocess.run([str(BIN / "airflow"), "dags", "test", DAG_ID], env=world.side_env(root),
@@ -308,7 +318,14 @@ def main() -> None:
                 return scheduler.run()
             return time.monotonic() - started
 
-        sides = ["spark", "bare", "bare_executors", "dag"]
+        # The options the operator gives this run's driver: the archive, and the light JIT if the run is small.
+        fresh = world.root("bare")
+        java_options = driver_java_options(small=small_run(
+            load_catalog(world.catalog).select([STREAM]),
+            Roots(landing=str(world.landing), lake=str(fresh / "lake"), checkpoints=str(fresh / "checkpoints"))))
+        print(f"driver JVM options of Sluice's runs: {' '.join(java_options) or 'none'}"
+              + ("" if usable_archive() else " (no class archive: run `python -m sluice jvm-archive` first)"))
+        sides = ["spark", "spark_same_jvm", "bare", "bare_executors", "dag"]
         if not args.no_scheduler:
             scheduler = Scheduler(world)
             sides.append("scheduler")
@@ -344,6 +361,8 @@ def main() -> None:
                     f"{best['warm'] - sum(warm_phases.values()):.2f}")
         print()
         print(f"plain Spark floor  {best['spark']:6.2f} s")
+        print(f"plain Spark, Sluice's JVM options {best['spark_same_jvm']:6.2f} s   (Sluice, bare: "
+              f"{best['bare'] / best['spark_same_jvm']:.2f}x that)")
         print(f"Sluice, bare       {best['bare']:6.2f} s   {ratios['bare_vs_spark']:.2f}x the floor "
               f"(goal <= {GOALS['bare_vs_spark']})")
         print(f"Sluice, bare, executors' write path {best['bare_executors']:6.2f} s   "
@@ -360,6 +379,8 @@ def main() -> None:
             "ratios": {key: round(value, 3) for key, value in ratios.items()},
             "goals": {key: GOALS[key] for key in ratios},
             "seconds": {side: round(value, 2) for side, value in best.items()},
+            "bare_vs_spark_same_jvm": round(best["bare"] / best["spark_same_jvm"], 3),
+            "java_options": java_options,
             "phases_seconds": phases,
             "rows": stream["input_rows"],
             "write_path": stream.get("write_path"),

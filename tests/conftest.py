@@ -48,10 +48,12 @@ def spark() -> Iterator[object]:
     """One local SparkSession for the whole run: local[2], UI off, few shuffle partitions."""
     from pyspark.sql import SparkSession
 
+    from sluice.operations.jvm import driver_java_options
     from sluice_spark.session import configure_sluice, register_data_sources
 
     session = (
         configure_sluice(SparkSession.builder)
+        .config("spark.driver.extraJavaOptions", " ".join(driver_java_options(small=False)))
         .master("local[2]")
         .appName("sluice-tests")
         .config("spark.ui.enabled", "false")

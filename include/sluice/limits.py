@@ -29,6 +29,9 @@ TRIGGER_MAX_BYTES = 1 << 40  # 1 TiB per micro-batch
 # A run of the rs engine whose source holds at most this much unread has its batches collected to the driver
 # (``SLUICE_DRIVER_WRITE_MAX_BYTES`` overrides it; 0 turns it off).
 DRIVER_WRITE_MAX_BYTES = 64 * 1024 * 1024
+# A cold run whose sources hold at most this much unread starts its driver's JVM with the C1 compiler alone
+# (``SLUICE_JIT_SMALL_RUN_MAX_BYTES`` overrides it; 0 turns it off): see :mod:`sluice.operations.jvm`.
+JIT_SMALL_RUN_MAX_BYTES = 16 * 1024 * 1024
 # Any duration the catalog declares: alert ages, staleness, watermark delays, join bounds, window lengths.
 MAX_DURATION_SECONDS = 3650 * DAY_SECONDS
 ALERT_MAX = {

@@ -217,14 +217,26 @@ class SparkAppOperator(SluiceOperator):
         object store's credentials, for the driver and (through its environment) the executors."""
         return dict(self.storage_environment())
 
+    def small_run(self) -> bool:
+        """Whether the driver's JVM may take the light JIT (:func:`sluice.operations.jvm.small_run`); a backfill's
+        run is not small."""
+        return False
+
     def submit(self, script: str, args: list[str], *, name: str) -> AirflowException | None:
-        """spark-submit a Sluice runner; the provider's failure, if any, is returned for the caller to weigh against
-        the summary."""
+        """spark-submit a Sluice runner, its driver's JVM started for a short run (:mod:`sluice.operations.jvm`);
+        the provider's failure, if any, is returned for the caller to weigh against the summary."""
+        from sluice.operations.jvm import driver_java_options, submit_env
         from sluice_airflow.hooks import SluiceSparkSubmitHook
 
+        options = driver_java_options(small=self.small_run())
+        self.log.info("Driver JVM options of this run: %s", " ".join(options) or "none")
+        # The process's environment only (as secrets are): env_vars would become --conf arguments on YARN and
+        # Kubernetes masters, and the driver runs here in client mode.
         self._hook = SluiceSparkSubmitHook(conn_id=self.conn_id, application_args=args, env_vars=self.spark_env(),
-                                           secret_env=self.secret_env(), conf=self.conf, name=name,
-                                           **dict(self.spark_submit_kwargs or {}))
+                                           secret_env={**self.secret_env(),
+                                                       **submit_env(options, {**os.environ, **self.spark_env()})},
+                                           conf=self.conf,
+                                           name=name, **dict(self.spark_submit_kwargs or {}))
         return self._hook.run_app(script, application=self.application)
 
     def on_kill(self) -> None:
@@ -323,6 +335,15 @@ class StreamRunOperator(SparkAppOperator):
         streams = self.stream_catalog().select(list(self.streams))
         kafka = KafkaConnectionHook([conn for stream in streams for conn in stream.connections]).spark_environment()
         return {**super().secret_env(), **kafka}
+
+    def small_run(self) -> bool:
+        from sluice.operations.jvm import small_run
+
+        try:
+            streams = self.stream_catalog().select(list(self.streams))
+        except Exception:  # refused with its reason by what reads the catalog next (secret_env, the runner)
+            return False
+        return small_run(streams, self.resolved_roots())
 
     def application_args(self, *, run_id: str, summary_file: str) -> list[str]:
         if not self.streams or not all(isinstance(name, str) and name for name in self.streams):

@@ -33,16 +33,14 @@ from sluice.constants import (
     SOURCE_FILE_COLUMN,
     CommitInfo,
     DeltaEngine,
-    FileFormat,
     RunStatus,
     SchemaEvolution,
     SinkMode,
-    SourceType,
     TableRole,
 )
 from sluice.errors import SluiceError
-from sluice.kinds import source_kind
 from sluice.kinds.delta import DeltaSink
+from sluice.lag.observe import text_append_backlog
 from sluice.limits import DRIVER_WRITE_MAX_BYTES
 from sluice.model.expectations import Violation
 from sluice.model.patterns import LookupSpec
@@ -51,7 +49,7 @@ from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.model.types import parse as parse_type
 from sluice.paths import Roots
 from sluice.storage import runlog
-from sluice.storage.checkpoint import CheckpointReader, ensure_query_id
+from sluice.storage.checkpoint import ensure_query_id
 from sluice.storage.delta import added_columns, batch_commits, ensure_table, table_version
 from sluice.storage.lock import HeldLock, LockHeld
 from sluice.storage.object_lock import lock_for
@@ -291,30 +289,18 @@ def with_added_columns(stream: StreamSpec, roots: Roots) -> StreamSpec:
 
 
 def collects_on_driver(stream: StreamSpec, roots: Roots, engine: DeltaEngine, targets: list[TableTarget]) -> bool:
-    """True for a small run of a stream whose tables the rs engine appends to: its source holds at most
+    """True for a small run of a stream whose tables the rs engine appends to: a text file source holding at most
     ``SLUICE_DRIVER_WRITE_MAX_BYTES`` unread (default :data:`DRIVER_WRITE_MAX_BYTES`; 0 turns it off), as its lag
-    probe measures it without Spark. Its batches are then collected to the driver as Arrow and appended there with
-    the same once-only Delta transaction: no Python data source to plan, no Python workers on the executors and
-    none for the driver's commit, which on a cold application cost more than the small run's own work. Only a file
-    source of text (JSON, CSV) into a Delta sink, without a join, takes it: a Kafka source cannot tell its bytes, and
-    Parquet's (a Parquet file source's, a Delta source's, a joined side's) are compressed and may grow many times in
-    memory."""
-    if (engine is not DeltaEngine.RS or not isinstance(stream.sink, DeltaSink) or stream.patterns.join is not None
-            or stream.source.schema_evolution is SchemaEvolution.ADD_NEW_COLUMNS
-            or stream.source.type is not SourceType.FILES or stream.source.format not in (FileFormat.JSON,
-                                                                                          FileFormat.CSV)
+    probe measures it without Spark (:func:`sluice.lag.observe.text_append_backlog`). Its batches are then collected
+    to the driver as Arrow and appended there with the same once-only Delta transaction: no Python data source to
+    plan, no Python workers on the executors and none for the driver's commit, which on a cold application cost more
+    than the small run's own work."""
+    if (engine is not DeltaEngine.RS or stream.source.schema_evolution is SchemaEvolution.ADD_NEW_COLUMNS
             or any(target.mode is not SinkMode.APPEND for target in targets)):
         return False
     limit = int(os.environ.get("SLUICE_DRIVER_WRITE_MAX_BYTES", DRIVER_WRITE_MAX_BYTES))
-    if limit <= 0:
-        return False
-    try:
-        backlog = source_kind(stream.source).backlog(stream, roots, CheckpointReader(stream.checkpoint_path(roots)))
-    except Exception as exc:  # the probe only picks a path: when it cannot tell, the executors' path is safe
-        log.warning("stream %s: cannot measure the unread input (%s); writing through the executors", stream.name,
-                    exc)
-        return False
-    return backlog.bytes is not None and backlog.bytes <= limit
+    unread = text_append_backlog(stream, roots) if limit > 0 else None
+    return unread is not None and unread <= limit
 
 
 def start_stream(prepared: PreparedStream) -> StreamingQuery:

@@ -366,6 +366,14 @@ def warm_command(port: int) -> list[str]:
             "--host", "127.0.0.1", "--port", str(port)]
 
 
+def warm_jvm_environment() -> dict[str, str]:
+    """The warm server's driver JVM gets the class archive (:mod:`sluice.operations.jvm`); a resident driver keeps
+    the full JIT."""
+    from sluice.operations.jvm import driver_java_options, submit_env
+
+    return submit_env(driver_java_options(small=False))
+
+
 def wait_for_warm(leader: subprocess.Popen[bytes], port: int) -> bool:
     """Waits until the warm server listens (it warms up first), so that no scheduled run finds it missing."""
     deadline = time.monotonic() + WARM_READY_TIMEOUT
@@ -489,8 +497,10 @@ def session(name: str) -> int:
     children: list[subprocess.Popen[bytes]] = []
     threads = []
     components = [("warm", tuple(warm_command(WARM_PORT)))] if name == "warm" else SESSIONS[name]
+    environment = {**os.environ, **warm_jvm_environment()} if name == "warm" else None
     for component, command in components:
-        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 env=environment)
         assert child.stdout is not None
         thread = threading.Thread(target=prefix_lines, args=(component, child.stdout, lock), daemon=True)
         thread.start()

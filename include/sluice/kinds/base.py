@@ -70,6 +70,8 @@ class SourceKind(ABC):
     #: A stream of this kind needs a cron ``schedule``; a Delta source may instead run when the catalog stream that
     #: writes its table commits (an Airflow asset).
     needs_schedule: ClassVar[bool] = True
+    #: Its backlog tells its unread bytes without reading them (a Kafka topic's records have no size until read).
+    measures_bytes: ClassVar[bool] = True
     #: Why a backfill of this kind is refused; None when it can be backfilled (by file time).
     backfill_refusal: ClassVar[str | None] = "backfills select files by time, and this source has no files"
 

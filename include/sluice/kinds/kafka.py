@@ -282,6 +282,7 @@ def kafka_watermarks(config: Mapping[str, Any], *, topics: Sequence[str] = (), p
 class KafkaSourceKind(SourceKind):
     type = SourceType.KAFKA
     trigger_limits = False
+    measures_bytes = False
 
     def parse(self, section: Section) -> KafkaSource:
         """Value encoding, declared schema, subscription options and the connection's name."""

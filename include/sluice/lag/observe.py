@@ -22,17 +22,22 @@ The status follows Burrow's evaluation rules, applied to checkpoints (worst firs
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
+from sluice.constants import FileFormat, SinkMode, SourceType
 from sluice.kinds import Backlog, source_kind
+from sluice.kinds.delta import DeltaSink
 from sluice.model.stream import AlertSpec, StreamSpec
 from sluice.paths import Roots
 from sluice.storage.checkpoint import CheckpointError, CheckpointReader
 from sluice.times import iso_utc
+
+log = logging.getLogger(__name__)
 
 
 class LagStatus(str, Enum):
@@ -150,6 +155,32 @@ def newest_event_time(stream: StreamSpec, roots: Roots, reader: CheckpointReader
         return None
     newest = pc.max(actions.column(f"max.{column}")).as_py()
     return None if newest is None else newest.isoformat()
+
+
+def unread_bytes(stream: StreamSpec, roots: Roots) -> int | None:
+    """The bytes the stream's next run will read, as its lag probe measures them; None when the source cannot tell
+    (a Kafka topic's records have no size before they are read), without asking it."""
+    kind = source_kind(stream.source)
+    if not kind.measures_bytes:
+        return None
+    return kind.backlog(stream, roots, CheckpointReader(stream.checkpoint_path(roots))).bytes
+
+
+def text_append_backlog(stream: StreamSpec, roots: Roots) -> int | None:
+    """The unread bytes of a stream whose work they measure: text files (JSON, CSV) appended to a Delta table
+    without a join. None for any other stream (Parquet's and a Delta source's bytes are compressed and may grow many
+    times in memory; a merge reads its table, a join its other side) and when the probe fails (logged). The paths
+    that suit small runs only (the driver's write path, the driver's light JIT) are chosen by it."""
+    source, sink = stream.source, stream.sink
+    if (source.type is not SourceType.FILES or source.format not in (FileFormat.JSON, FileFormat.CSV)
+            or stream.patterns.join is not None or not isinstance(sink, DeltaSink) or sink.mode is not SinkMode.APPEND):
+        return None
+    try:
+        return unread_bytes(stream, roots)
+    except Exception as exc:  # the probe only picks a path, and every path is correct
+        log.warning("stream %s: cannot measure the unread input (%s); it takes the paths of a large run",
+                    stream.name, exc)
+        return None
 
 
 def observe(stream: StreamSpec, roots: Roots, *, now: float | None = None) -> LagObservation:

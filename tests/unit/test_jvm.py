@@ -1,0 +1,214 @@
+"""The driver JVM's options for a run (sluice.operations.jvm): which archive, when it is passed, the light JIT of a
+small run, and what the operator puts on spark-submit's command line. No JVM starts here; tests/spark/test_jvm.py
+records and maps a real archive."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import types
+from pathlib import Path
+
+import pytest
+
+from sluice.catalog import load_catalog
+from sluice.operations import jvm
+from tests.helpers import events_stream, roots_in, write_catalog
+from tests.unit.test_kafka_secrets import FakeSparkSubmit, FakeTaskInstance, kafka_catalog, make_operator
+
+
+@pytest.fixture
+def fake_spark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A Spark home with two jars, a java binary, and a cache folder: what the archive's name depends on."""
+    home = tmp_path / "spark"
+    (home / "jars").mkdir(parents=True)
+    for name in ("spark-core.jar", "spark-sql.jar"):
+        (home / "jars" / name).write_bytes(b"jar")
+    java = tmp_path / "jdk" / "bin" / "java"
+    java.parent.mkdir(parents=True)
+    java.write_text("#!/bin/sh\n")
+    monkeypatch.setenv("SPARK_HOME", str(home))
+    monkeypatch.setenv("JAVA_HOME", str(java.parent.parent))
+    monkeypatch.setenv("SLUICE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv(jvm.ARCHIVE_SWITCH, raising=False)
+    for name in jvm._CLASSPATH_ENV:
+        monkeypatch.delenv(name, raising=False)
+    return home
+
+
+def install(archive: Path, size: int | None = None) -> None:
+    """An archive as build_archive leaves it: the file, and its size recorded beside it."""
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    archive.write_bytes(b"x" * 64)
+    archive.with_suffix(".json").write_text(json.dumps({"size": 64 if size is None else size}), encoding="utf-8")
+
+
+def test_the_archive_is_named_by_the_jvm_the_jars_and_the_classpath_environment(
+        fake_spark: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = jvm.archive_path()
+    assert first is not None and first.parent == Path(os.environ["SLUICE_CACHE_DIR"])
+    assert jvm.archive_path() == first
+    (fake_spark / "jars" / "spark-sql.jar").write_bytes(b"a longer jar")
+    second = jvm.archive_path()
+    assert second != first, "reinstalled jars need another archive"
+    monkeypatch.setenv("SPARK_CONF_DIR", "/etc/spark")
+    assert jvm.archive_path() not in (first, second), "a conf folder on the classpath changes it too"
+    monkeypatch.setenv(jvm.ARCHIVE_SWITCH, "off")
+    assert jvm.archive_path() is None
+
+
+def test_only_a_whole_installed_archive_is_passed(fake_spark: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    archive = jvm.archive_path()
+    assert archive is not None
+    assert jvm.usable_archive() is None and jvm.driver_java_options(small=False) == []
+    archive.parent.mkdir(parents=True)
+    archive.write_bytes(b"x" * 64)
+    assert jvm.usable_archive() is None, "no record: not installed by build_archive (a partial copy)"
+    install(archive, size=128)
+    assert jvm.usable_archive() is None, "truncated since it was recorded: a JVM would crash on it"
+    install(archive)
+    assert jvm.usable_archive() == archive
+    assert jvm.driver_java_options(small=False) == [f"-XX:SharedArchiveFile={archive}"]
+    assert jvm.driver_java_options(small=True) == [f"-XX:SharedArchiveFile={archive}", jvm.LIGHT_JIT]
+    monkeypatch.setenv("SLUICE_CACHE_DIR", str(archive.parent.parent / "a cache"))
+    install(jvm.archive_path())  # type: ignore[arg-type]
+    assert jvm.usable_archive() is None, "Spark splits the options on spaces: such a path is not passed"
+
+
+def test_the_options_go_before_what_spark_submit_opts_holds_already() -> None:
+    assert jvm.submit_env([], {jvm.SUBMIT_OPTS: "-Dmine=1"}) == {}
+    assert jvm.submit_env(["-Xa"], {}) == {jvm.SUBMIT_OPTS: "-Xa"}
+    assert jvm.submit_env(["-Xa", "-Xb"], {jvm.SUBMIT_OPTS: " -Dmine=1 "}) == {jvm.SUBMIT_OPTS: "-Xa -Xb -Dmine=1"}
+
+
+def test_no_archive_where_the_jvm_refuses_a_folder_on_the_classpath(fake_spark: Path) -> None:
+    archive = jvm.archive_path()
+    assert archive is not None
+    install(archive)
+    (fake_spark / "conf").mkdir()
+    assert jvm.usable_archive() == archive, "an empty conf folder is fine"
+    (fake_spark / "conf" / "spark-defaults.conf").write_text("spark.ui.killEnabled false\n")
+    assert jvm.usable_archive() is None
+    with pytest.raises(RuntimeError, match=f"{fake_spark / 'conf'} is a folder on the Spark driver's classpath"):
+        jvm.build_archive(lambda options, timeout: pytest.fail("no training run"))
+
+
+def fake_spark_submit(folder: Path, exit_code: int) -> str:
+    script = folder / f"spark-submit-{exit_code}"
+    script.write_text(f"#!/bin/sh\necho checked \"$SPARK_SUBMIT_OPTS\"\nexit {exit_code}\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_an_archive_is_installed_whole_and_replaces_the_old_one_of_its_spark(
+        fake_spark: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(jvm, "spark_submit", lambda: fake_spark_submit(tmp_path, 0))
+    old = jvm.archive_path()
+    assert old is not None
+    install(old)
+    json_record = json.loads(old.with_suffix(".json").read_text())
+    old.with_suffix(".json").write_text(json.dumps({**json_record, "spark_home": str(jvm.spark_home())}))
+    other = old.with_name("spark-driver-other.jsa")  # another venv's Spark: kept
+    install(other)
+    (fake_spark / "jars" / "spark-sql.jar").write_bytes(b"upgraded")
+    trained: list[tuple[list[str], float]] = []
+
+    def train(options: list[str], timeout: float) -> None:
+        trained.append((options, timeout))
+        Path(options[0].removeprefix("-XX:ArchiveClassesAtExit=")).write_bytes(b"classes" * 100)
+
+    archive = jvm.build_archive(train)
+    assert archive == jvm.archive_path() != old
+    assert jvm.usable_archive() == archive and archive.read_bytes() == b"classes" * 100
+    assert not old.exists() and not old.with_suffix(".json").exists(), "the replaced archive of this Spark is gone"
+    assert other.exists()
+    assert sorted(path.name for path in archive.parent.iterdir() if path.name.startswith(".")) == []
+    assert jvm.build_archive(train) == archive and len(trained) == 1, "a usable archive is not recorded again"
+    jvm.build_archive(train, force=True)
+    assert len(trained) == 2
+
+
+def test_an_archive_the_check_refuses_is_not_installed(fake_spark: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(jvm, "spark_submit", lambda: fake_spark_submit(tmp_path, 1))
+
+    def train(options: list[str], timeout: float) -> None:
+        Path(options[0].removeprefix("-XX:ArchiveClassesAtExit=")).write_bytes(b"torn")
+
+    with pytest.raises(RuntimeError, match="a JVM cannot map the new archive: checked -Xshare:on"):
+        jvm.build_archive(train)
+    archive = jvm.archive_path()
+    assert archive is not None and list(archive.parent.iterdir()) == []
+    with pytest.raises(RuntimeError, match="wrote no archive"):
+        jvm.build_archive(lambda options, timeout: None)
+
+
+def test_a_small_run_is_measured_by_the_lag_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sluice.kinds.kafka import KafkaSourceKind
+    from sluice.lag.observe import unread_bytes
+
+    monkeypatch.delenv("SLUICE_JIT_SMALL_RUN_MAX_BYTES", raising=False)
+    parquet = events_stream("parquet", source={**events_stream()["source"], "format": "parquet", "path": "pq"})
+    merged = events_stream("merged", sink={"path": "bronze/merged", "engine": "rs", "mode": "merge",
+                                           "keys": ["event_id"], "sequence_by": "event_time"})
+    catalog = load_catalog(write_catalog(tmp_path, events_stream("events"), events_stream("other", checkpoint="o"),
+                                         parquet, merged))
+    roots = roots_in(tmp_path)
+    landing = tmp_path / "landing" / "events"
+    landing.mkdir(parents=True)
+    (landing / "a.json").write_bytes(b"{}\n" * 1000)  # 3,000 bytes unread
+    events = catalog.select(["events"])
+    monkeypatch.setenv("SLUICE_JIT_SMALL_RUN_MAX_BYTES", "3000")
+    assert jvm.small_run(events, roots)
+    assert not jvm.small_run(catalog.select(["events", "other"]), roots), "6,000 bytes in all: over the limit"
+    (landing / "b.json").write_bytes(b"{}\n")
+    assert not jvm.small_run(events, roots), "one byte over the limit"
+    monkeypatch.setenv("SLUICE_JIT_SMALL_RUN_MAX_BYTES", "0")
+    assert not jvm.small_run(events, roots), "0 turns the light JIT off"
+    monkeypatch.setenv("SLUICE_JIT_SMALL_RUN_MAX_BYTES", "lots")
+    assert not jvm.small_run(events, roots)
+    monkeypatch.delenv("SLUICE_JIT_SMALL_RUN_MAX_BYTES")
+    assert jvm.small_run(catalog.select(["events", "other"]), roots), "far under the default limit"
+    assert not jvm.small_run(catalog.select(["parquet"]), roots), "compressed bytes do not measure the work"
+    assert not jvm.small_run(catalog.select(["merged"]), roots), "a merge reads its table"
+    (tmp_path / "kafka").mkdir()
+    [clicks] = load_catalog(kafka_catalog(tmp_path / "kafka")).select(["clicks"])
+    monkeypatch.setattr(KafkaSourceKind, "backlog", lambda *args: pytest.fail("the broker was asked"))
+    assert unread_bytes(clicks, roots) is None, "a Kafka topic cannot tell its bytes"
+    assert not jvm.small_run([clicks], roots)
+
+
+def test_the_operator_starts_a_small_runs_driver_with_the_archive_and_the_light_jit(
+        tmp_path: Path, fake_spark: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import airflow.providers.apache.spark.hooks.spark_submit as provider
+
+    monkeypatch.setattr(provider, "subprocess", types.SimpleNamespace(**{**vars(subprocess), "Popen": FakeSparkSubmit}))
+    monkeypatch.delenv("SLUICE_JIT_SMALL_RUN_MAX_BYTES", raising=False)
+    monkeypatch.setenv(jvm.SUBMIT_OPTS, "-Dmine=1")
+    archive = jvm.archive_path()
+    assert archive is not None
+    install(archive)
+    catalog = write_catalog(tmp_path, events_stream("clicks"))
+    roots = roots_in(tmp_path)
+    (tmp_path / "landing" / "events").mkdir(parents=True)
+    (tmp_path / "landing" / "events" / "a.json").write_bytes(b"{}\n" * 10)
+    user = {"spark.driver.extraJavaOptions": "-Dtheirs=1"}
+
+    def launched(**kwargs: object) -> tuple[list[str], str]:
+        FakeSparkSubmit.calls = []
+        operator = make_operator(catalog, ["clicks"], landing_root=roots.landing, lake_root=roots.lake,
+                                 checkpoint_root=roots.checkpoints, **kwargs)
+        operator.execute({"run_id": "manual__1", "ti": FakeTaskInstance()})
+        [(arguments, env)] = FakeSparkSubmit.calls
+        return arguments, env[jvm.SUBMIT_OPTS]
+
+    arguments, options = launched(conf=user)
+    assert options == f"-XX:SharedArchiveFile={archive} {jvm.LIGHT_JIT} -Dmine=1"
+    at = arguments.index("spark.driver.extraJavaOptions=-Dtheirs=1")
+    assert arguments[at - 1] == "--conf", "the task's own options go to spark-submit as they were"
+    assert user == {"spark.driver.extraJavaOptions": "-Dtheirs=1"}
+    monkeypatch.setenv("SLUICE_JIT_SMALL_RUN_MAX_BYTES", "10")
+    arguments, options = launched()
+    assert options == f"-XX:SharedArchiveFile={archive} -Dmine=1", "a large run keeps the full JIT"
+    assert not any("extraJavaOptions" in argument for argument in arguments)
