@@ -48,19 +48,23 @@ def spark() -> Iterator[object]:
     """One local SparkSession for the whole run: local[2], UI off, few shuffle partitions."""
     from pyspark.sql import SparkSession
 
-    from sluice.operations.jvm import driver_java_options
+    from sluice.operations.jvm import driver_java_options, submit_env
     from sluice_spark.session import configure_sluice, register_data_sources
 
-    session = (
-        configure_sluice(SparkSession.builder)
-        .config("spark.driver.extraJavaOptions", " ".join(driver_java_options(small=False)))
-        .master("local[2]")
-        .appName("sluice-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.memory", "1g")
-        .getOrCreate()
-    )
+    # The class archive for the session's driver, as the operators give it: in the environment of the spark-submit
+    # that pyspark starts, so that the machine's own extraJavaOptions stay.
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in submit_env(driver_java_options(small=False)).items():
+            patch.setenv(name, value)
+        session = (
+            configure_sluice(SparkSession.builder)
+            .master("local[2]")
+            .appName("sluice-tests")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.driver.memory", "1g")
+            .getOrCreate()
+        )
     session.sparkContext.setLogLevel("ERROR")
     register_data_sources(session)
     yield session

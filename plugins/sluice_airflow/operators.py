@@ -337,13 +337,17 @@ class StreamRunOperator(SparkAppOperator):
         return {**super().secret_env(), **kafka}
 
     def small_run(self) -> bool:
+        from sluice.constants import DeltaEngine
         from sluice.operations.jvm import small_run
 
         try:
             streams = self.stream_catalog().select(list(self.streams))
-        except Exception:  # refused with its reason by what reads the catalog next (secret_env, the runner)
+            engine = DeltaEngine(self.engine) if self.engine else None
+        except Exception:  # refused with its reason by what reads them next (secret_env, the runner)
             return False
-        return small_run(streams, self.resolved_roots())
+        extra = self.spark_submit_kwargs or {}
+        return small_run(streams, self.resolved_roots(), engine=engine,
+                         own_jars=bool(extra.get("jars") or extra.get("packages") or self.conf))
 
     def application_args(self, *, run_id: str, summary_file: str) -> list[str]:
         if not self.streams or not all(isinstance(name, str) and name for name in self.streams):

@@ -295,8 +295,7 @@ def collects_on_driver(stream: StreamSpec, roots: Roots, engine: DeltaEngine, ta
     to the driver as Arrow and appended there with the same once-only Delta transaction: no Python data source to
     plan, no Python workers on the executors and none for the driver's commit, which on a cold application cost more
     than the small run's own work."""
-    if (engine is not DeltaEngine.RS or stream.source.schema_evolution is SchemaEvolution.ADD_NEW_COLUMNS
-            or any(target.mode is not SinkMode.APPEND for target in targets)):
+    if engine is not DeltaEngine.RS or any(target.mode is not SinkMode.APPEND for target in targets):
         return False
     limit = int(os.environ.get("SLUICE_DRIVER_WRITE_MAX_BYTES", DRIVER_WRITE_MAX_BYTES))
     unread = text_append_backlog(stream, roots) if limit > 0 else None

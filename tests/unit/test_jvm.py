@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import types
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from sluice.catalog import load_catalog
+from sluice.constants import DeltaEngine
 from sluice.operations import jvm
 from tests.helpers import events_stream, roots_in, write_catalog
 from tests.unit.test_kafka_secrets import FakeSparkSubmit, FakeTaskInstance, kafka_catalog, make_operator
@@ -111,18 +113,24 @@ def test_an_archive_is_installed_whole_and_replaces_the_old_one_of_its_spark(
     old.with_suffix(".json").write_text(json.dumps({**json_record, "spark_home": str(jvm.spark_home())}))
     other = old.with_name("spark-driver-other.jsa")  # another venv's Spark: kept
     install(other)
+    (tmp_path / "other-spark").mkdir()
+    other.with_suffix(".json").write_text(json.dumps({"size": 64, "spark_home": str(tmp_path / "other-spark")}))
+    gone = old.with_name("spark-driver-gone.jsa")  # a removed venv's: deleted
+    install(gone)
+    gone.with_suffix(".json").write_text(json.dumps({"size": 64, "spark_home": str(tmp_path / "removed-venv")}))
     (fake_spark / "jars" / "spark-sql.jar").write_bytes(b"upgraded")
     trained: list[tuple[list[str], float]] = []
 
-    def train(options: list[str], timeout: float) -> None:
+    def train(options: list[str], timeout: float) -> str:
         trained.append((options, timeout))
         Path(options[0].removeprefix("-XX:ArchiveClassesAtExit=")).write_bytes(b"classes" * 100)
+        return ""
 
     archive = jvm.build_archive(train)
     assert archive == jvm.archive_path() != old
     assert jvm.usable_archive() == archive and archive.read_bytes() == b"classes" * 100
     assert not old.exists() and not old.with_suffix(".json").exists(), "the replaced archive of this Spark is gone"
-    assert other.exists()
+    assert other.exists() and not gone.exists() and not gone.with_suffix(".json").exists()
     assert sorted(path.name for path in archive.parent.iterdir() if path.name.startswith(".")) == []
     assert jvm.build_archive(train) == archive and len(trained) == 1, "a usable archive is not recorded again"
     jvm.build_archive(train, force=True)
@@ -133,15 +141,50 @@ def test_an_archive_the_check_refuses_is_not_installed(fake_spark: Path, tmp_pat
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(jvm, "spark_submit", lambda: fake_spark_submit(tmp_path, 1))
 
-    def train(options: list[str], timeout: float) -> None:
+    def train(options: list[str], timeout: float) -> str:
         Path(options[0].removeprefix("-XX:ArchiveClassesAtExit=")).write_bytes(b"torn")
+        return ""
 
     with pytest.raises(RuntimeError, match="a JVM cannot map the new archive: checked -Xshare:on"):
         jvm.build_archive(train)
     archive = jvm.archive_path()
     assert archive is not None and list(archive.parent.iterdir()) == []
-    with pytest.raises(RuntimeError, match="wrote no archive"):
-        jvm.build_archive(lambda options, timeout: None)
+    with pytest.raises(RuntimeError, match="wrote no archive; its JVM said:\nError: non-empty directory"):
+        jvm.build_archive(lambda options, timeout: "Error: non-empty directory '/opt/spark/conf/'")
+    monkeypatch.setenv("SLUICE_CACHE_DIR", str(tmp_path / "a cache"))
+    with pytest.raises(RuntimeError, match="has a space or a quote"):
+        jvm.build_archive(lambda options, timeout: pytest.fail("no training run"))
+
+
+def test_an_archive_others_could_swap_is_not_used(fake_spark: Path, tmp_path: Path) -> None:
+    archive = jvm.archive_path()
+    assert archive is not None
+    install(archive)
+    assert jvm.usable_archive() == archive
+    archive.parent.chmod(0o777)
+    assert jvm.usable_archive() is None, "a folder others can write to"
+    with pytest.raises(RuntimeError, match="others can write to it"):
+        jvm.build_archive(lambda options, timeout: pytest.fail("no training run"))
+    archive.parent.chmod(0o755)
+    archive.chmod(0o666)
+    assert jvm.usable_archive() is None, "a file others can write to"
+    archive.chmod(0o444)
+    planted = tmp_path / "planted.jsa"
+    planted.write_bytes(archive.read_bytes())
+    archive.unlink()
+    archive.symlink_to(planted)
+    assert jvm.usable_archive() is None, "a link"
+
+
+def test_a_new_cache_folder_is_private(fake_spark: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(jvm, "spark_submit", lambda: fake_spark_submit(tmp_path, 0))
+
+    def train(options: list[str], timeout: float) -> str:
+        Path(options[0].removeprefix("-XX:ArchiveClassesAtExit=")).write_bytes(b"classes")
+        return ""
+
+    archive = jvm.build_archive(train)
+    assert stat.S_IMODE(archive.parent.stat().st_mode) == 0o700
 
 
 def test_a_small_run_is_measured_by_the_lag_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -150,10 +193,12 @@ def test_a_small_run_is_measured_by_the_lag_probe(tmp_path: Path, monkeypatch: p
 
     monkeypatch.delenv("SLUICE_JIT_SMALL_RUN_MAX_BYTES", raising=False)
     parquet = events_stream("parquet", source={**events_stream()["source"], "format": "parquet", "path": "pq"})
+    automatic = events_stream("automatic", sink={"path": "bronze/automatic", "engine": "auto"})
+    adding = events_stream("adding", source={**events_stream()["source"], "schema_evolution": "add_new_columns"})
     merged = events_stream("merged", sink={"path": "bronze/merged", "engine": "rs", "mode": "merge",
                                            "keys": ["event_id"], "sequence_by": "event_time"})
     catalog = load_catalog(write_catalog(tmp_path, events_stream("events"), events_stream("other", checkpoint="o"),
-                                         parquet, merged))
+                                         parquet, merged, adding, automatic))
     roots = roots_in(tmp_path)
     landing = tmp_path / "landing" / "events"
     landing.mkdir(parents=True)
@@ -172,6 +217,17 @@ def test_a_small_run_is_measured_by_the_lag_probe(tmp_path: Path, monkeypatch: p
     assert jvm.small_run(catalog.select(["events", "other"]), roots), "far under the default limit"
     assert not jvm.small_run(catalog.select(["parquet"]), roots), "compressed bytes do not measure the work"
     assert not jvm.small_run(catalog.select(["merged"]), roots), "a merge reads its table"
+    assert not jvm.small_run(catalog.select(["adding"]), roots), "add_new_columns types new columns with Spark jobs"
+    assert not jvm.small_run(events, roots, engine=DeltaEngine.JVM), "the JVM's Delta writer was never measured"
+    automatic = catalog.select(["automatic"])
+    monkeypatch.setenv("SPARK_HOME", str(tmp_path / "spark"))
+    (tmp_path / "spark" / "jars").mkdir(parents=True)
+    assert jvm.small_run(automatic, roots), "auto is rs without delta-spark's jars"
+    assert not jvm.small_run(automatic, roots, own_jars=True), "auto may find delta-spark in the task's own jars"
+    assert jvm.small_run(automatic, roots, engine=DeltaEngine.RS, own_jars=True)
+    (tmp_path / "spark" / "jars" / "delta-spark_2.13-4.4.1.jar").write_bytes(b"jar")
+    assert not jvm.small_run(automatic, roots), "auto is the JVM's writer where delta-spark's jars are"
+    assert jvm.small_run(automatic, roots, engine=DeltaEngine.RS)
     (tmp_path / "kafka").mkdir()
     [clicks] = load_catalog(kafka_catalog(tmp_path / "kafka")).select(["clicks"])
     monkeypatch.setattr(KafkaSourceKind, "backlog", lambda *args: pytest.fail("the broker was asked"))

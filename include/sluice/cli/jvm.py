@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 from importlib.util import find_spec
@@ -19,7 +18,7 @@ from pathlib import Path
 
 from sluice.catalog import DEFAULT_CATALOG
 from sluice.cli.demo_producer import DemoProducer
-from sluice.operations.jvm import build_archive, spark_submit, submit_env
+from sluice.operations.jvm import build_archive, run_group, spark_submit, submit_env
 from sluice.paths import Roots
 
 TRAINING_STREAMS = ("events_bronze", "orders_bronze")
@@ -32,20 +31,21 @@ def stream_runner() -> Path:
     return Path(spec.origin).parent.parent / "stream_runner.py"
 
 
-def train(options: list[str], timeout: float) -> None:
+def train(options: list[str], timeout: float) -> str:
     """One small run of the training streams, with ``options`` given to the driver's JVM, within ``timeout``
-    seconds."""
+    seconds; returns what it printed."""
     with tempfile.TemporaryDirectory(prefix="sluice-jvm-training-") as folder:
         roots = Roots(landing=f"{folder}/landing", lake=f"{folder}/lake", checkpoints=f"{folder}/checkpoints")
         DemoProducer(roots.landing, seed=11).produce(files=2, lines=300)
         env = {**os.environ, **submit_env(options), "PYSPARK_PYTHON": sys.executable,
                "PYSPARK_DRIVER_PYTHON": sys.executable}
-        done = subprocess.run(
+        done = run_group(
             [spark_submit(), "--master", "local[2]", "--conf", "spark.ui.enabled=false", str(stream_runner()),
              "--catalog", str(DEFAULT_CATALOG), *(f"--stream={name}" for name in TRAINING_STREAMS), *roots.as_args()],
-            env=env, capture_output=True, text=True, timeout=timeout, cwd=folder)
+            env=env, timeout=timeout, cwd=folder)
         if done.returncode != 0:
             raise RuntimeError(f"the training run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+        return done.stdout + done.stderr
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,11 +28,14 @@ an option that cannot be worked out is left out, with a warning.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import shutil
+import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -41,6 +44,7 @@ from collections.abc import Callable, Iterable, Mapping
 from importlib.util import find_spec
 from pathlib import Path
 
+from sluice.constants import DeltaEngine
 from sluice.lag.observe import text_append_backlog
 from sluice.limits import JIT_SMALL_RUN_MAX_BYTES
 from sluice.model.stream import StreamSpec
@@ -131,16 +135,33 @@ def _record(archive: Path) -> Path:
     return archive.with_suffix(".json")
 
 
+def _trusted(path: Path) -> bool:
+    """A file or folder of this user that no one else can write, and no link: a class archive is mapped without
+    verifying its classes again, so one that another user could plant or swap would run their code in the driver."""
+    status = os.lstat(path)
+    return (not stat.S_ISLNK(status.st_mode) and status.st_uid == os.geteuid()
+            and not stat.S_IMODE(status.st_mode) & 0o022)
+
+
 def usable_archive() -> Path | None:
-    """The archive, when it was installed whole by :func:`build_archive` and is still the size it recorded."""
+    """The archive, when it was installed whole by :func:`build_archive` (still the size it recorded), it, its record
+    and its folder are this user's and no one else's to write, and no folder on the classpath makes the JVM refuse
+    it."""
     archive = archive_path()
-    if archive is None or any(char.isspace() or char in "'\"\\" for char in str(archive)):
-        return None  # kept simple: such a path would need quoting in SPARK_SUBMIT_OPTS
+    if archive is None or _unquotable(archive):
+        return None
     try:
         recorded = json.loads(_record(archive).read_text(encoding="utf-8"))
-        return archive if archive.stat().st_size == recorded["size"] and sharing_refusal() is None else None
+        whole = archive.stat().st_size == recorded["size"]
+        trusted = all(_trusted(path) for path in (archive.parent, archive, _record(archive)))
+        return archive if whole and trusted and sharing_refusal() is None else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def _unquotable(archive: Path) -> bool:
+    """Kept simple: a path that would need quoting in ``SPARK_SUBMIT_OPTS`` is not used."""
+    return any(char.isspace() or char in "'\"\\" for char in str(archive))
 
 
 def driver_java_options(*, small: bool) -> list[str]:
@@ -162,18 +183,27 @@ def submit_env(options: Iterable[str], environ: Mapping[str, str] | None = None)
     return {SUBMIT_OPTS: " ".join([*options, *([given] if given else [])])} if options else {}
 
 
-def small_run(streams: Iterable[StreamSpec], roots: Roots) -> bool:
-    """True when every stream reads text files it appends without a join, and all of them hold at most
-    ``SLUICE_JIT_SMALL_RUN_MAX_BYTES`` unread, as their lag probes measure it. False when any cannot tell: a large
-    run on the light JIT is slow, a small one on the full JIT only less quick."""
+def small_run(streams: Iterable[StreamSpec], roots: Roots, *, engine: DeltaEngine | None = None,
+              own_jars: bool = False) -> bool:
+    """True when every stream reads text files it appends without a join on the rs engine, and all of them hold at
+    most ``SLUICE_JIT_SMALL_RUN_MAX_BYTES`` unread, as their lag probes measure it (the driver measures it again).
+    ``engine`` is the run's override of the streams' engines; ``own_jars`` says the run adds jars or packages, which
+    may bring delta-spark, so that ``auto`` may mean the JVM's Delta writer, which was never measured on the light
+    JIT. False when any stream cannot tell: a large run on the light JIT is slow, a small one on the full JIT only
+    less quick."""
     try:
         limit = int(os.environ.get("SLUICE_JIT_SMALL_RUN_MAX_BYTES", JIT_SMALL_RUN_MAX_BYTES))
     except ValueError:
         log.warning("SLUICE_JIT_SMALL_RUN_MAX_BYTES must be a number of bytes; the driver keeps the full JIT")
         return False
+    if limit <= 0:
+        return False
     total = 0
     for stream in streams:
-        unread = text_append_backlog(stream, roots) if limit > 0 else None
+        requested = engine or getattr(stream.sink, "engine", DeltaEngine.JVM)
+        if requested is DeltaEngine.JVM or (requested is DeltaEngine.AUTO and (own_jars or _delta_spark_jars())):
+            return False
+        unread = text_append_backlog(stream, roots)
         if unread is None:
             return False
         total += unread
@@ -182,64 +212,102 @@ def small_run(streams: Iterable[StreamSpec], roots: Roots) -> bool:
     return True
 
 
+def _delta_spark_jars() -> bool:
+    """Whether delta-spark's jars are in Spark's jars folder (the Airflow image puts them there)."""
+    try:
+        return any((spark_home() / "jars").glob("delta-spark*.jar"))
+    except RuntimeError:
+        return True  # cannot tell
+
+
+def run_group(command: list[str], *, env: Mapping[str, str], timeout: float,
+              cwd: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` in a process group of its own, its output captured; on timeout the whole group is killed
+    (spark-submit's JVM and its Python driver) and RuntimeError says so."""
+    process = subprocess.Popen(command, env=dict(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True)
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise RuntimeError(f"{command[0]} did not finish within {timeout:.0f} s") from None
+    return subprocess.CompletedProcess(command, process.returncode, out, err)
+
+
 def spark_submit() -> str:
     """The spark-submit beside this interpreter (the venv's), else the one on PATH."""
     beside = Path(sys.executable).parent / "spark-submit"
     return str(beside) if beside.exists() else "spark-submit"
 
 
-def build_archive(train: Callable[[list[str], float], None], *, force: bool = False) -> Path:
+def build_archive(train: Callable[[list[str], float], str], *, force: bool = False) -> Path:
     """Record this machine's driver archive: ``train(options, timeout)`` must run a Sluice application through
-    spark-submit with ``options`` given to its driver's JVM, within ``timeout`` seconds; that JVM writes the classes
-    it loaded at exit. The archive is checked by a JVM that must map it, then renamed into place. Returns its path;
-    raises RuntimeError when it cannot be built (turned off, no java, a classpath the JVM refuses, a failed training
-    run or check)."""
+    spark-submit with ``options`` given to its driver's JVM, within ``timeout`` seconds, and return its output; that
+    JVM writes the classes it loaded at exit. The archive is checked by a JVM that must map it, then renamed into
+    place. Returns its path; raises RuntimeError when it cannot be built (turned off, no java, a path or a classpath
+    the JVM refuses, a failed training run or check)."""
     archive = archive_path()
     if archive is None:
         raise RuntimeError(f"the driver archive is turned off ({ARCHIVE_SWITCH}) or there is no java on PATH")
     refusal = sharing_refusal()
     if refusal:
         raise RuntimeError(refusal)
+    if _unquotable(archive):
+        raise RuntimeError(f"the cache folder {archive.parent} has a space or a quote in its path; set "
+                           "SLUICE_CACHE_DIR to another")
     if not force and usable_archive() == archive:
         return archive
-    archive.parent.mkdir(parents=True, exist_ok=True)
+    archive.parent.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(archive.parent, 0o700)
+    if not _trusted(archive.parent):
+        raise RuntimeError(f"the cache folder {archive.parent} is a link, another user's, or others can write to it; "
+                           "set SLUICE_CACHE_DIR to a folder of this user only")
     for left in archive.parent.glob(".spark-driver-*.partial"):  # a killed build's
-        if time.time() - left.stat().st_mtime > _TRAINING_TIMEOUT_SECONDS:
-            left.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            if time.time() - left.stat().st_mtime > _TRAINING_TIMEOUT_SECONDS:
+                left.unlink(missing_ok=True)
     staged = archive.with_name(f".{archive.name}.{os.getpid()}.partial")
     staged.unlink(missing_ok=True)
     try:
         with tempfile.TemporaryDirectory(prefix="sluice-jvm-") as scratch:
             crash_log = f"-XX:ErrorFile={scratch}/hs_err_%p.log"  # a JVM that crashes on a bad archive writes here
-            train([f"-XX:ArchiveClassesAtExit={staged}", crash_log], _TRAINING_TIMEOUT_SECONDS)
+            output = train([f"-XX:ArchiveClassesAtExit={staged}", crash_log], _TRAINING_TIMEOUT_SECONDS)
             if not staged.exists():
-                raise RuntimeError("the training run wrote no archive")
-            check = subprocess.run([spark_submit(), "--version"], capture_output=True, text=True,
-                                   timeout=_CHECK_TIMEOUT_SECONDS, cwd=scratch,
-                                   env={**os.environ, **submit_env(["-Xshare:on", f"-XX:SharedArchiveFile={staged}",
-                                                                    crash_log])})
-        if check.returncode != 0:
-            raise RuntimeError(f"a JVM cannot map the new archive: {(check.stdout + check.stderr).strip()[-2000:]}")
+                raise RuntimeError(f"the training run wrote no archive; its JVM said:\n{_tail(output)}")
+            check = run_group([spark_submit(), "--version"], timeout=_CHECK_TIMEOUT_SECONDS, cwd=scratch,
+                              env={**os.environ, **submit_env(["-Xshare:on", f"-XX:SharedArchiveFile={staged}",
+                                                               crash_log])})
+            if check.returncode != 0:
+                crashes = "".join(path.read_text(errors="replace")[:1000] for path in Path(scratch).glob("hs_err_*"))
+                raise RuntimeError("a JVM cannot map the new archive: "
+                                   f"{_tail(check.stdout + check.stderr + crashes)}")
         size = staged.stat().st_size
         _record(archive).unlink(missing_ok=True)  # never a record beside another file's bytes
         os.replace(staged, archive)
         _record(archive).write_text(json.dumps({"size": size, "spark_home": str(spark_home())}) + "\n",
                                     encoding="utf-8")
-    except subprocess.TimeoutExpired as exc:
-        raise RuntimeError(f"{exc.cmd[0]} did not finish within {exc.timeout:.0f} s") from None
     finally:
         staged.unlink(missing_ok=True)
     _remove_replaced(archive)
     return archive
 
 
+def _tail(text: str) -> str:
+    return text.strip()[-2000:]
+
+
 def _remove_replaced(archive: Path) -> None:
-    """Delete the archives this one replaces: those recorded for the same Spark install (older jars or JDK)."""
+    """Delete the archives this one replaces: the others recorded for the same Spark install (its jars or its JDK
+    changed since; with two JDKs in turn, the last one recorded stays), and those of Spark installs that are gone."""
     for record in archive.parent.glob("spark-driver-*.json"):
         if record == _record(archive):
             continue
         try:
-            if json.loads(record.read_text(encoding="utf-8")).get("spark_home") == str(spark_home()):
+            home = json.loads(record.read_text(encoding="utf-8")).get("spark_home")
+            if home == str(spark_home()) or not Path(str(home)).is_dir():
                 record.with_suffix(".jsa").unlink(missing_ok=True)
                 record.unlink(missing_ok=True)
         except (OSError, ValueError, AttributeError):
