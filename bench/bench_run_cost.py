@@ -56,7 +56,7 @@ from sluice.catalog import DEFAULT_CATALOG, load_catalog
 from sluice.cli.demo_producer import EVENT_SCHEMA, DemoProducer
 from sluice.cli.devserver import warm_jvm_environment
 from sluice.constants import SUMMARY_MARKER
-from sluice.operations.jvm import driver_java_options, small_run, submit_env, usable_archive
+from sluice.operations.jvm import archive_refusal, driver_java_options, small_run, submit_env
 from sluice.paths import Roots
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -323,8 +323,9 @@ def main() -> None:
         java_options = driver_java_options(small=small_run(
             load_catalog(world.catalog).select([STREAM]),
             Roots(landing=str(world.landing), lake=str(fresh / "lake"), checkpoints=str(fresh / "checkpoints"))))
+        refusal = archive_refusal()
         print(f"driver JVM options of Sluice's runs: {' '.join(java_options) or 'none'}"
-              + ("" if usable_archive() else " (no class archive: run `python -m sluice jvm-archive` first)"))
+              + (f" (no class archive: {refusal})" if refusal else ""))
         sides = ["spark", "spark_same_jvm", "bare", "bare_executors", "dag"]
         if not args.no_scheduler:
             scheduler = Scheduler(world)

@@ -345,9 +345,11 @@ class StreamRunOperator(SparkAppOperator):
             engine = DeltaEngine(self.engine) if self.engine else None
         except Exception:  # refused with its reason by what reads them next (secret_env, the runner)
             return False
-        extra = self.spark_submit_kwargs or {}
-        return small_run(streams, self.resolved_roots(), engine=engine,
-                         own_jars=bool(extra.get("jars") or extra.get("packages") or self.conf))
+        extra, conf = self.spark_submit_kwargs or {}, self.conf or {}
+        own_jars = (any(extra.get(key) for key in ("jars", "packages", "driver_class_path"))
+                    or any(conf.get(key) for key in ("spark.jars", "spark.jars.packages",
+                                                     "spark.driver.extraClassPath")))
+        return small_run(streams, self.resolved_roots(), engine=engine, own_jars=own_jars)
 
     def application_args(self, *, run_id: str, summary_file: str) -> list[str]:
         if not self.streams or not all(isinstance(name, str) and name for name in self.streams):

@@ -9,6 +9,7 @@ import os
 import stat
 import subprocess
 import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,10 @@ from tests.unit.test_kafka_secrets import FakeSparkSubmit, FakeTaskInstance, kaf
 
 
 @pytest.fixture
-def fake_spark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A Spark home with two jars, a java binary, and a cache folder: what the archive's name depends on."""
+def fake_spark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A Spark home with two jars, a java binary, and a cache folder: what the archive's name depends on. The files
+    the tests make are private to the user whatever the machine's umask (a test says where it matters)."""
+    previous = os.umask(0o022)
     home = tmp_path / "spark"
     (home / "jars").mkdir(parents=True)
     for name in ("spark-core.jar", "spark-sql.jar"):
@@ -36,7 +39,8 @@ def fake_spark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv(jvm.ARCHIVE_SWITCH, raising=False)
     for name in jvm._CLASSPATH_ENV:
         monkeypatch.delenv(name, raising=False)
-    return home
+    yield home
+    os.umask(previous)
 
 
 def install(archive: Path, size: int | None = None) -> None:
@@ -160,31 +164,45 @@ def test_an_archive_others_could_swap_is_not_used(fake_spark: Path, tmp_path: Pa
     archive = jvm.archive_path()
     assert archive is not None
     install(archive)
-    assert jvm.usable_archive() == archive
+    record = archive.with_suffix(".json")
+    assert jvm.usable_archive() == archive and jvm.archive_refusal() is None
     archive.parent.chmod(0o777)
-    assert jvm.usable_archive() is None, "a folder others can write to"
-    with pytest.raises(RuntimeError, match="others can write to it"):
-        jvm.build_archive(lambda options, timeout: pytest.fail("no training run"))
+    assert jvm.usable_archive() is None
+    assert jvm.archive_refusal() == f"{archive.parent} has mode 777: others can write to it"
     archive.parent.chmod(0o755)
+    record.chmod(0o664)
+    assert jvm.archive_refusal() == f"{record} has mode 664: others can write to it", "the record says the size"
+    record.chmod(0o644)
     archive.chmod(0o666)
-    assert jvm.usable_archive() is None, "a file others can write to"
+    assert jvm.usable_archive() is None
     archive.chmod(0o444)
     planted = tmp_path / "planted.jsa"
     planted.write_bytes(archive.read_bytes())
     archive.unlink()
     archive.symlink_to(planted)
-    assert jvm.usable_archive() is None, "a link"
+    assert jvm.archive_refusal() == f"{archive} is a link"
 
 
-def test_a_new_cache_folder_is_private(fake_spark: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_build_under_a_loose_umask_gives_an_archive_runs_use(fake_spark: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(jvm, "spark_submit", lambda: fake_spark_submit(tmp_path, 0))
+    archive = jvm.archive_path()
+    assert archive is not None
+    archive.parent.mkdir(mode=0o775)
+    archive.parent.chmod(0o775)  # this user's own cache folder, made by an older build under umask 002
 
     def train(options: list[str], timeout: float) -> str:
         Path(options[0].removeprefix("-XX:ArchiveClassesAtExit=")).write_bytes(b"classes")
         return ""
 
-    archive = jvm.build_archive(train)
+    previous = os.umask(0o002)
+    try:
+        assert jvm.build_archive(train) == archive
+    finally:
+        os.umask(previous)
+    assert jvm.usable_archive() == archive
     assert stat.S_IMODE(archive.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(archive.with_suffix(".json").stat().st_mode) == 0o644
 
 
 def test_a_small_run_is_measured_by_the_lag_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -232,7 +250,7 @@ def test_a_small_run_is_measured_by_the_lag_probe(tmp_path: Path, monkeypatch: p
     [clicks] = load_catalog(kafka_catalog(tmp_path / "kafka")).select(["clicks"])
     monkeypatch.setattr(KafkaSourceKind, "backlog", lambda *args: pytest.fail("the broker was asked"))
     assert unread_bytes(clicks, roots) is None, "a Kafka topic cannot tell its bytes"
-    assert not jvm.small_run([clicks], roots)
+    assert not jvm.small_run([clicks], roots, engine=DeltaEngine.RS)
 
 
 def test_the_operator_starts_a_small_runs_driver_with_the_archive_and_the_light_jit(

@@ -135,28 +135,47 @@ def _record(archive: Path) -> Path:
     return archive.with_suffix(".json")
 
 
-def _trusted(path: Path) -> bool:
-    """A file or folder of this user that no one else can write, and no link: a class archive is mapped without
-    verifying its classes again, so one that another user could plant or swap would run their code in the driver."""
+def _untrusted(path: Path) -> str | None:
+    """Why ``path`` cannot be trusted with a class archive, or None: it must be this user's, writable by no one
+    else, and no link. A class archive is mapped without verifying its classes again, so one that another user could
+    plant or swap would run their code in the driver."""
     status = os.lstat(path)
-    return (not stat.S_ISLNK(status.st_mode) and status.st_uid == os.geteuid()
-            and not stat.S_IMODE(status.st_mode) & 0o022)
+    if stat.S_ISLNK(status.st_mode):
+        return f"{path} is a link"
+    if status.st_uid != os.geteuid():
+        return f"{path} belongs to uid {status.st_uid}, not to this user (uid {os.geteuid()})"
+    if stat.S_IMODE(status.st_mode) & 0o022:
+        return f"{path} has mode {stat.S_IMODE(status.st_mode):o}: others can write to it"
+    return None
+
+
+def archive_refusal() -> str | None:
+    """Why the archive is not used, or None when it is: turned off, not recorded whole by :func:`build_archive`
+    (missing, or not the size it recorded), not this user's alone (the file, its record or its folder), or a folder
+    on the classpath that makes the JVM refuse it."""
+    archive = archive_path()
+    if archive is None:
+        return f"it is turned off ({ARCHIVE_SWITCH}), or there is no java"
+    if _unquotable(archive):
+        return f"its path {archive} has a space or a quote; set SLUICE_CACHE_DIR to another folder"
+    try:
+        recorded = json.loads(_record(archive).read_text(encoding="utf-8"))
+        if archive.stat().st_size != recorded["size"]:
+            return f"{archive} is not the size its record says: run `python -m sluice jvm-archive --force`"
+        for path in (archive.parent, archive, _record(archive)):
+            problem = _untrusted(path)
+            if problem:
+                return problem
+    except FileNotFoundError:
+        return f"there is none at {archive}: run `python -m sluice jvm-archive`"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"its record cannot be read ({exc}): run `python -m sluice jvm-archive --force`"
+    return sharing_refusal()
 
 
 def usable_archive() -> Path | None:
-    """The archive, when it was installed whole by :func:`build_archive` (still the size it recorded), it, its record
-    and its folder are this user's and no one else's to write, and no folder on the classpath makes the JVM refuse
-    it."""
-    archive = archive_path()
-    if archive is None or _unquotable(archive):
-        return None
-    try:
-        recorded = json.loads(_record(archive).read_text(encoding="utf-8"))
-        whole = archive.stat().st_size == recorded["size"]
-        trusted = all(_trusted(path) for path in (archive.parent, archive, _record(archive)))
-        return archive if whole and trusted and sharing_refusal() is None else None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    """The archive when :func:`archive_refusal` finds nothing against it."""
+    return archive_path() if archive_refusal() is None else None
 
 
 def _unquotable(archive: Path) -> bool:
@@ -167,11 +186,15 @@ def _unquotable(archive: Path) -> bool:
 def driver_java_options(*, small: bool) -> list[str]:
     """The driver JVM's options for a run: the archive when there is a usable one, and the light JIT for a small
     run. An archive that cannot be looked up (no pyspark to find Spark's jars, no home folder) is left out."""
+    archive: Path | None = None
     try:
-        archive = usable_archive()
+        refusal = archive_refusal()
+        if refusal is None:
+            archive = archive_path()
+        elif "there is none" not in refusal and "turned off" not in refusal:
+            log.warning("the Spark driver's class archive is not used: %s", refusal)
     except Exception as exc:  # a speed-up never fails a run
         log.warning("the Spark driver's class archive cannot be looked up (%s); the run starts without it", exc)
-        archive = None
     return [*([f"-XX:SharedArchiveFile={archive}"] if archive else []), *([LIGHT_JIT] if small else [])]
 
 
@@ -228,11 +251,13 @@ def run_group(command: list[str], *, env: Mapping[str, str], timeout: float,
                                text=True, start_new_session=True)
     try:
         out, err = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except BaseException as exc:  # a timeout, or the user's Ctrl-C (the group does not get the terminal's)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.communicate()
-        raise RuntimeError(f"{command[0]} did not finish within {timeout:.0f} s") from None
+        if isinstance(exc, subprocess.TimeoutExpired):
+            raise RuntimeError(f"{command[0]} did not finish within {timeout:.0f} s") from None
+        raise
     return subprocess.CompletedProcess(command, process.returncode, out, err)
 
 
@@ -262,9 +287,12 @@ def build_archive(train: Callable[[list[str], float], str], *, force: bool = Fal
     archive.parent.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileExistsError):
         os.mkdir(archive.parent, 0o700)
-    if not _trusted(archive.parent):
-        raise RuntimeError(f"the cache folder {archive.parent} is a link, another user's, or others can write to it; "
-                           "set SLUICE_CACHE_DIR to a folder of this user only")
+    problem = _untrusted(archive.parent)
+    if problem and problem.endswith("others can write to it"):  # this user's own cache folder: made private
+        os.chmod(archive.parent, 0o700)
+        problem = None
+    if problem:
+        raise RuntimeError(f"the cache folder {problem}; set SLUICE_CACHE_DIR to a folder of this user only")
     for left in archive.parent.glob(".spark-driver-*.partial"):  # a killed build's
         with contextlib.suppress(FileNotFoundError):
             if time.time() - left.stat().st_mtime > _TRAINING_TIMEOUT_SECONDS:
@@ -282,16 +310,23 @@ def build_archive(train: Callable[[list[str], float], str], *, force: bool = Fal
                                                                crash_log])})
             if check.returncode != 0:
                 crashes = "".join(path.read_text(errors="replace")[:1000] for path in Path(scratch).glob("hs_err_*"))
-                raise RuntimeError("a JVM cannot map the new archive: "
-                                   f"{_tail(check.stdout + check.stderr + crashes)}")
+                raise RuntimeError("a JVM cannot map the new archive: "  # the JVM's own words last: on stdout
+                                   f"{_tail(check.stderr + check.stdout + crashes)}")
         size = staged.stat().st_size
         _record(archive).unlink(missing_ok=True)  # never a record beside another file's bytes
+        os.chmod(staged, 0o444)
         os.replace(staged, archive)
-        _record(archive).write_text(json.dumps({"size": size, "spark_home": str(spark_home())}) + "\n",
-                                    encoding="utf-8")
+        record = json.dumps({"size": size, "spark_home": str(spark_home())}) + "\n"
+        descriptor = os.open(_record(archive), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        os.fchmod(descriptor, 0o644)  # whatever the umask: a record others can write is not trusted
+        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+            file.write(record)
     finally:
         staged.unlink(missing_ok=True)
     _remove_replaced(archive)
+    refusal = archive_refusal()
+    if refusal:
+        raise RuntimeError(f"the archive was recorded, but runs cannot use it: {refusal}")
     return archive
 
 
