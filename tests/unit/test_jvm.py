@@ -5,6 +5,7 @@ records and maps a real archive."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import stat
 import subprocess
@@ -286,3 +287,19 @@ def test_the_operator_starts_a_small_runs_driver_with_the_archive_and_the_light_
     arguments, options = launched()
     assert options == f"-XX:SharedArchiveFile={archive} -Dmine=1", "a large run keeps the full JIT"
     assert not any("extraJavaOptions" in argument for argument in arguments)
+
+
+def test_a_refused_archive_is_named_in_the_log(fake_spark: Path, caplog: pytest.LogCaptureFixture) -> None:
+    archive = jvm.archive_path()
+    assert archive is not None
+    with caplog.at_level(logging.INFO, logger=jvm.log.name):
+        assert jvm.driver_java_options(small=False) == []
+    [note] = caplog.records
+    assert note.levelno == logging.INFO and "there is none at" in note.getMessage(), "none recorded: a note"
+    install(archive)
+    archive.with_suffix(".json").chmod(0o666)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=jvm.log.name):
+        assert jvm.driver_java_options(small=True) == [jvm.LIGHT_JIT]
+    [warning] = caplog.records
+    assert warning.levelno == logging.WARNING and "has mode 666: others can write to it" in warning.getMessage()

@@ -107,11 +107,9 @@ def fingerprint() -> str | None:
         return None
     jars = (spark_home() / "jars").resolve()
     digest = hashlib.sha256()
-    stat = java.stat()
-    digest.update(f"{java}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
-    for jar in sorted(jars.glob("*.jar")):
-        stat = jar.stat()
-        digest.update(f"{jar}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
+    for path in (java, *sorted(jars.glob("*.jar"))):
+        status = path.stat()
+        digest.update(f"{path}|{status.st_size}|{status.st_mtime_ns}\n".encode())
     for name in _CLASSPATH_ENV:
         digest.update(f"{name}={os.environ.get(name, '')}\n".encode())
     return digest.hexdigest()[:20]
@@ -191,8 +189,10 @@ def driver_java_options(*, small: bool) -> list[str]:
         refusal = archive_refusal()
         if refusal is None:
             archive = archive_path()
-        elif "there is none" not in refusal and "turned off" not in refusal:
-            log.warning("the Spark driver's class archive is not used: %s", refusal)
+        else:  # a warning when there is one it will not use; a note when none was recorded or it is turned off
+            found = archive_path()
+            (log.warning if found is not None and found.exists() else log.info)(
+                "the Spark driver's class archive is not used: %s", refusal)
     except Exception as exc:  # a speed-up never fails a run
         log.warning("the Spark driver's class archive cannot be looked up (%s); the run starts without it", exc)
     return [*([f"-XX:SharedArchiveFile={archive}"] if archive else []), *([LIGHT_JIT] if small else [])]
