@@ -38,6 +38,7 @@ from pyspark.sql.types import MapType as SparkMap
 
 from sluice.constants import CORRUPT_COLUMN, RESCUED_COLUMN, FileFormat, SchemaEvolution
 from sluice.errors import SluiceError
+from sluice.kinds.files import names_columns_by_header
 from sluice.model.schema import Schema
 from sluice.model.sources import SourceSpec
 from sluice.model.types import (
@@ -292,10 +293,8 @@ def reads_by_header(source: SourceSpec) -> bool:
     """Whether a source's CSV files are matched to its schema by the names in their headers
     (:mod:`sluice_spark.csv_drift`): under a drift policy, with ``header``, and without ``enforceSchema``, which asks
     for columns by position."""
-    options = source.options
     return (source.format is FileFormat.CSV and source.schema_evolution is not SchemaEvolution.NONE
-            and options.get("header", "false").lower() == "true"
-            and options.get("enforceSchema", "false").lower() != "true")
+            and names_columns_by_header(source.options))
 
 
 def reparse_as_text(source: SourceSpec) -> Column | None:

@@ -13,6 +13,7 @@ import sys
 from sluice.catalog import load_catalog
 from sluice.constants import FileFormat
 from sluice.errors import CatalogError
+from sluice.kinds.files import names_columns_by_header
 from sluice.model.stream import StreamSpec
 
 
@@ -22,9 +23,8 @@ def describe(stream: StreamSpec) -> str:
              f"{sink.destination} ({sink.mode.value}, {sink.engine.value})"]
     for column in source.schema.columns:
         lines.append(f"    {column.name}: {column.data_type.sql()}{'' if column.nullable else ' NOT NULL'}")
-    by_header = source.options.get("header", "false").lower() == "true" \
-        and source.options.get("enforceSchema", "false").lower() != "true"
-    kept = ("undeclared columns of a file's header, and misfits" if by_header else "misfits") \
+    kept = ("undeclared columns of a file's header, and misfits" if names_columns_by_header(source.options)
+            else "misfits") \
         if source.format is FileFormat.CSV else "undeclared fields and misfits"
     lines.append(f"  schema_evolution {source.schema_evolution.value}"
                  + (f" ({kept} in _rescued_data)" if source.rescues else ""))

@@ -74,6 +74,13 @@ class FileSource(SourceSpec):
         return self.options
 
 
+def names_columns_by_header(options: Mapping[str, str]) -> bool:
+    """Whether a CSV source's files name their columns in a header Sluice may match by name: ``header`` without
+    ``enforceSchema``, which asks for columns by position."""
+    return (options.get("header", "false").lower() == "true"
+            and options.get("enforceSchema", "false").lower() != "true")
+
+
 def check_strict_json(section: Section, options: Mapping[str, str], policy: SchemaEvolution) -> None:
     """Refuse the options under which a drift policy would miss fields: it reads every record as strict UTF-8
     JSON."""
@@ -107,8 +114,7 @@ class FilesKind(SourceKind):
         policy = schema_evolution(section, POLICIES[file_format], file_format.value)
         if file_format is FileFormat.JSON and policy is not SchemaEvolution.NONE:
             check_strict_json(section, options, policy)
-        by_header = options.get("header", "false").lower() == "true" \
-            and options.get("enforceSchema", "false").lower() != "true"
+        by_header = names_columns_by_header(options)
         if file_format is FileFormat.CSV and by_header and policy is not SchemaEvolution.NONE:
             encoding = options.get("encoding", "utf-8")
             try:
