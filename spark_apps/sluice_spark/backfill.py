@@ -52,11 +52,12 @@ from sluice_spark.runner import (
     create_tables,
     error_message,
     is_permanent_failure,
+    maps_case,
     sink_targets,
     with_added_columns,
     write_run_log,
 )
-from sluice_spark.session import activate, require_hadoop_connector, resolve_engine
+from sluice_spark.session import activate, preload_case_mappings, require_hadoop_connector, resolve_engine
 from sluice_spark.targets import DEAD_LETTER_ROUTE, GOOD_ROUTE, RAW_COLUMN, ROUTE_COLUMN
 from sluice_spark.writers import BatchRouter
 
@@ -161,6 +162,8 @@ def run_backfill(spark: SparkSession, catalog: Catalog, request: BackfillRequest
     """Plan and run one backfill under the live stream's lock; a dry run plans and counts, and writes nothing."""
     stream = catalog.get(request.stream)
     activate(spark)
+    if maps_case(stream):
+        preload_case_mappings(spark)
     summary = BackfillSummary(stream=stream.name, run_id=request.run_id, mode=request.mode,
                               select_by=request.select_by, start=request.start.isoformat(),
                               end=request.end.isoformat(), dry_run=request.dry_run, reason=request.reason)

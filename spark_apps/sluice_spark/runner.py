@@ -45,6 +45,7 @@ from sluice.limits import DRIVER_WRITE_MAX_BYTES
 from sluice.model.expectations import Violation
 from sluice.model.patterns import LookupSpec
 from sluice.model.schema import Column as DeclaredColumn
+from sluice.model.sql import SqlTransform
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.model.types import parse as parse_type
 from sluice.paths import Roots
@@ -57,11 +58,12 @@ from sluice.summary import PhaseClock, RunSummary, StreamRunSummary
 from sluice.times import iso_utc
 from sluice_spark import faults, kinds
 from sluice_spark import patterns as steps
+from sluice_spark.drift import reads_by_header
 from sluice_spark.kinds import read_stream
 from sluice_spark.kinds.files import RECORDS_METRIC
 from sluice_spark.patterns import with_watermark
 from sluice_spark.quality import check_expectations, expectation_counts, flag_dead_letters, rescued_count
-from sluice_spark.session import activate, require_hadoop_connector, resolve_engine
+from sluice_spark.session import activate, preload_case_mappings, require_hadoop_connector, resolve_engine
 from sluice_spark.targets import (
     DEAD_LETTER_ROUTE,
     FAILED_COLUMN,
@@ -245,6 +247,20 @@ def create_tables(stream: StreamSpec, routed: DataFrame, targets: list[TableTarg
         else:
             name = stream.name if target.route == GOOD_ROUTE else f"{stream.name}_dead_letter"
         ensure_table(target.path, pa.schema(fields), target.partition_by, name=name, description=stream.description)
+
+
+# Spark SQL's functions that map case; ILIKE lowers both of its sides.
+_CASE_FUNCTIONS = re.compile(r"\b(?:lower|lcase|upper|ucase|initcap)\s*\(|\bilike\b", re.IGNORECASE)
+
+
+def maps_case(stream: StreamSpec) -> bool:
+    """Whether a run of ``stream`` lowers or uppers strings in Spark: its SQL (the transform, a rule, a fan-out's
+    ``where``) calls a case function, or its CSV files are matched to its schema by their headers' names, without
+    case. A Python transform is not looked into. A name that only looks like a call costs an early load, no more."""
+    texts = [rule.check for rule in stream.expectations] + [table.where for table in stream.patterns.fan_out]
+    if isinstance(stream.transform, SqlTransform):
+        texts.append(stream.transform.sql)
+    return reads_by_header(stream.source) or any(_CASE_FUNCTIONS.search(text) for text in texts)
 
 
 def prepare_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, run_id: str,
@@ -473,6 +489,8 @@ def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: 
     clock = clock or PhaseClock()
     streams = catalog.select(names)
     activate(spark)
+    if any(maps_case(stream) for stream in streams):
+        preload_case_mappings(spark)  # on the other core, while the locks are taken and the frames built
     with contextlib.ExitStack() as locks:
         # One writer per checkpoint: every lock is taken before anything is read or written.
         held: dict[str, HeldLock] = {}

@@ -265,3 +265,22 @@ def test_a_value_that_breaks_an_expression_under_ansi_fails_for_good_and_says_wh
     assert "CAST_INVALID_INPUT" in (run.error or "") and "ot-a-number" in (run.error or "")
     assert "try_* functions" in (run.error or "")
     assert table_version(catalog.get("events").sink_path(roots)) in (None, 0), "nothing of the batch is committed"
+
+
+def test_sparks_case_mappings_load_ahead_once_per_session(spark: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """A run whose SQL lowers or uppers strings (the transforms above) starts the costly initialisation of Spark's
+    ICU case mappings in a thread, once per session, and not at all when the session turned them off."""
+    from sluice_spark.session import CASE_MAPPINGS_CLASS, missing_classes, preload_case_mappings
+
+    assert not missing_classes(spark, [CASE_MAPPINGS_CLASS])  # the class Spark's ICU case mappings run through
+    session = spark.newSession()
+    with caplog.at_level("DEBUG", logger="sluice_spark.session"):
+        thread = preload_case_mappings(session)
+        assert thread is not None
+        thread.join(timeout=120)
+    assert not thread.is_alive()
+    assert "could not preload" not in caplog.text
+    assert preload_case_mappings(session) is None
+    off = spark.newSession()
+    off.conf.set("spark.sql.icu.caseMappings.enabled", "false")
+    assert preload_case_mappings(off) is None

@@ -178,3 +178,30 @@ def test_an_ansi_error_of_a_value_is_permanent_and_says_what_to_do(message: str)
     assert explained(message).startswith(message) and "try_* functions" in explained(message)
     assert not is_permanent_failure("[STREAM_FAILED] Connection reset by peer")
     assert explained("Connection reset by peer") == "Connection reset by peer"
+
+
+def test_a_run_that_maps_case_is_known_from_its_sql_and_its_csv_headers() -> None:
+    """Such a run gets Spark's case mappings loaded ahead, on the other core (sluice_spark.session)."""
+    from sluice_spark.runner import maps_case
+
+    plain = "SELECT *, to_date(event_time) AS event_date FROM source"
+    assert maps_case(load())  # the transform lowers event_type
+    assert not maps_case(load(transform={"sql": plain}))
+    bounds = "SELECT *, upper_bound AS lower_bound, to_date(event_time) AS event_date FROM source"
+    assert not maps_case(load(transform={"sql": bounds}, source={
+        "type": "files", "format": "json", "path": "events", "schema": {**SCHEMA, "upper_bound": "int"}}))
+    for check in ("UPPER(currency) IN ('EUR', 'USD')", "currency ILIKE 'e%'", "initcap (currency) <> 'X'"):
+        rules = {**RULES, "cased": {"check": check, "on_violation": "warn"}}
+        assert maps_case(load(transform={"sql": plain}, expectations=rules)), check
+    fan_out = [{"path": "silver/eur", "where": "lcase(currency) = 'eur'"}]
+    assert maps_case(load(transform={"sql": plain}, fan_out=fan_out))
+
+    def csv(**options: Any) -> Any:
+        source = {"type": "files", "format": "csv", "path": "orders", "schema": {"order_id": "string not null"},
+                  "options": options, "schema_evolution": "rescue"}
+        stream = events_stream("orders", source=source, transform="identity", sink={"path": "bronze/orders"})
+        return parse_catalog({"version": 1, "streams": [stream]}).get("orders")
+
+    assert maps_case(csv(header="true"))  # each file's header is matched to the schema without case
+    assert not maps_case(csv(header="true", enforceSchema="true"))
+    assert not maps_case(csv())
