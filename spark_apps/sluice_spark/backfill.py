@@ -162,8 +162,6 @@ def run_backfill(spark: SparkSession, catalog: Catalog, request: BackfillRequest
     """Plan and run one backfill under the live stream's lock; a dry run plans and counts, and writes nothing."""
     stream = catalog.get(request.stream)
     activate(spark)
-    if maps_case(stream):
-        preload_case_mappings(spark)
     summary = BackfillSummary(stream=stream.name, run_id=request.run_id, mode=request.mode,
                               select_by=request.select_by, start=request.start.isoformat(),
                               end=request.end.isoformat(), dry_run=request.dry_run, reason=request.reason)
@@ -186,6 +184,8 @@ def run_backfill(spark: SparkSession, catalog: Catalog, request: BackfillRequest
         summary.dead_letter_version_after = summary.dead_letter_version_before
         batches: list[dict[str, Any]] = []
         if plan.files:
+            if maps_case(stream):
+                preload_case_mappings(spark)
             batches = _run_query(spark, stream, roots, request, plan, summary, own, lock, engine)
         else:
             summary.status = RunStatus.SUCCEEDED

@@ -47,6 +47,7 @@ from sluice.model.patterns import LookupSpec
 from sluice.model.schema import Column as DeclaredColumn
 from sluice.model.sql import SqlTransform
 from sluice.model.stream import StreamSpec, TriggerSpec
+from sluice.model.transforms import TRANSFORMS
 from sluice.model.types import parse as parse_type
 from sluice.paths import Roots
 from sluice.storage import runlog
@@ -249,18 +250,22 @@ def create_tables(stream: StreamSpec, routed: DataFrame, targets: list[TableTarg
         ensure_table(target.path, pa.schema(fields), target.partition_by, name=name, description=stream.description)
 
 
-# Spark SQL's functions that map case; ILIKE lowers both of its sides.
-_CASE_FUNCTIONS = re.compile(r"\b(?:lower|lcase|upper|ucase|initcap)\s*\(|\bilike\b", re.IGNORECASE)
+# Spark SQL's calls that go through its case mappings: the case functions (ILIKE lowers both of its sides), and,
+# whatever the ICU setting, str_to_map and the collations.
+_CASE_MAPPINGS = re.compile(r"\b(?:lower|lcase|upper|ucase|initcap|str_to_map)\s*\(|\b(?:ilike|collate)\b",
+                            re.IGNORECASE)
 
 
 def maps_case(stream: StreamSpec) -> bool:
     """Whether a run of ``stream`` lowers or uppers strings in Spark: its SQL (the transform, a rule, a fan-out's
-    ``where``) calls a case function, or its CSV files are matched to its schema by their headers' names, without
-    case. A Python transform is not looked into. A name that only looks like a call costs an early load, no more."""
+    ``where``) calls a case function, its Python transform declares that it does, or its CSV files are matched to its
+    schema by their headers' names, without case. A name that only looks like a call costs an early load, no more."""
     texts = [rule.check for rule in stream.expectations] + [table.where for table in stream.patterns.fan_out]
     if isinstance(stream.transform, SqlTransform):
         texts.append(stream.transform.sql)
-    return reads_by_header(stream.source) or any(_CASE_FUNCTIONS.search(text) for text in texts)
+    elif TRANSFORMS[stream.transform].maps_case:
+        return True
+    return reads_by_header(stream.source) or any(_CASE_MAPPINGS.search(text) for text in texts)
 
 
 def prepare_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, run_id: str,

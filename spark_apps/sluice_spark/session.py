@@ -77,16 +77,19 @@ def activate(spark: SparkSession) -> None:
 
 
 def preload_case_mappings(spark: SparkSession) -> threading.Thread | None:
-    """Initialise Spark's ICU case mappings (:data:`CASE_MAPPINGS_CLASS`) in a thread of their own, once per session,
-    so that a run which lowers or uppers strings finds them ready instead of paying for them in its first batch.
-    The caller goes on preparing its run on the other core meanwhile; a batch that needs the class before it is ready
-    waits for the one initialisation, as it would have without this. Returns the thread it started, if any."""
-    if getattr(spark, "_sluice_case_mappings", False):
+    """Initialise Spark's case mappings (:data:`CASE_MAPPINGS_CLASS`) in a thread of their own, once per JVM, so that
+    a run which lowers or uppers strings finds them ready instead of paying for them in its first batch. The caller
+    goes on preparing its run on the other core meanwhile; a task that needs the class before it is ready waits for
+    the one initialisation, as it would have without this. Nothing is loaded when the session turned the ICU case
+    mappings off (``str_to_map`` and the collations still use the class then, and load it as they always did).
+    Returns the thread it started, if any."""
+    context = spark.sparkContext
+    if getattr(context, "_sluice_case_mappings", False):
         return None
-    spark._sluice_case_mappings = True  # type: ignore[attr-defined]
     if str(spark.conf.get("spark.sql.icu.caseMappings.enabled", "true")).lower() != "true":
         return None
-    jvm = spark.sparkContext._jvm
+    context._sluice_case_mappings = True  # type: ignore[attr-defined]
+    jvm = context._jvm
     if jvm is None:
         return None
 

@@ -85,11 +85,23 @@ def catalog_with(tmp_path: Path, rules: dict[str, Any], **overrides: Any) -> Any
     return load_catalog(write_catalog(tmp_path, stream))
 
 
-def test_each_action_matches_a_python_oracle(spark: Any, tmp_path: Path) -> None:
+def preloads(monkeypatch: pytest.MonkeyPatch, module: str) -> list[object]:
+    """The sessions ``module`` asks to load Spark's case mappings ahead for (each call goes through)."""
+    import importlib
+
+    target, calls = importlib.import_module(module), []
+    real = target.preload_case_mappings  # type: ignore[attr-defined]
+    monkeypatch.setattr(target, "preload_case_mappings", lambda session: calls.append(session) or real(session))
+    return calls
+
+
+def test_each_action_matches_a_python_oracle(spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     records, rejected = feed()
     write_feed(tmp_path / "landing" / "events", "a.json", records, rejected)
     catalog, roots = catalog_with(tmp_path, RULES), roots_in(tmp_path)
+    asked = preloads(monkeypatch, "sluice_spark.runner")
     [run] = run_streams(spark, catalog, ["events"], roots).streams
+    assert asked == [spark]  # the transform lowers event_type
     assert run.status == "succeeded", run.error
     expected = oracle(records)
     stream = catalog.get("events")
@@ -171,7 +183,8 @@ def test_rules_run_before_the_stateful_steps(spark: Any, tmp_path: Path) -> None
     assert run.expectations == [{"rule": "valid_amount", "on_violation": "quarantine", "checked": 10, "violated": 2}]
 
 
-def test_a_backfill_judges_its_range_by_the_current_rules(spark: Any, tmp_path: Path) -> None:
+def test_a_backfill_judges_its_range_by_the_current_rules(spark: Any, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Rows ingested before a rule existed are judged by it when their range is backfilled: replaced in the table,
     quarantined or dropped as the rule says, and counted in the backfill's summary."""
     from sluice.operations.backfill import parse_request
@@ -188,9 +201,11 @@ def test_a_backfill_judges_its_range_by_the_current_rules(spark: Any, tmp_path: 
     ask = parse_request({"stream": "events", "start": "2026-11-22T07:00:00Z", "end": "2026-11-22T09:00:00Z",
                          "mode": "replace"}, catalog, run_id="rejudge")
 
+    asked = preloads(monkeypatch, "sluice_spark.backfill")
     summary = run_backfill(spark, catalog, ask, roots)
 
     assert summary.ok, summary.error
+    assert asked == [spark]  # the transform lowers event_type
     quarantined = [item for item in records if item["amount"] >= 80]
     dropped = [item for item in records if item["amount"] < 80 and item["currency"] is None]
     kept = sorted(item["event_id"] for item in records if item not in quarantined + dropped)
@@ -267,20 +282,21 @@ def test_a_value_that_breaks_an_expression_under_ansi_fails_for_good_and_says_wh
     assert table_version(catalog.get("events").sink_path(roots)) in (None, 0), "nothing of the batch is committed"
 
 
-def test_sparks_case_mappings_load_ahead_once_per_session(spark: Any, caplog: pytest.LogCaptureFixture) -> None:
-    """A run whose SQL lowers or uppers strings (the transforms above) starts the costly initialisation of Spark's
-    ICU case mappings in a thread, once per session, and not at all when the session turned them off."""
+def test_sparks_case_mappings_load_ahead_once_per_jvm(spark: Any, caplog: pytest.LogCaptureFixture,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The costly initialisation of Spark's ICU case mappings starts in a thread, once per JVM, and not at all when
+    the session turned them off. (Whether it is done before a task needs it is timing: bench/bench_run_cost.py.)"""
     from sluice_spark.session import CASE_MAPPINGS_CLASS, missing_classes, preload_case_mappings
 
     assert not missing_classes(spark, [CASE_MAPPINGS_CLASS])  # the class Spark's ICU case mappings run through
-    session = spark.newSession()
-    with caplog.at_level("DEBUG", logger="sluice_spark.session"):
-        thread = preload_case_mappings(session)
-        assert thread is not None
-        thread.join(timeout=120)
-    assert not thread.is_alive()
-    assert "could not preload" not in caplog.text
-    assert preload_case_mappings(session) is None
+    monkeypatch.setattr(spark.sparkContext, "_sluice_case_mappings", False, raising=False)  # as a fresh JVM
     off = spark.newSession()
     off.conf.set("spark.sql.icu.caseMappings.enabled", "false")
     assert preload_case_mappings(off) is None
+    with caplog.at_level("DEBUG", logger="sluice_spark.session"):
+        thread = preload_case_mappings(spark)
+        assert thread is not None
+        thread.join(timeout=120)
+    assert not thread.is_alive()
+    assert "case mappings ready" in caplog.text, caplog.text
+    assert preload_case_mappings(spark.newSession()) is None  # the same JVM

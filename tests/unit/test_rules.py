@@ -190,7 +190,8 @@ def test_a_run_that_maps_case_is_known_from_its_sql_and_its_csv_headers() -> Non
     bounds = "SELECT *, upper_bound AS lower_bound, to_date(event_time) AS event_date FROM source"
     assert not maps_case(load(transform={"sql": bounds}, source={
         "type": "files", "format": "json", "path": "events", "schema": {**SCHEMA, "upper_bound": "int"}}))
-    for check in ("UPPER(currency) IN ('EUR', 'USD')", "currency ILIKE 'e%'", "initcap (currency) <> 'X'"):
+    for check in ("UPPER(currency) IN ('EUR', 'USD')", "currency ILIKE 'e%'", "initcap (currency) <> 'X'",
+                  "str_to_map(currency)['a'] IS NULL", "currency COLLATE UTF8_LCASE = 'eur'"):
         rules = {**RULES, "cased": {"check": check, "on_violation": "warn"}}
         assert maps_case(load(transform={"sql": plain}, expectations=rules)), check
     fan_out = [{"path": "silver/eur", "where": "lcase(currency) = 'eur'"}]
@@ -205,3 +206,10 @@ def test_a_run_that_maps_case_is_known_from_its_sql_and_its_csv_headers() -> Non
     assert maps_case(csv(header="true"))  # each file's header is matched to the schema without case
     assert not maps_case(csv(header="true", enforceSchema="true"))
     assert not maps_case(csv())
+
+    def python(transform: str) -> Any:
+        stream = events_stream(transform=transform, sink={"path": "bronze/events"})
+        return parse_catalog({"version": 1, "streams": [stream]}).get("events")
+
+    assert maps_case(python("bronze_events"))  # it declares that it lowers event_type
+    assert not maps_case(python("identity"))

@@ -21,6 +21,8 @@ class TransformSpec:
     adds_columns: tuple[str, ...] = ()
     # Stateful transforms (aggregations, deduplication, stream joins) keep state in the checkpoint's state/ folder.
     stateful: bool = False
+    # Lowers or uppers strings (Spark then loads its case mappings ahead: sluice_spark.session).
+    maps_case: bool = False
     # ``module:function`` of the implementation, a ``DataFrame -> DataFrame`` function; by default the function of
     # the transform's name in ``sluice_spark.transforms``.
     implementation: str = ""
@@ -41,6 +43,7 @@ TRANSFORMS: dict[str, TransformSpec] = {
             "Normalise event_type to lower case and derive the event_date partition column from event_time.",
             required_columns=("event_type", "event_time"),
             adds_columns=("event_date",),
+            maps_case=True,
         ),
     )
 }
