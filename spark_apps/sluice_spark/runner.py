@@ -250,8 +250,8 @@ def create_tables(stream: StreamSpec, routed: DataFrame, targets: list[TableTarg
         ensure_table(target.path, pa.schema(fields), target.partition_by, name=name, description=stream.description)
 
 
-# Spark SQL's calls that go through its case mappings: the case functions (ILIKE lowers both of its sides), and,
-# whatever the ICU setting, str_to_map and the collations.
+# Spark SQL's calls that go through its case mappings' class: the case functions (ILIKE lowers both of its sides),
+# str_to_map and the collations (these two whatever the ICU setting; the preload follows the setting).
 _CASE_MAPPINGS = re.compile(r"\b(?:lower|lcase|upper|ucase|initcap|str_to_map)\s*\(|\b(?:ilike|collate)\b",
                             re.IGNORECASE)
 

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from pyspark.sql import SparkSession
 
@@ -25,6 +26,7 @@ DELTA_DATA_SOURCE_CLASS = "org.apache.spark.sql.delta.sources.DeltaDataSource"
 CASE_MAPPINGS_CLASS = "org.apache.spark.sql.catalyst.util.CollationAwareUTF8String"
 
 log = logging.getLogger(__name__)
+_PRELOAD_LOCK = threading.Lock()
 
 
 def delta_maven_package() -> str:
@@ -84,11 +86,12 @@ def preload_case_mappings(spark: SparkSession) -> threading.Thread | None:
     mappings off (``str_to_map`` and the collations still use the class then, and load it as they always did).
     Returns the thread it started, if any."""
     context = spark.sparkContext
-    if getattr(context, "_sluice_case_mappings", False):
-        return None
     if str(spark.conf.get("spark.sql.icu.caseMappings.enabled", "true")).lower() != "true":
         return None
-    context._sluice_case_mappings = True  # type: ignore[attr-defined]
+    with _PRELOAD_LOCK:  # two warm runs may start together
+        if getattr(context, "_sluice_case_mappings", False):
+            return None
+        context._sluice_case_mappings = True  # type: ignore[attr-defined]
     jvm = context._jvm
     if jvm is None:
         return None
@@ -110,13 +113,25 @@ def preload_case_mappings(spark: SparkSession) -> threading.Thread | None:
 
 def missing_classes(spark: SparkSession, names: list[str]) -> list[str]:
     """The classes of ``names`` that the driver cannot load (from the calling thread's class loader, which holds the
-    task's ``--jars``). Spark's own test answers in one call; a ``Class.forName`` that fails costs dozens, to carry
-    the Java exception across."""
+    task's ``--jars``); a class that is there but cannot link (a jar built for another Scala) counts as missing."""
     jvm = spark.sparkContext._jvm
     if jvm is None:
         return list(names)
-    loadable = jvm.org.apache.spark.util.Utils.classIsLoadable
-    return [name for name in names if not loadable(name)]
+    return [name for name in names if not _loadable(jvm, name)]
+
+
+def _loadable(jvm: Any, name: str) -> bool:
+    # Spark's own test answers in one call, where a Class.forName that fails costs dozens to carry the Java exception
+    # across. It lets a LinkageError through, and it is Spark's internal API: either way, ask the JVM directly.
+    try:
+        return bool(jvm.org.apache.spark.util.Utils.classIsLoadable(name))
+    except Exception:
+        pass
+    try:
+        jvm.java.lang.Class.forName(name, False, jvm.java.lang.Thread.currentThread().getContextClassLoader())
+    except Exception:  # py4j raises its own error type for ClassNotFoundException and LinkageError alike
+        return False
+    return True
 
 
 def delta_jvm_available(spark: SparkSession) -> bool:
