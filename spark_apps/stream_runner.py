@@ -18,7 +18,6 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from sluice.catalog import load_catalog
 from sluice.constants import DeltaEngine, RunStatus
 from sluice.errors import SluiceError
 from sluice.paths import Roots
@@ -54,15 +53,18 @@ def emit(summary: RunSummary, summary_file: str | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     clock = PhaseClock()
+    from sluice_spark.session import configure_sluice, preload_session_classes
+
+    preload_session_classes()  # the session's slowest class, on the other core while the catalog loads
+    from sluice.catalog import load_catalog
     from sluice_spark.runner import run_or_refuse
-    from sluice_spark.session import configure_sluice
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     roots = Roots(landing=args.landing_root, lake=args.lake_root, checkpoints=args.checkpoint_root)
     try:
         catalog = load_catalog(args.catalog)
-        catalog.select(args.streams)  # refuse unknown streams, and overlapping folders, before a JVM starts
+        catalog.select(args.streams)  # refuse unknown streams, and overlapping folders, before a SparkContext starts
         catalog.check_roots(roots)
     except SluiceError as exc:
         emit(RunSummary(None, [StreamRunSummary(stream=name, status=RunStatus.FAILED, error=str(exc), retryable=False)

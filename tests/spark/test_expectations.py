@@ -280,24 +280,3 @@ def test_a_value_that_breaks_an_expression_under_ansi_fails_for_good_and_says_wh
     assert "CAST_INVALID_INPUT" in (run.error or "") and "ot-a-number" in (run.error or "")
     assert "try_* functions" in (run.error or "")
     assert table_version(catalog.get("events").sink_path(roots)) in (None, 0), "nothing of the batch is committed"
-
-
-def test_sparks_case_mappings_load_ahead_once_per_jvm(spark: Any, caplog: pytest.LogCaptureFixture,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """The costly initialisation of Spark's ICU case mappings starts in a thread, once per JVM, and not at all when
-    the session turned them off. (Whether it is done before a task needs it is timing: bench/bench_run_cost.py.)"""
-    from sluice_spark.session import CASE_MAPPINGS_CLASS, missing_classes, preload_case_mappings
-
-    # The class Spark's ICU case mappings run through is there (and the test for it tells one that is not).
-    assert missing_classes(spark, ["org.example.NoSuchClass", CASE_MAPPINGS_CLASS]) == ["org.example.NoSuchClass"]
-    monkeypatch.setattr(spark.sparkContext, "_sluice_case_mappings", False, raising=False)  # as a fresh JVM
-    off = spark.newSession()
-    off.conf.set("spark.sql.icu.caseMappings.enabled", "false")
-    assert preload_case_mappings(off) is None
-    with caplog.at_level("DEBUG", logger="sluice_spark.session"):
-        thread = preload_case_mappings(spark)
-        assert thread is not None
-        thread.join(timeout=120)
-    assert not thread.is_alive()
-    assert "case mappings ready" in caplog.text, caplog.text
-    assert preload_case_mappings(spark.newSession()) is None  # the same JVM

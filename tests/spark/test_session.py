@@ -1,0 +1,53 @@
+"""The classes whose static initialisers cost a cold driver the most, loaded ahead on the other core
+(sluice_spark.session): their threads start, end and report the class ready, once per JVM, and only where they can
+help. Whether they finish before a task needs them is timing: bench/bench_run_cost.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sluice_spark.session import (
+    CASE_MAPPINGS_CLASS,
+    GATEWAY_PORT_ENV,
+    SESSION_EXTENSION_CLASS,
+    missing_classes,
+    preload_case_mappings,
+    preload_session_classes,
+)
+
+
+def test_sparks_case_mappings_load_ahead_once_per_jvm(spark: Any, caplog: pytest.LogCaptureFixture,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The costly initialisation of Spark's ICU case mappings starts in a thread, once per JVM, and not at all when
+    the session turned them off."""
+    # The class Spark's ICU case mappings run through is there (and the test for it tells one that is not).
+    assert missing_classes(spark, ["org.example.NoSuchClass", CASE_MAPPINGS_CLASS]) == ["org.example.NoSuchClass"]
+    monkeypatch.setattr(spark.sparkContext, "_sluice_case_mappings", False, raising=False)  # as a fresh JVM
+    off = spark.newSession()
+    off.conf.set("spark.sql.icu.caseMappings.enabled", "false")
+    assert preload_case_mappings(off) is None
+    with caplog.at_level("DEBUG", logger="sluice_spark.session"):
+        thread = preload_case_mappings(spark)
+        assert thread is not None
+        thread.join(timeout=120)
+    assert not thread.is_alive()
+    assert "case mappings ready" in caplog.text, caplog.text
+    assert preload_case_mappings(spark.newSession()) is None  # the same JVM
+
+
+def test_the_sessions_slowest_class_loads_ahead_only_where_the_jvm_runs_already(
+        spark: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under spark-submit the driver's JVM is up before Python starts, and mllib's session extension starts loading
+    before the session. Anywhere else the JVM would start without the session's settings: nothing happens."""
+    assert not missing_classes(spark, [SESSION_EXTENSION_CLASS])
+    monkeypatch.delenv(GATEWAY_PORT_ENV, raising=False)
+    assert preload_session_classes() is None
+    monkeypatch.setenv(GATEWAY_PORT_ENV, "0")  # this test session's JVM answers already: its gateway is used
+    with caplog.at_level("DEBUG", logger="sluice_spark.session"):
+        thread = preload_session_classes()
+        assert thread is not None
+        thread.join(timeout=120)
+    assert not thread.is_alive()
+    assert "mllib's SQL functions ready" in caplog.text, caplog.text
