@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     from sluice_spark.runner import run_or_refuse
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # a line per connection, a preload's among them
     args = parse_args(argv)
     roots = Roots(landing=args.landing_root, lake=args.lake_root, checkpoints=args.checkpoint_root)
     try:

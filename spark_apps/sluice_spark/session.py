@@ -30,6 +30,7 @@ CASE_MAPPINGS_CLASS = "org.apache.spark.sql.catalyst.util.CollationAwareUTF8Stri
 SESSION_EXTENSION_CLASS = "org.apache.spark.sql.ml.InternalFunctionRegistration$"
 # Set by spark-submit for the Python application it starts: the port of the JVM's Py4J gateway.
 GATEWAY_PORT_ENV = "PYSPARK_GATEWAY_PORT"
+_CONNECT_ENV = ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED")
 
 log = logging.getLogger(__name__)
 _PRELOAD_LOCK = threading.Lock()
@@ -106,12 +107,18 @@ def preload_session_classes() -> threading.Thread | None:
     """Start initialising :data:`SESSION_EXTENSION_CLASS` on the other core as soon as the driver's JVM answers, so that
     the SparkSession the caller builds next waits only for what is left of it. For a Python application that
     spark-submit started (its JVM is up already, :data:`GATEWAY_PORT_ENV` set); elsewhere the JVM would start here
-    without the session's settings, so nothing happens. Returns the thread it started, if any."""
-    if GATEWAY_PORT_ENV not in os.environ:
+    without the session's settings, so nothing happens; nor for a Spark Connect client, which builds no session in
+    this JVM. A gateway that does not answer is left for the session to report. Returns the thread it started, if
+    any."""
+    if GATEWAY_PORT_ENV not in os.environ or any(os.environ.get(name) for name in _CONNECT_ENV):
         return None
     from pyspark import SparkContext
 
-    SparkContext._ensure_initialized()
+    try:
+        SparkContext._ensure_initialized()
+    except Exception as exc:
+        log.debug("could not reach the driver's JVM ahead of the session: %s", exc)
+        return None
     jvm = SparkContext._jvm
     return None if jvm is None else _initialise_in_thread(jvm, SESSION_EXTENSION_CLASS, "mllib's SQL functions")
 

@@ -1,6 +1,6 @@
 """The classes whose static initialisers cost a cold driver the most, loaded ahead on the other core
-(sluice_spark.session): their threads start, end and report the class ready, once per JVM, and only where they can
-help. Whether they finish before a task needs them is timing: bench/bench_run_cost.py."""
+(sluice_spark.session): their threads start, end and report the class ready, and only where they can help. Whether
+they finish before a task needs them is timing: bench/bench_run_cost.py."""
 
 from __future__ import annotations
 
@@ -39,15 +39,29 @@ def test_sparks_case_mappings_load_ahead_once_per_jvm(spark: Any, caplog: pytest
 
 def test_the_sessions_slowest_class_loads_ahead_only_where_the_jvm_runs_already(
         spark: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Under spark-submit the driver's JVM is up before Python starts, and mllib's session extension starts loading
-    before the session. Anywhere else the JVM would start without the session's settings: nothing happens."""
+    """Under spark-submit the driver's JVM is up before Python starts: the preload connects to its gateway and starts
+    mllib's session extension loading before the session. Anywhere else the JVM would start without the session's
+    settings, and under Spark Connect no session is built in it: nothing happens."""
+    import pyspark.core.context as context
+    from pyspark import SparkContext
+
     assert not missing_classes(spark, [SESSION_EXTENSION_CLASS])
     monkeypatch.delenv(GATEWAY_PORT_ENV, raising=False)
     assert preload_session_classes() is None
-    monkeypatch.setenv(GATEWAY_PORT_ENV, "0")  # this test session's JVM answers already: its gateway is used
+    monkeypatch.setenv(GATEWAY_PORT_ENV, "0")
+    monkeypatch.setenv("SPARK_REMOTE", "sc://localhost")
+    assert preload_session_classes() is None
+    monkeypatch.delenv("SPARK_REMOTE")
+
+    # As in a spark-submitted Python process: no gateway yet, and connecting gives the JVM's (this session's here).
+    gateway, connected = SparkContext._gateway, []
+    monkeypatch.setattr(SparkContext, "_gateway", None)
+    monkeypatch.setattr(SparkContext, "_jvm", None)
+    monkeypatch.setattr(context, "launch_gateway", lambda conf=None, **_: connected.append(conf) or gateway)
     with caplog.at_level("DEBUG", logger="sluice_spark.session"):
         thread = preload_session_classes()
         assert thread is not None
         thread.join(timeout=120)
+    assert connected == [None] and SparkContext._jvm is not None
     assert not thread.is_alive()
     assert "mllib's SQL functions ready" in caplog.text, caplog.text
