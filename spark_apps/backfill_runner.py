@@ -60,10 +60,13 @@ def emit(line_json: str, summary_file: str | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     import json
 
+    from sluice_spark.session import configure_sluice, preload_session_classes
+
+    preload_session_classes()  # the session's slowest class, on the other core while the catalog loads
     from sluice_spark.backfill import run_backfill
-    from sluice_spark.session import configure_sluice
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # a line per connection, a preload's among them
     args = parse_args(argv)
     params = {"stream": args.stream, "start": args.start, "end": args.end, "timezone": args.timezone,
               "mode": args.mode, "select_by": args.select_by, "dry_run": args.dry_run,
