@@ -287,10 +287,10 @@ def build_archive(train: Callable[[list[str], float], str], *, force: bool = Fal
     archive.parent.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileExistsError):
         os.mkdir(archive.parent, 0o700)
+    status = os.lstat(archive.parent)
+    if stat.S_ISDIR(status.st_mode) and status.st_uid == os.geteuid() and stat.S_IMODE(status.st_mode) & 0o022:
+        os.chmod(archive.parent, 0o700)  # this user's own cache folder, made under a loose umask: made private
     problem = _untrusted(archive.parent)
-    if problem and problem.endswith("others can write to it"):  # this user's own cache folder: made private
-        os.chmod(archive.parent, 0o700)
-        problem = None
     if problem:
         raise RuntimeError(f"the cache folder {problem}; set SLUICE_CACHE_DIR to a folder of this user only")
     for left in archive.parent.glob(".spark-driver-*.partial"):  # a killed build's
