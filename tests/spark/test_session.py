@@ -1,6 +1,8 @@
-"""The classes whose static initialisers cost a cold driver the most, loaded ahead on the other core
-(sluice_spark.session): their threads start, end and report the class ready, and only where they can help. Whether
-they finish before a task needs them is timing: bench/bench_run_cost.py."""
+"""What the session does to cut a cold driver's fixed costs (sluice_spark.session).
+
+The classes whose static initialisers cost the most load ahead on the other core: their threads start, end and
+report the class ready, and only where they can help. A Column operation is one round trip to the JVM. How much
+either saves is timing: bench/bench_run_cost.py."""
 
 from __future__ import annotations
 
@@ -10,12 +12,34 @@ import pytest
 
 from sluice_spark.session import (
     CASE_MAPPINGS_CLASS,
+    DATAFRAME_DEBUGGING,
     GATEWAY_PORT_ENV,
     SESSION_EXTENSION_CLASS,
     missing_classes,
     preload_case_mappings,
     preload_session_classes,
 )
+
+
+def test_a_column_operation_is_one_round_trip_to_the_jvm(spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sluice's sessions leave PySpark's DataFrame debugging off: with it on, each Column operation also sends its
+    Python call site to the JVM, about eleven Py4J round trips instead of one."""
+    from py4j.clientserver import ClientServerConnection
+    from pyspark.sql import functions as F
+
+    assert spark.conf.get(DATAFRAME_DEBUGGING) == "false"
+    amount, currency = F.col("amount"), F.col("currency")
+    commands: list[str] = []
+    send = ClientServerConnection.send_command
+
+    def counted(connection: Any, command: str) -> Any:
+        commands.append(command)
+        return send(connection, command)
+
+    monkeypatch.setattr(ClientServerConnection, "send_command", counted)
+    ((amount >= 0) & currency.isNotNull()).alias("valid")
+    called = [command.split("\n")[2] for command in commands]  # Py4J's call command: c, the object, the method
+    assert called == ["geq", "isNotNull", "and", "as"], commands
 
 
 def test_sparks_case_mappings_load_ahead_once_per_jvm(spark: Any, caplog: pytest.LogCaptureFixture,
