@@ -64,9 +64,9 @@ def configure_sluice(builder: SparkSession.Builder) -> SparkSession.Builder:
         # refuses ${ already; this holds for any SQL the session runs).
         .config("spark.sql.variable.substitute", "false")
         # PySpark's DataFrame debugging sends the Python call site of every Column operation to the JVM, for runtime
-        # errors to quote: about eleven Py4J round trips per operation instead of one, 0.6 s of the 2 s a small run
-        # spends planning its query. A catalog's rules and transforms are SQL, whose errors quote the SQL itself.
-        .config(DATAFRAME_DEBUGGING, "false")
+        # errors to quote: about eleven Py4J round trips per operation instead of one (README, "Cost"). SQL rules
+        # and transforms quote their SQL all the same; SLUICE_DATAFRAME_DEBUGGING=true turns it back on.
+        .config(DATAFRAME_DEBUGGING, os.environ.get("SLUICE_DATAFRAME_DEBUGGING", "false"))
     )
 
 

@@ -6,6 +6,7 @@ either saves is timing: bench/bench_run_cost.py."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -25,15 +26,20 @@ def test_a_column_operation_is_one_round_trip_to_the_jvm(spark: Any, monkeypatch
     """Sluice's sessions leave PySpark's DataFrame debugging off: with it on, each Column operation also sends its
     Python call site to the JVM, about eleven Py4J round trips instead of one."""
     from py4j.clientserver import ClientServerConnection
+    from pyspark.errors.utils import is_debugging_enabled
     from pyspark.sql import functions as F
 
     assert spark.conf.get(DATAFRAME_DEBUGGING) == "false"
+    assert not is_debugging_enabled()  # PySpark's own answer, cached for the process
     amount, currency = F.col("amount"), F.col("currency")
     commands: list[str] = []
     send = ClientServerConnection.send_command
+    this_thread = threading.get_ident()
 
     def counted(connection: Any, command: str) -> Any:
-        commands.append(command)
+        # This thread's calls only: Py4J's finalizer thread frees Java objects through the same connections.
+        if threading.get_ident() == this_thread and command.startswith("c\n"):
+            commands.append(command)
         return send(connection, command)
 
     monkeypatch.setattr(ClientServerConnection, "send_command", counted)
