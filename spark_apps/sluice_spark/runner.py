@@ -63,10 +63,20 @@ from sluice_spark.drift import reads_by_header
 from sluice_spark.kinds import read_stream
 from sluice_spark.kinds.files import RECORDS_METRIC
 from sluice_spark.patterns import with_watermark
-from sluice_spark.quality import check_expectations, expectation_counts, flag_dead_letters, rescued_count
+from sluice_spark.quality import (
+    RULES_COLUMN_PREFIX,
+    check_expectations,
+    dropped_rows,
+    expectation_counts,
+    flag_dead_letters,
+    observe_expectations,
+    rescued_count,
+    rule_columns,
+)
 from sluice_spark.session import activate, preload_case_mappings, require_hadoop_connector, resolve_engine
 from sluice_spark.targets import (
     DEAD_LETTER_ROUTE,
+    DROPPED_ROUTE,
     FAILED_COLUMN,
     FAILED_ROUTE,
     GOOD_ROUTE,
@@ -97,6 +107,11 @@ _DEAD_LETTER_FIELDS = (
 )
 _INTERNAL_COLUMNS = {CORRUPT_COLUMN, REASON_COLUMN, RAW_COLUMN, ROUTE_COLUMN, _STREAM_COLUMN, FAILED_COLUMN,
                      NEW_FIELDS_COLUMN, NEW_COLUMNS_COLUMN, NEW_TYPES_COLUMN}
+
+
+def _internal(name: str) -> bool:
+    """Whether a column of the routed frame is Sluice's bookkeeping, not the stream's data."""
+    return name in _INTERNAL_COLUMNS or name.startswith(RULES_COLUMN_PREFIX)
 
 
 @dataclass
@@ -130,17 +145,20 @@ def build_routed_frame(spark: SparkSession, stream: StreamSpec, roots: Roots, *,
     parsed = flag_dead_letters(read_stream(spark, stream, roots, path=path, trigger=trigger), stream)
     transformed = apply_transform(parsed, stream)
     transformed = check_expectations(transformed, stream,
-                                     [name for name in transformed.columns if name not in _INTERNAL_COLUMNS])
+                                     [name for name in transformed.columns if not _internal(name)])
     dimensions = [(spec, steps.read_dimension(spark, spec, roots, engine)) for spec in stream.patterns.lookup]
     if stream.patterns.stateful:
         return _route_stateful(spark, stream, roots, transformed, dimensions)
     for spec, dimension in dimensions:
         transformed = steps.lookup(transformed, dimension, spec)
-    data_columns = [name for name in transformed.columns if name not in _INTERNAL_COLUMNS]
+    data_columns = [name for name in transformed.columns if not _internal(name)]
     rejected = F.col(REASON_COLUMN).isNotNull()
     route = F.when(rejected, F.lit(DEAD_LETTER_ROUTE)).otherwise(F.lit(GOOD_ROUTE))
+    if stream.expectations:
+        route = F.when(dropped_rows(stream), F.lit(DROPPED_ROUTE)).otherwise(route)
     routed = _route(transformed, [F.col(c) for c in data_columns], route, _fan_out_flags(stream), stream=stream)
-    return routed, [*data_columns, INGEST_TIME_COLUMN]
+    # Counted where the rows leave for the sink, which copies them anyway: anywhere else, the count would copy them.
+    return observe_expectations(routed, stream), [*data_columns, INGEST_TIME_COLUMN]
 
 
 def _route_stateful(spark: SparkSession, stream: StreamSpec, roots: Roots, transformed: DataFrame,
@@ -152,10 +170,13 @@ def _route_stateful(spark: SparkSession, stream: StreamSpec, roots: Roots, trans
     (``StreamSpec.checkpoint_sources``); both read the same versions, and one batch commits both.
     """
     patterns = stream.patterns
+    # The rules judge rows before the stateful steps, and are counted there: the dropped rows go no further.
+    transformed = observe_expectations(transformed, stream)
     rejected = F.col(REASON_COLUMN).isNotNull()
-    keep = [name for name in transformed.columns if name not in _INTERNAL_COLUMNS]
-    good = with_watermark(transformed.where(~rejected).select(*keep), patterns.watermark)
-    dead = [transformed.where(rejected)]
+    kept = ~rejected & ~dropped_rows(stream) if stream.expectations else ~rejected
+    keep = [name for name in transformed.columns if not _internal(name)]
+    good = with_watermark(transformed.where(kept).select(*keep), patterns.watermark)
+    dead = [transformed.where(rejected).drop(*rule_columns(stream))]
     if patterns.dedupe is not None:
         good = steps.dedupe(good, patterns.dedupe)
     if patterns.join is not None:
@@ -200,6 +221,7 @@ def _route(frame: DataFrame, data: list[Column], route: Column, fan_out: list[Co
         failing.append(failed.alias(name))
     if stream.source.schema_evolution is SchemaEvolution.ADD_NEW_COLUMNS:  # for the writer to add (see BatchRouter)
         failing += [F.col(name) for name in (NEW_COLUMNS_COLUMN, NEW_TYPES_COLUMN) if name in frame.columns]
+    failing += [F.col(name) for name in rule_columns(stream) if name in frame.columns]  # for the rules' counts
     return frame.select(*data, F.current_timestamp().alias(INGEST_TIME_COLUMN),
                         route.cast("tinyint").alias(ROUTE_COLUMN), RAW_COLUMN, REASON_COLUMN,
                         F.when(rejected, F.lit(stream.name)).alias(_STREAM_COLUMN), *fan_out, *failing)

@@ -95,14 +95,27 @@ def preloads(monkeypatch: pytest.MonkeyPatch, module: str) -> list[object]:
     return calls
 
 
-def test_each_action_matches_a_python_oracle(spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+# Each way a batch is written: the rows a rule drops reach each of them, and none takes them.
+WRITE_PATHS = pytest.mark.parametrize(("sink", "driver_bytes"), [
+    pytest.param({"path": "bronze/events", "engine": "rs"}, "0", id="append-through-the-rs-data-source"),
+    pytest.param({"path": "bronze/events", "engine": "rs"}, str(1 << 20), id="append-collected-on-the-driver"),
+    pytest.param({"path": "bronze/events", "engine": "rs", "mode": "merge", "keys": ["event_id"],
+                  "sequence_by": "event_time"}, "0", id="merge-through-foreachBatch"),
+])
+
+
+@WRITE_PATHS
+def test_each_action_matches_a_python_oracle(spark: Any, tmp_path: Path, sink: dict[str, Any], driver_bytes: str,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLUICE_DRIVER_WRITE_MAX_BYTES", driver_bytes)
     records, rejected = feed()
     write_feed(tmp_path / "landing" / "events", "a.json", records, rejected)
-    catalog, roots = catalog_with(tmp_path, RULES), roots_in(tmp_path)
+    catalog, roots = catalog_with(tmp_path, RULES, sink=sink), roots_in(tmp_path)
     asked = preloads(monkeypatch, "sluice_spark.runner")
     [run] = run_streams(spark, catalog, ["events"], roots).streams
     assert asked == [spark]  # the transform lowers event_type
     assert run.status == "succeeded", run.error
+    assert run.write_path == ("driver" if driver_bytes != "0" else None)
     expected = oracle(records)
     stream = catalog.get("events")
 
@@ -122,12 +135,7 @@ def test_each_action_matches_a_python_oracle(spark: Any, tmp_path: Path, monkeyp
         name: (RULES[name]["on_violation"], len(records), expected["violated"][name]) for name in RULES}
 
 
-@pytest.mark.parametrize(("sink", "driver_bytes"), [
-    pytest.param({"path": "bronze/events", "engine": "rs"}, "0", id="append-through-the-rs-data-source"),
-    pytest.param({"path": "bronze/events", "engine": "rs"}, str(1 << 20), id="append-collected-on-the-driver"),
-    pytest.param({"path": "bronze/events", "engine": "rs", "mode": "merge", "keys": ["event_id"],
-                  "sequence_by": "event_time"}, "0", id="merge-through-foreachBatch"),
-])
+@WRITE_PATHS
 def test_fail_commits_nothing_and_the_batch_runs_once_after_the_rule_changes(
         spark: Any, tmp_path: Path, sink: dict[str, Any], driver_bytes: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLUICE_DRIVER_WRITE_MAX_BYTES", driver_bytes)
