@@ -169,8 +169,8 @@ def check_expectations(frame: DataFrame, stream: StreamSpec, data_columns: list[
 
     Each judged row gets which rules it broke, one bit per rule (:func:`rule_columns`); a quarantined or failed row
     gets its reason, and ``data_columns`` (the row's columns as the rules see them) as its raw record, in JSON. A
-    dropped row stays in the frame (:func:`dropped_rows` tells it): the writers take none, and the rules' counts
-    (:func:`observe_expectations`) are taken where it is still there.
+    dropped row stays in the frame, with no reason: the caller routes it where no table takes it, or filters it out
+    (:func:`is_dropped` tells it), after the rules' counts are taken (:func:`observe_expectations`).
     """
     rules = stream.expectations
     if not rules:
@@ -179,22 +179,25 @@ def check_expectations(frame: DataFrame, stream: StreamSpec, data_columns: list[
     # Spark types every check in one analysis: each analysis is a round trip to the JVM, slow on a cold one.
     kinds = [field.dataType.simpleString() for field in frame.select(*checks).schema.fields]
     judged = F.col(REASON_COLUMN).isNull()
-    bits: dict[str, list[Column]] = {column: [] for column in rule_columns(stream)}
+    columns = rule_columns(stream)
+    terms: dict[str, list[Column]] = {column: [] for column in columns}
     for index, (rule, check, kind) in enumerate(zip(rules, checks, kinds, strict=True)):
         if kind != "boolean":
             raise CatalogError(f"the check {rule.check!r} gives {kind}, not a boolean", stream=stream.name,
                                field=f"expectations.{rule.name}.check")
-        column, bit = _bit(stream, index)
+        column, bit = divmod(index, _RULES_PER_COLUMN)
         broken = ~F.coalesce(check, F.lit(rule.on_null is NullResult.PASSES))
-        bits[column].append(F.when(broken, F.lit(bit)).otherwise(F.lit(0)))
+        terms[columns[column]].append(F.when(broken, F.lit(1 << bit).cast("bigint")).otherwise(F.lit(0)))
     # NULL on a row the rules did not judge (a dead letter already): no bit of it is set.
-    flagged = frame.withColumns({column: F.when(judged, reduce(operator.add, terms)) for column, terms in bits.items()})
+    flagged = frame.withColumns({column: F.when(judged, reduce(operator.add, part)) for column, part in terms.items()})
+
+    broke = broken_rules(stream)
 
     def names(selected: list[str]) -> Column:
-        return F.concat_ws(", ", *[F.when(broke(stream, name), F.lit(name)) for name in selected])
+        return F.concat_ws(", ", *[F.when(broke[name], F.lit(name)) for name in selected])
 
-    failed = _broke_any(stream, Violation.FAIL)
-    dead = failed | _broke_any(stream, Violation.QUARANTINE)
+    failed = _broke_any(stream, broke, Violation.FAIL)
+    dead = failed | _broke_any(stream, broke, Violation.QUARANTINE)
     row = F.to_json(F.struct(*[F.col(quote(name)) for name in data_columns]))
     fail_rules = [rule.name for rule in rules if rule.on_violation is Violation.FAIL]
     return flagged.withColumns({
@@ -206,7 +209,7 @@ def check_expectations(frame: DataFrame, stream: StreamSpec, data_columns: list[
 
 
 #: The columns of a judged frame that say which rules a row broke: bit ``i % 63`` of column ``i // 63`` for the
-#: stream's rule ``i``, in the catalog's order.
+#: stream's rule ``i``, in the catalog's order (bits 0 to 62 of a LONG, so that their sum never overflows).
 RULES_COLUMN_PREFIX = "_sluice_rules_"
 _RULES_PER_COLUMN = 63
 
@@ -217,40 +220,40 @@ def rule_columns(stream: StreamSpec) -> list[str]:
     return [f"{RULES_COLUMN_PREFIX}{index}" for index in range(count)]
 
 
-def _bit(stream: StreamSpec, index: int) -> tuple[str, Column]:
-    column, bit = divmod(index, _RULES_PER_COLUMN)
-    return rule_columns(stream)[column], F.lit(1 << bit).cast("bigint")
+def broken_rules(stream: StreamSpec) -> dict[str, Column]:
+    """Per rule, whether a row broke it (NULL on a row no rule judged), read from its bit."""
+    columns = rule_columns(stream)
+    tests = {}
+    for index, rule in enumerate(stream.expectations):
+        column, bit = divmod(index, _RULES_PER_COLUMN)
+        tests[rule.name] = F.col(columns[column]).bitwiseAND(F.lit(1 << bit).cast("bigint")) != 0
+    return tests
 
 
-def broke(stream: StreamSpec, rule: str) -> Column:
-    """Whether a row broke ``rule`` (NULL on a row no rule judged)."""
-    index = next(index for index, candidate in enumerate(stream.expectations) if candidate.name == rule)
-    column, bit = _bit(stream, index)
-    return F.col(column).bitwiseAND(bit) != 0
+def _broke_any(stream: StreamSpec, broke: dict[str, Column], action: Violation) -> Column:
+    return _any([broke[rule.name] for rule in stream.expectations if rule.on_violation is action])
 
 
-def _broke_any(stream: StreamSpec, action: Violation) -> Column:
-    return _any([broke(stream, rule.name) for rule in stream.expectations if rule.on_violation is action])
-
-
-def dropped_rows(stream: StreamSpec) -> Column:
+def is_dropped(stream: StreamSpec, broke: dict[str, Column] | None = None) -> Column:
     """True on a row that a ``drop`` rule removes: one that broke such a rule and is no dead letter (a quarantined or
-    failed row goes to the dead letters however many rules it broke)."""
-    return F.col(REASON_COLUMN).isNull() & _broke_any(stream, Violation.DROP)
+    failed row goes to the dead letters however many rules it broke). False on every row of a stream without rules."""
+    return F.col(REASON_COLUMN).isNull() & _broke_any(stream, broke or broken_rules(stream), Violation.DROP)
 
 
 def observe_expectations(frame: DataFrame, stream: StreamSpec) -> DataFrame:
     """Count, per micro-batch, the rows the rules judged, the rows each rule caught and the rows dropped
-    (:data:`EXPECTATIONS_METRIC`), over a frame that still holds the dropped rows and the bit columns.
+    (:data:`EXPECTATIONS_METRIC`), over a frame that still holds the dropped rows, the reason and the bit columns.
 
-    Spark's observation is a node of the plan that breaks its generated code in two, and each part copies the whole
-    row into a buffer of its own: where the rows leave for the sink, they are copied anyway.
+    Spark's observation is a node of the plan that its generated code cannot cross: the code under it writes each
+    row out whole, and the code over it reads it back. Over the last projection, where the rows leave for the sink,
+    they are written out whole anyway.
     """
     if not stream.expectations:
         return frame
+    broke = broken_rules(stream)
     metrics = [F.count(F.col(rule_columns(stream)[0])).alias(CHECKED_METRIC),
-               _count_true(dropped_rows(stream)).alias(DROPPED_METRIC),
-               *[_count_true(broke(stream, rule.name)).alias(broke_metric(rule.name)) for rule in stream.expectations]]
+               _count_true(is_dropped(stream, broke)).alias(DROPPED_METRIC),
+               *[_count_true(broke[rule.name]).alias(broke_metric(rule.name)) for rule in stream.expectations]]
     return frame.observe(EXPECTATIONS_METRIC, *metrics)
 
 

@@ -66,9 +66,9 @@ from sluice_spark.patterns import with_watermark
 from sluice_spark.quality import (
     RULES_COLUMN_PREFIX,
     check_expectations,
-    dropped_rows,
     expectation_counts,
     flag_dead_letters,
+    is_dropped,
     observe_expectations,
     rescued_count,
     rule_columns,
@@ -153,10 +153,10 @@ def build_routed_frame(spark: SparkSession, stream: StreamSpec, roots: Roots, *,
         transformed = steps.lookup(transformed, dimension, spec)
     data_columns = [name for name in transformed.columns if not _internal(name)]
     rejected = F.col(REASON_COLUMN).isNotNull()
-    route = F.when(rejected, F.lit(DEAD_LETTER_ROUTE)).otherwise(F.lit(GOOD_ROUTE))
-    if stream.expectations:
-        route = F.when(dropped_rows(stream), F.lit(DROPPED_ROUTE)).otherwise(route)
-    routed = _route(transformed, [F.col(c) for c in data_columns], route, _fan_out_flags(stream), stream=stream)
+    dropped = is_dropped(stream)
+    route = F.when(rejected, F.lit(DEAD_LETTER_ROUTE)).when(dropped, F.lit(DROPPED_ROUTE)).otherwise(F.lit(GOOD_ROUTE))
+    good = ~rejected & ~dropped  # a failed row has its reason too
+    routed = _route(transformed, [F.col(c) for c in data_columns], route, _fan_out_flags(stream, good), stream=stream)
     # Counted where the rows leave for the sink, which copies them anyway: anywhere else, the count would copy them.
     return observe_expectations(routed, stream), [*data_columns, INGEST_TIME_COLUMN]
 
@@ -173,7 +173,7 @@ def _route_stateful(spark: SparkSession, stream: StreamSpec, roots: Roots, trans
     # The rules judge rows before the stateful steps, and are counted there: the dropped rows go no further.
     transformed = observe_expectations(transformed, stream)
     rejected = F.col(REASON_COLUMN).isNotNull()
-    kept = ~rejected & ~dropped_rows(stream) if stream.expectations else ~rejected
+    kept = ~rejected & ~is_dropped(stream)
     keep = [name for name in transformed.columns if not _internal(name)]
     good = with_watermark(transformed.where(kept).select(*keep), patterns.watermark)
     dead = [transformed.where(rejected).drop(*rule_columns(stream))]
@@ -194,7 +194,7 @@ def _route_stateful(spark: SparkSession, stream: StreamSpec, roots: Roots, trans
     lineage = [] if SOURCE_FILE_COLUMN in data_columns else [SOURCE_FILE_COLUMN]
     empty = {name: F.lit(None).cast("string") for name in (*lineage, RAW_COLUMN, REASON_COLUMN)}
     routed = _route(good.withColumns(empty), [F.col(c) for c in (*data_columns, *lineage)], F.lit(GOOD_ROUTE),
-                    _fan_out_flags(stream), stream=stream)
+                    _fan_out_flags(stream, F.lit(True)), stream=stream)
     no_fan_out = [F.lit(False).alias(_fan_out_column(index)) for index, _ in enumerate(patterns.fan_out)]
     for bad in dead:
         nulls = [F.lit(None).cast(types[name]).alias(name) for name in data_columns]
@@ -207,8 +207,10 @@ def _route(frame: DataFrame, data: list[Column], route: Column, fan_out: list[Co
            stream: StreamSpec) -> DataFrame:
     """The routed frame's columns: the data, the ingest time, the route, the dead-letter columns (NULL on good rows)
     and one flag per fan-out table. Only what some table keeps crosses to the sink: the corrupt-record text is
-    already in the raw record. A stream with ``fail`` rules also carries the rules each row broke, and one under
-    ``fail_on_new_columns`` each row's new fields; such a row takes the failed route, which no table takes."""
+    already in the raw record. A stream with ``fail`` rules also carries the ``fail`` rules each row broke, and one
+    under ``fail_on_new_columns`` each row's new fields; such a row takes the failed route, which no table takes. A
+    stream with rules carries which rules each row broke (:func:`sluice_spark.quality.rule_columns`), for their
+    counts; a row a ``drop`` rule removes takes the dropped route, which no table takes either."""
     rejected = F.col(REASON_COLUMN).isNotNull()
     failing: list[Column] = []
     blocking = {FAILED_COLUMN: "string"} if any(rule.on_violation is Violation.FAIL for rule in stream.expectations) \
@@ -231,10 +233,11 @@ def _fan_out_column(index: int) -> str:
     return f"_sluice_fan_out_{index}"
 
 
-def _fan_out_flags(stream: StreamSpec) -> list[Column]:
-    """One boolean column per fan-out table: whether a good row goes there too."""
-    return [F.coalesce(F.expr(spec.where), F.lit(False)).alias(_fan_out_column(index))
-            for index, spec in enumerate(stream.patterns.fan_out)]
+def _fan_out_flags(stream: StreamSpec, good: Column) -> list[Column]:
+    """One boolean column per fan-out table: whether a good row goes there too. Its ``where`` is evaluated on good
+    rows only: a row a rule rejected or dropped may hold what the ``where`` cannot take (a zero to divide by)."""
+    return [F.when(good, F.coalesce(F.expr(spec.where), F.lit(False))).otherwise(F.lit(False))
+            .alias(_fan_out_column(index)) for index, spec in enumerate(stream.patterns.fan_out)]
 
 
 def sink_targets(stream: StreamSpec, roots: Roots, data_columns: list[str]) -> list[TableTarget]:

@@ -95,7 +95,7 @@ def preloads(monkeypatch: pytest.MonkeyPatch, module: str) -> list[object]:
     return calls
 
 
-# Each way a batch is written: the rows a rule drops reach each of them, and none takes them.
+# Each way a batch is written: each takes a batch's good rows and dead letters, and no dropped or failed row.
 WRITE_PATHS = pytest.mark.parametrize(("sink", "driver_bytes"), [
     pytest.param({"path": "bronze/events", "engine": "rs"}, "0", id="append-through-the-rs-data-source"),
     pytest.param({"path": "bronze/events", "engine": "rs"}, str(1 << 20), id="append-collected-on-the-driver"),
@@ -177,8 +177,9 @@ def test_rules_run_before_the_stateful_steps(spark: Any, tmp_path: Path) -> None
     landing = tmp_path / "landing" / "events"
     records = [record(n) for n in range(6)] + [record(1), record(2)]  # two duplicates
     records += [record(100, amount=-3), record(100, amount=-3)]  # quarantined twice: before the dedupe sees them
+    records += [record(200, event_time=FUTURE), record(201, event_time=FUTURE)]  # dropped: nor do they move the mark
     write_feed(landing, "a.json", records)
-    rules = {"valid_amount": RULES["valid_amount"]}
+    rules = {"valid_amount": RULES["valid_amount"], "not_from_the_future": RULES["not_from_the_future"]}
     catalog = catalog_with(tmp_path, rules, watermark={"column": "event_time", "delay": "10 minutes"},
                            dedupe={"keys": ["event_id"]})
     roots = roots_in(tmp_path)
@@ -188,7 +189,48 @@ def test_rules_run_before_the_stateful_steps(spark: Any, tmp_path: Path) -> None
     assert sorted(row["event_id"] for row in read_table(stream.sink_path(roots), ["event_id"]).to_pylist()) == [
         f"e{n:03d}" for n in range(6)]
     assert read_table(stream.dead_letter_table_path(roots)).num_rows == 2
-    assert run.expectations == [{"rule": "valid_amount", "on_violation": "quarantine", "checked": 10, "violated": 2}]
+    assert run.expectations == [
+        {"rule": "valid_amount", "on_violation": "quarantine", "checked": 12, "violated": 2},
+        {"rule": "not_from_the_future", "on_violation": "drop", "checked": 12, "violated": 2}]
+    assert run.dropped_rows == 2
+
+
+def test_a_fan_out_where_never_meets_a_row_a_rule_took_out(spark: Any, tmp_path: Path) -> None:
+    """Under ANSI, a fan-out's ``where`` that divides by a column would fail on the row a ``drop`` rule is there to
+    take out (or a ``quarantine`` rule): it is evaluated on good rows only."""
+    landing = tmp_path / "landing" / "events"
+    write_feed(landing, "a.json", [record(1, amount=10), record(2, amount=200), record(3, amount=0),
+                                   record(4, amount=-5)])
+    rules = {"nonzero": {"check": "amount <> 0", "on_violation": "drop"},
+             "valid_amount": RULES["valid_amount"]}
+    catalog = catalog_with(tmp_path, rules, fan_out=[{"path": "silver/small_share", "where": "100 / amount > 1"}])
+    roots = roots_in(tmp_path)
+    [run] = run_streams(spark, catalog, ["events"], roots).streams
+    assert run.status == "succeeded", run.error
+    assert (run.input_rows, run.output_rows, run.dropped_rows, run.dead_letter_rows) == (4, 2, 1, 1)
+    stream = catalog.get("events")
+    [fan_out] = [table.path for table in stream.tables(roots) if table.role.value == "fan_out"]
+    assert [row["event_id"] for row in read_table(fan_out, ["event_id"]).to_pylist()] == ["e001"]
+
+
+def test_rules_past_the_first_63_are_judged_and_counted(spark: Any, tmp_path: Path) -> None:
+    """A row carries which rules it broke as bits, 63 to a column: the 64th rule is the first of the second."""
+    landing = tmp_path / "landing" / "events"
+    write_feed(landing, "a.json", [record(1), record(2, amount=-3), record(3, event_time=FUTURE), record(4)])
+    rules = {f"known_{index}": {"check": "currency IS NOT NULL", "on_violation": "warn"} for index in range(62)}
+    rules["valid_amount"] = RULES["valid_amount"]  # the 63rd: the last bit of the first column
+    rules["not_from_the_future"] = RULES["not_from_the_future"]  # the 64th
+    rules["positive_when_known"] = {"check": "amount > 0", "on_violation": "warn"}
+    roots = roots_in(tmp_path)
+    [run] = run_streams(spark, catalog_with(tmp_path, rules), ["events"], roots).streams
+    assert run.status == "succeeded", run.error
+    assert (run.input_rows, run.output_rows, run.dropped_rows, run.dead_letter_rows) == (4, 2, 1, 1)
+    violated = {rule["rule"]: (rule["checked"], rule["violated"]) for rule in run.expectations}
+    assert violated == {**{f"known_{index}": (4, 0) for index in range(62)}, "valid_amount": (4, 1),
+                        "not_from_the_future": (4, 1), "positive_when_known": (4, 1)}
+    [dead] = read_table(catalog_with(tmp_path, rules).get("events").dead_letter_table_path(roots),
+                        ["reason"]).to_pylist()
+    assert dead["reason"] == "broke expectation(s): valid_amount, positive_when_known"
 
 
 def test_a_backfill_judges_its_range_by_the_current_rules(spark: Any, tmp_path: Path,

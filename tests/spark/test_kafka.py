@@ -246,15 +246,16 @@ def test_the_kafka_sink_routes_good_rows_to_the_topic_and_dead_letters_to_delta(
                                                            "schema": {"order_id": "string not null", "amount": "int"}},
                           "sink": {"format": "kafka", "topic": "orders.bronze", "key_column": "order_id",
                                    "engine": "rs"},
+                          "expectations": {"positive": {"check": "amount > 0", "on_violation": "drop"}},
                           "schedule": "*/5 * * * *"})
     [run] = run_streams(spark, catalog, ["orders_out"], roots).streams
     assert run.status == "succeeded", run.error
-    assert (run.input_rows, run.output_rows, run.dead_letter_rows) == (6, 4, 2)
+    assert (run.input_rows, run.output_rows, run.dead_letter_rows, run.dropped_rows) == (6, 3, 2, 1)
     assert run.delta_version_before is None and run.delta_version_after is None
     [(topic, options, records)] = sent
     assert (topic, options) == ("orders.bronze", {"kafka.bootstrap.servers": "broker:9092"})
     values = {key: json.loads(value) for key, value in records}
-    assert sorted(values) == ["o0", "o1", "o2", "o3"]
+    assert sorted(values) == ["o1", "o2", "o3"]  # o0 broke the drop rule
     assert values["o2"]["amount"] == 2 and values["o2"]["_source_file"].endswith("part-0.json")
     dead = sorted(table_rows(catalog.get("orders_out").dead_letter_table_path(roots), ["raw_record", "reason"]))
     assert dead == [('{"amount":1}', "missing required field 'order_id'"), ("{broken", "malformed JSON record")]

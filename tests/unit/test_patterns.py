@@ -85,6 +85,8 @@ def test_intervals(text: str, seconds: int) -> None:
     ({"fan_out": [{"path": "x", "where": "amount > 1", "columns": ["nope"]}]}, ["fan_out[0].columns", "nope"]),
     ({"lookup": [{"table": "dim/users", "on": ["user_id"], "columns": ["amount"]}]},
      ["lookup[0].columns", "already exist"]),
+    ({"lookup": [{"table": "dim/users", "on": ["user_id"], "columns": ["_sluice_rules_0"]}]},
+     ["lookup[0].columns", "_sluice_rules_0 start with '_'"]),
     ({"sink": {"partition_by": ["country"]}}, ["sink.partition_by", "country"]),
 ])
 def test_refused_combinations_name_the_field_and_the_fix(fields: dict[str, Any], fragments: list[str]) -> None:

@@ -244,6 +244,10 @@ class _Columns:
     def lookups(self, lookups: tuple[LookupSpec, ...]) -> None:
         for index, lookup in enumerate(lookups):
             self.need(lookup.on, self.available, f"lookup[{index}].on", "key column(s)")
+            reserved = [name for name in lookup.columns if name.startswith("_")]
+            if reserved:
+                raise self.refuse(f"lookup[{index}].columns", f"column(s) {', '.join(reserved)} start with '_', which "
+                                                             "is reserved for Sluice's metadata columns")
             clashes = [name for name in lookup.columns if name in self.available]
             if clashes:
                 raise self.refuse(f"lookup[{index}].columns",
