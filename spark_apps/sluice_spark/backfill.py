@@ -58,7 +58,7 @@ from sluice_spark.runner import (
     write_run_log,
 )
 from sluice_spark.session import activate, preload_case_mappings, require_hadoop_connector, resolve_engine
-from sluice_spark.targets import DEAD_LETTER_ROUTE, DROPPED_ROUTE, GOOD_ROUTE, RAW_COLUMN, ROUTE_COLUMN
+from sluice_spark.targets import DEAD_LETTER_ROUTE, GOOD_ROUTE, RAW_COLUMN, ROUTE_COLUMN
 from sluice_spark.writers import BatchRouter
 
 log = logging.getLogger(__name__)
@@ -241,8 +241,7 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
         counts = {(row[0], bool(row[1])): int(row[2]) for row in
                   batch.groupBy(ROUTE_COLUMN, IN_RANGE_COLUMN).count().collect()}
         summary.batches += 1
-        # Dropped rows are added from the rules' counts after the query (a stateful stream's never reach this batch).
-        summary.input_rows += sum(rows for (route, _), rows in counts.items() if route != DROPPED_ROUTE)
+        summary.input_rows += sum(counts.values())
         summary.rows_written += counts.get((GOOD_ROUTE, True), 0)
         summary.rows_outside_range += counts.get((GOOD_ROUTE, False), 0)
         summary.dead_letter_rows += sum(rows for (route, _), rows in counts.items() if route == DEAD_LETTER_ROUTE)

@@ -7,20 +7,16 @@ Two steps, in this order around the transform:
    first offending field and its raw value.
 2. :func:`check_expectations`, after the transform and before the stateful steps: the stream's rules
    (:mod:`sluice.model.expectations`) judge the rows step 1 kept. A quarantined row joins the dead letters with
-   every rule it broke in its reason; a dropped row is marked, and no table takes it; a row that broke a ``fail``
-   rule is marked for the writers, which refuse to commit its batch (:func:`sluice_spark.targets.expectation_failure`).
+   every rule it broke in its reason; a dropped row leaves the frame; a row that broke a ``fail`` rule is marked
+   for the writers, which refuse to commit its batch (:func:`sluice_spark.targets.expectation_failure`).
 
 Both are column expressions (no Python UDF), so they cost no extra pass over the data. The counts per rule travel
-in Spark's observed metrics (:data:`EXPECTATIONS_METRIC`), one row per micro-batch in its progress report, taken
-where the rows leave for the sink, or before the stateful steps of a stream that has them
-(:func:`observe_expectations`).
+in Spark's observed metrics (:data:`EXPECTATIONS_METRIC`), one row per micro-batch in its progress report.
 """
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterable, Iterator
-from functools import reduce
 from typing import Any
 
 from pyspark.sql import Column, DataFrame
@@ -167,101 +163,52 @@ def _raw_record(stream: StreamSpec) -> Column:
 def check_expectations(frame: DataFrame, stream: StreamSpec, data_columns: list[str]) -> DataFrame:
     """Judge the good rows of a transformed frame by the stream's rules (see the module's docstring).
 
-    Each judged row gets which rules it broke, one bit per rule (:func:`rule_columns`); a quarantined or failed row
-    gets its reason, and ``data_columns`` (the row's columns as the rules see them) as its raw record, in JSON. A
-    dropped row stays in the frame, with no reason: the caller routes it where no table takes it, or filters it out
-    (:func:`is_dropped` tells it), after the rules' counts are taken (:func:`observe_expectations`).
+    ``data_columns`` are the row's columns as the rules see them: a quarantined row's raw record is those, as JSON.
     """
     rules = stream.expectations
     if not rules:
         return frame
+    judged = F.col(REASON_COLUMN).isNull()
+    broke: dict[str, Column] = {}
     checks = [F.expr(rule.check) for rule in rules]
     # Spark types every check in one analysis: each analysis is a round trip to the JVM, slow on a cold one.
     kinds = [field.dataType.simpleString() for field in frame.select(*checks).schema.fields]
-    judged = F.col(REASON_COLUMN).isNull()
-    columns = rule_columns(stream)
-    terms: dict[str, list[Column]] = {column: [] for column in columns}
-    for index, (rule, check, kind) in enumerate(zip(rules, checks, kinds, strict=True)):
+    for rule, check, kind in zip(rules, checks, kinds, strict=True):
         if kind != "boolean":
             raise CatalogError(f"the check {rule.check!r} gives {kind}, not a boolean", stream=stream.name,
                                field=f"expectations.{rule.name}.check")
-        column, bit = divmod(index, _RULES_PER_COLUMN)
-        broken = ~F.coalesce(check, F.lit(rule.on_null is NullResult.PASSES))
-        terms[columns[column]].append(F.when(broken, F.lit(1 << bit).cast("bigint")).otherwise(F.lit(0)))
-    # NULL on a row the rules did not judge (a dead letter already): no bit of it is set.
-    flagged = frame.withColumns({column: F.when(judged, reduce(operator.add, part)) for column, part in terms.items()})
+        broke[rule.name] = judged & ~F.coalesce(check, F.lit(rule.on_null is NullResult.PASSES))
+    flags = {_JUDGED: judged, **{_flag(name): condition for name, condition in broke.items()}}
+    flagged = frame.withColumns(flags)
 
-    broke = broken_rules(stream)
+    def any_broke(action: Violation) -> Column:
+        return _any([F.col(_flag(rule.name)) for rule in rules if rule.on_violation is action])
 
     def names(selected: list[str]) -> Column:
-        return F.concat_ws(", ", *[F.when(broke[name], F.lit(name)) for name in selected])
+        return F.concat_ws(", ", *[F.when(F.col(_flag(name)), F.lit(name)) for name in selected])
 
-    failed = _broke_any(stream, broke, Violation.FAIL)
-    dead = failed | _broke_any(stream, broke, Violation.QUARANTINE)
+    failed, quarantined = any_broke(Violation.FAIL), any_broke(Violation.QUARANTINE)
+    dead = failed | quarantined
+    dropped = any_broke(Violation.DROP) & ~dead
     row = F.to_json(F.struct(*[F.col(quote(name)) for name in data_columns]))
     fail_rules = [rule.name for rule in rules if rule.on_violation is Violation.FAIL]
-    return flagged.withColumns({
+    judged_frame = flagged.withColumns({
         REASON_COLUMN: F.when(dead, F.concat(F.lit(QUARANTINE_REASON), names([rule.name for rule in rules])))
         .otherwise(F.col(REASON_COLUMN)),
         RAW_COLUMN: F.when(dead, F.coalesce(F.col(RAW_COLUMN), row)).otherwise(F.col(RAW_COLUMN)),
         **({FAILED_COLUMN: F.when(failed, names(fail_rules))} if fail_rules else {}),
     })
+    metrics = [F.count_if(F.col(_JUDGED)).alias(CHECKED_METRIC), F.count_if(dropped).alias(DROPPED_METRIC),
+               *[F.count_if(F.col(_flag(rule.name))).alias(broke_metric(rule.name)) for rule in rules]]
+    observed = judged_frame.observe(EXPECTATIONS_METRIC, *metrics)
+    return observed.where(~dropped).drop(*flags)
 
 
-#: The columns of a judged frame that say which rules a row broke: bit ``i % 63`` of column ``i // 63`` for the
-#: stream's rule ``i``, in the catalog's order (bits 0 to 62 of a LONG, so that their sum never overflows).
-RULES_COLUMN_PREFIX = "_sluice_rules_"
-_RULES_PER_COLUMN = 63
+_JUDGED = "_sluice_judged"
 
 
-def rule_columns(stream: StreamSpec) -> list[str]:
-    """The bit columns :func:`check_expectations` adds (none for a stream without rules)."""
-    count = -(-len(stream.expectations) // _RULES_PER_COLUMN)
-    return [f"{RULES_COLUMN_PREFIX}{index}" for index in range(count)]
-
-
-def broken_rules(stream: StreamSpec) -> dict[str, Column]:
-    """Per rule, whether a row broke it (NULL on a row no rule judged), read from its bit."""
-    columns = rule_columns(stream)
-    tests = {}
-    for index, rule in enumerate(stream.expectations):
-        column, bit = divmod(index, _RULES_PER_COLUMN)
-        tests[rule.name] = F.col(columns[column]).bitwiseAND(F.lit(1 << bit).cast("bigint")) != 0
-    return tests
-
-
-def _broke_any(stream: StreamSpec, broke: dict[str, Column], action: Violation) -> Column:
-    return _any([broke[rule.name] for rule in stream.expectations if rule.on_violation is action])
-
-
-def is_dropped(stream: StreamSpec, broke: dict[str, Column] | None = None) -> Column:
-    """True on a row that a ``drop`` rule removes: one that broke such a rule and is no dead letter (a quarantined or
-    failed row goes to the dead letters however many rules it broke). False on every row of a stream without rules."""
-    return F.col(REASON_COLUMN).isNull() & _broke_any(stream, broke or broken_rules(stream), Violation.DROP)
-
-
-def observe_expectations(frame: DataFrame, stream: StreamSpec) -> DataFrame:
-    """Count, per micro-batch, the rows the rules judged, the rows each rule caught and the rows dropped
-    (:data:`EXPECTATIONS_METRIC`), over a frame that still holds the dropped rows, the reason and the bit columns.
-
-    Spark's observation is a node of the plan that its generated code cannot cross: the code under it writes each
-    row out whole, and the code over it reads it back. Over the last projection, where the rows leave for the sink,
-    they are written out whole anyway.
-    """
-    if not stream.expectations:
-        return frame
-    broke = broken_rules(stream)
-    metrics = [F.count(F.col(rule_columns(stream)[0])).alias(CHECKED_METRIC),
-               _count_true(is_dropped(stream, broke)).alias(DROPPED_METRIC),
-               *[_count_true(broke[rule.name]).alias(broke_metric(rule.name)) for rule in stream.expectations]]
-    return frame.observe(EXPECTATIONS_METRIC, *metrics)
-
-
-def _count_true(condition: Column) -> Column:
-    """The rows where ``condition`` is true. Spark's ``count_if`` reads its argument twice: for an expression that
-    is not a column, the optimiser computes it once in a projection under the observation, and drops it again in
-    another over it, which copies each row once more."""
-    return F.count(F.when(condition, F.lit(True)))
+def _flag(rule: str) -> str:
+    return f"_sluice_broke_{rule}"
 
 
 def _any(conditions: list[Column]) -> Column:

@@ -63,20 +63,10 @@ from sluice_spark.drift import reads_by_header
 from sluice_spark.kinds import read_stream
 from sluice_spark.kinds.files import RECORDS_METRIC
 from sluice_spark.patterns import with_watermark
-from sluice_spark.quality import (
-    RULES_COLUMN_PREFIX,
-    check_expectations,
-    expectation_counts,
-    flag_dead_letters,
-    is_dropped,
-    observe_expectations,
-    rescued_count,
-    rule_columns,
-)
+from sluice_spark.quality import check_expectations, expectation_counts, flag_dead_letters, rescued_count
 from sluice_spark.session import activate, preload_case_mappings, require_hadoop_connector, resolve_engine
 from sluice_spark.targets import (
     DEAD_LETTER_ROUTE,
-    DROPPED_ROUTE,
     FAILED_COLUMN,
     FAILED_ROUTE,
     GOOD_ROUTE,
@@ -107,11 +97,6 @@ _DEAD_LETTER_FIELDS = (
 )
 _INTERNAL_COLUMNS = {CORRUPT_COLUMN, REASON_COLUMN, RAW_COLUMN, ROUTE_COLUMN, _STREAM_COLUMN, FAILED_COLUMN,
                      NEW_FIELDS_COLUMN, NEW_COLUMNS_COLUMN, NEW_TYPES_COLUMN}
-
-
-def _internal(name: str) -> bool:
-    """Whether a column of the routed frame is Sluice's bookkeeping, not the stream's data."""
-    return name in _INTERNAL_COLUMNS or name.startswith(RULES_COLUMN_PREFIX)
 
 
 @dataclass
@@ -145,20 +130,18 @@ def build_routed_frame(spark: SparkSession, stream: StreamSpec, roots: Roots, *,
     parsed = flag_dead_letters(read_stream(spark, stream, roots, path=path, trigger=trigger), stream)
     transformed = apply_transform(parsed, stream)
     transformed = check_expectations(transformed, stream,
-                                     [name for name in transformed.columns if not _internal(name)])
+                                     [name for name in transformed.columns if name not in _INTERNAL_COLUMNS])
     dimensions = [(spec, steps.read_dimension(spark, spec, roots, engine)) for spec in stream.patterns.lookup]
     if stream.patterns.stateful:
         return _route_stateful(spark, stream, roots, transformed, dimensions)
     for spec, dimension in dimensions:
         transformed = steps.lookup(transformed, dimension, spec)
-    data_columns = [name for name in transformed.columns if not _internal(name)]
+    data_columns = [name for name in transformed.columns if name not in _INTERNAL_COLUMNS]
     rejected = F.col(REASON_COLUMN).isNotNull()
-    dropped = is_dropped(stream)
-    route = F.when(rejected, F.lit(DEAD_LETTER_ROUTE)).when(dropped, F.lit(DROPPED_ROUTE)).otherwise(F.lit(GOOD_ROUTE))
-    good = ~rejected & ~dropped  # a failed row has its reason too
-    routed = _route(transformed, [F.col(c) for c in data_columns], route, _fan_out_flags(stream, good), stream=stream)
-    # Counted where the rows leave for the sink, which copies them anyway: anywhere else, the count would copy them.
-    return observe_expectations(routed, stream), [*data_columns, INGEST_TIME_COLUMN]
+    route = F.when(rejected, F.lit(DEAD_LETTER_ROUTE)).otherwise(F.lit(GOOD_ROUTE))
+    routed = _route(transformed, [F.col(c) for c in data_columns], route, _fan_out_flags(stream, ~rejected),
+                    stream=stream)
+    return routed, [*data_columns, INGEST_TIME_COLUMN]
 
 
 def _route_stateful(spark: SparkSession, stream: StreamSpec, roots: Roots, transformed: DataFrame,
@@ -170,13 +153,10 @@ def _route_stateful(spark: SparkSession, stream: StreamSpec, roots: Roots, trans
     (``StreamSpec.checkpoint_sources``); both read the same versions, and one batch commits both.
     """
     patterns = stream.patterns
-    # The rules judge rows before the stateful steps, and are counted there: the dropped rows go no further.
-    transformed = observe_expectations(transformed, stream)
     rejected = F.col(REASON_COLUMN).isNotNull()
-    kept = ~rejected & ~is_dropped(stream)
-    keep = [name for name in transformed.columns if not _internal(name)]
-    good = with_watermark(transformed.where(kept).select(*keep), patterns.watermark)
-    dead = [transformed.where(rejected).drop(*rule_columns(stream))]
+    keep = [name for name in transformed.columns if name not in _INTERNAL_COLUMNS]
+    good = with_watermark(transformed.where(~rejected).select(*keep), patterns.watermark)
+    dead = [transformed.where(rejected)]
     if patterns.dedupe is not None:
         good = steps.dedupe(good, patterns.dedupe)
     if patterns.join is not None:
@@ -207,10 +187,8 @@ def _route(frame: DataFrame, data: list[Column], route: Column, fan_out: list[Co
            stream: StreamSpec) -> DataFrame:
     """The routed frame's columns: the data, the ingest time, the route, the dead-letter columns (NULL on good rows)
     and one flag per fan-out table. Only what some table keeps crosses to the sink: the corrupt-record text is
-    already in the raw record. A stream with ``fail`` rules also carries the ``fail`` rules each row broke, and one
-    under ``fail_on_new_columns`` each row's new fields; such a row takes the failed route, which no table takes. A
-    stream with rules carries which rules each row broke (:func:`sluice_spark.quality.rule_columns`), for their
-    counts; a row a ``drop`` rule removes takes the dropped route, which no table takes either."""
+    already in the raw record. A stream with ``fail`` rules also carries the rules each row broke, and one under
+    ``fail_on_new_columns`` each row's new fields; such a row takes the failed route, which no table takes."""
     rejected = F.col(REASON_COLUMN).isNotNull()
     failing: list[Column] = []
     blocking = {FAILED_COLUMN: "string"} if any(rule.on_violation is Violation.FAIL for rule in stream.expectations) \
@@ -223,7 +201,6 @@ def _route(frame: DataFrame, data: list[Column], route: Column, fan_out: list[Co
         failing.append(failed.alias(name))
     if stream.source.schema_evolution is SchemaEvolution.ADD_NEW_COLUMNS:  # for the writer to add (see BatchRouter)
         failing += [F.col(name) for name in (NEW_COLUMNS_COLUMN, NEW_TYPES_COLUMN) if name in frame.columns]
-    failing += [F.col(name) for name in rule_columns(stream) if name in frame.columns]  # for the rules' counts
     return frame.select(*data, F.current_timestamp().alias(INGEST_TIME_COLUMN),
                         route.cast("tinyint").alias(ROUTE_COLUMN), RAW_COLUMN, REASON_COLUMN,
                         F.when(rejected, F.lit(stream.name)).alias(_STREAM_COLUMN), *fan_out, *failing)
@@ -235,7 +212,8 @@ def _fan_out_column(index: int) -> str:
 
 def _fan_out_flags(stream: StreamSpec, good: Column) -> list[Column]:
     """One boolean column per fan-out table: whether a good row goes there too. Its ``where`` is evaluated on good
-    rows only: a row a rule rejected or dropped may hold what the ``where`` cannot take (a zero to divide by)."""
+    rows only: a dead letter may hold what the ``where`` cannot take under ANSI (a zero to divide by, which a rule
+    quarantined)."""
     return [F.when(good, F.coalesce(F.expr(spec.where), F.lit(False))).otherwise(F.lit(False))
             .alias(_fan_out_column(index)) for index, spec in enumerate(stream.patterns.fan_out)]
 

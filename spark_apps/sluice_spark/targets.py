@@ -20,9 +20,6 @@ REASON_COLUMN = "_dead_letter_reason"
 RAW_COLUMN = "_dead_letter_raw"
 # A row that broke an expectation whose action is ``fail``: no table takes it, and its batch commits nowhere.
 FAILED_ROUTE = 2
-# A row that broke an expectation whose action is ``drop``: no table takes it. It stays in the routed frame up to the
-# sink, so that the rules' counts are taken there (:func:`sluice_spark.quality.observe_expectations`).
-DROPPED_ROUTE = 3
 # The names of the ``fail`` rules such a row broke (NULL on every other row); only streams with such rules have it.
 FAILED_COLUMN = "_sluice_failed"
 # Under ``fail_on_new_columns``, the paths of a row's fields the schema does not declare (NULL on most rows): no table
