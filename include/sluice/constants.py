@@ -74,6 +74,15 @@ class AlertChannel(Word):
     EMAIL = "email"
 
 
+class HealthGate(Word):
+    """Where a stream's DAG checks its checkpoint before each run (``health_gate``)."""
+
+    # A task of its own before the run's: a FAIL shows as that task failing, and Spark never starts.
+    TASK = "task"
+    # Inside the run's task, before Spark starts: one task (and one scheduler hop) less per run.
+    INLINE = "inline"
+
+
 class RunStatus(Word):
     """How a stream run or a backfill ended, as its summary and XCom say."""
 

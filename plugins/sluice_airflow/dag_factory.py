@@ -10,6 +10,7 @@ import pendulum
 from airflow.sdk import DAG, Asset
 
 from sluice.catalog import Catalog, load_catalog
+from sluice.constants import HealthGate
 from sluice.kinds.kafka import KafkaSink
 from sluice.model.stream import StreamSpec
 from sluice_airflow.operators import CheckpointHealthCheckOperator, StreamRunOperator
@@ -65,7 +66,7 @@ def stream_schedule(stream: StreamSpec, catalog: Catalog) -> Any:
 
 def ingest_dag(stream: StreamSpec, *, catalog: Catalog | None = None, doc: str = "") -> DAG:
     """The scheduled DAG of one stream: a checkpoint health gate, then an availableNow run, on its cron or on the
-    table it reads."""
+    table it reads. The gate is a task of its own, or with ``health_gate: inline`` the run task's first step."""
     with sluice_dag(
         stream.dag_id,
         description=stream.description.strip() or f"Ingest {stream.name}",
@@ -75,22 +76,25 @@ def ingest_dag(stream: StreamSpec, *, catalog: Catalog | None = None, doc: str =
         owner=stream.owner,
         retries=2,
     ) as dag:
-        health = CheckpointHealthCheckOperator(task_id="checkpoint_health", stream=stream.name)
+        gate = (CheckpointHealthCheckOperator(task_id="checkpoint_health", stream=stream.name)
+                if stream.health_gate is HealthGate.TASK else None)
         run = StreamRunOperator(
             task_id="run_stream",
             streams=[stream.name],
+            check_health=gate is None,
             outlets=[table_asset(stream)],
             execution_timeout=timedelta(hours=2),
         )
-        health >> run
+        if gate is not None:
+            gate >> run
     return dag
 
 
 def group_dag(group: str, streams: list[StreamSpec], *, doc: str = "") -> DAG:
-    """The scheduled DAG of a group of streams: one health gate per stream, then one availableNow run of every
-    stream whose gate passed, in one Spark application (one JVM start for all of them). Each stream keeps its own
-    lock, checkpoint and summary; a stream whose gate fails is left out of the run, and the run's task fails after
-    the others ran, naming it."""
+    """The scheduled DAG of a group of streams: one health gate per stream (a task each, or the run task's first
+    step with ``health_gate: inline``), then one availableNow run of every stream whose gate passed, in one Spark
+    application (one JVM start for all of them). Each stream keeps its own lock, checkpoint and summary; a stream
+    whose gate fails is left out of the run, and the run's task fails after the others ran, naming it."""
     names = ", ".join(stream.name for stream in streams)
     with sluice_dag(
         streams[0].dag_id,
@@ -102,12 +106,15 @@ def group_dag(group: str, streams: list[StreamSpec], *, doc: str = "") -> DAG:
         owner=streams[0].owner,
         retries=2,
     ) as dag:
-        gates = {stream.name: CheckpointHealthCheckOperator(task_id=f"health_{stream.name}", stream=stream.name)
-                 for stream in streams}
+        inline = streams[0].health_gate is HealthGate.INLINE  # one kind of gate per group (the catalog checks)
+        gates = {} if inline else {
+            stream.name: CheckpointHealthCheckOperator(task_id=f"health_{stream.name}", stream=stream.name)
+            for stream in streams}
         run = StreamRunOperator(
             task_id="run_streams",
             streams=[stream.name for stream in streams],
-            health_gates={name: gate.task_id for name, gate in gates.items()},
+            health_gates={name: gate.task_id for name, gate in gates.items()} or None,
+            check_health=inline,
             outlets=[table_asset(stream) for stream in streams],
             execution_timeout=timedelta(hours=2),
             trigger_rule="all_done",

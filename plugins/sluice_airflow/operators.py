@@ -26,7 +26,9 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from sluice.catalog import Catalog
+    from sluice.model.stream import StreamSpec
     from sluice.operations.backfill import BackfillRequest
+    from sluice.operations.health import HealthReport
     from sluice.summary import RunSummary
     from sluice.warm import WarmAddress
     from sluice_airflow.hooks import SluiceSparkSubmitHook
@@ -162,6 +164,19 @@ class SluiceOperator(BaseOperator):
         os.environ.update(self.storage_environment())
         return catalog
 
+    def checked_health(self, stream: StreamSpec, *, fail_on_warn: bool = False) -> tuple[HealthReport, bool]:
+        """Check a stream's checkpoint, logging every finding and the checkpoint's facts: the report, and whether it
+        stops the stream's run (FAIL, or WARN with ``fail_on_warn``). Reads plain files and Delta metadata only."""
+        from sluice.operations.health import Health, check_stream
+
+        report = check_stream(stream, self.resolved_roots())
+        for finding in report.findings:
+            log = self.log.warning if finding.severity is not Health.OK else self.log.info
+            log("%s: [%s] %s: %s %s", stream.name, finding.severity.value, finding.code.value, finding.message,
+                finding.evidence or "")
+        self.log.info("Checkpoint facts of %s: %s", stream.name, json.dumps(report.facts, default=str))
+        return report, report.status is Health.FAIL or (fail_on_warn and report.status is Health.WARN)
+
 
 class SparkAppOperator(SluiceOperator):
     """Base of the operators that spark-submit a Sluice application through :class:`SluiceSparkSubmitHook`: the
@@ -260,6 +275,11 @@ class StreamRunOperator(SparkAppOperator):
     :param streams: catalog stream names (templated)
     :param health_gates: stream name -> the task id of its health check in this DAG. A stream whose check did not
         succeed (no report in XCom) is left out of the run, and the task fails after the others ran, naming it.
+    :param check_health: check each stream's checkpoint in this task, before Spark starts, instead of in a task of
+        its own (the catalog's ``health_gate: inline``): a stream whose check FAILs is left out the same way, and
+        the reports are the XCom ``health_reports`` (stream name -> report). Every try checks again; a stream left
+        out only because a live run holds its lock, or because its check raised, fails the task with a retry.
+    :param health_fail_on_warn: with ``check_health``, a WARN leaves the stream out too
     :param warm_conn_id: Airflow connection of the deployment's warm server (warm mode: host, port, the token as
         password). When it is defined the run goes to that server instead of spark-submit; see :mod:`sluice.warm`.
     """
@@ -267,11 +287,17 @@ class StreamRunOperator(SparkAppOperator):
     template_fields: Sequence[str] = ("streams", *SparkAppOperator.template_fields)
     ui_color = "#d7ecfb"
 
-    def __init__(self, *, streams: list[str], health_gates: dict[str, str] | None = None,
-                 warm_conn_id: str = WARM_CONNECTION, **kwargs: Any) -> None:
+    def __init__(self, *, streams: list[str], health_gates: dict[str, str] | None = None, check_health: bool = False,
+                 health_fail_on_warn: bool = False, warm_conn_id: str = WARM_CONNECTION, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if check_health and health_gates:
+            raise ValueError("a run checks its streams' health itself (check_health) or after their gates "
+                             "(health_gates), not both")
         self.streams = streams
         self.health_gates = health_gates
+        self.check_health = check_health
+        self.health_fail_on_warn = health_fail_on_warn
+        self._retry_left_out = False  # a stream left out by this try's own check may run at the next try
         self.warm_conn_id = warm_conn_id
         self._warm_connection: socket.socket | None = None
         self._killed = False
@@ -351,29 +377,73 @@ class StreamRunOperator(SparkAppOperator):
                                                      "spark.driver.extraClassPath")))
         return small_run(streams, self.resolved_roots(), engine=engine, own_jars=own_jars)
 
-    def application_args(self, *, run_id: str, summary_file: str) -> list[str]:
-        if not self.streams or not all(isinstance(name, str) and name for name in self.streams):
+    def _require_streams(self) -> None:
+        if not isinstance(self.streams, list) or not self.streams \
+                or not all(isinstance(name, str) and name for name in self.streams):
             raise AirflowException(f"streams must be a non-empty list of stream names, got {self.streams!r}")
+
+    def application_args(self, *, run_id: str, summary_file: str) -> list[str]:
+        self._require_streams()
         return [*option_args({"catalog": self.catalog_path()}), *(f"--stream={name}" for name in self.streams),
                 *self.resolved_roots().as_args(), *option_args({"run-id": run_id, "summary-file": summary_file}),
                 *self.engine_args()]
 
     def _gated(self, context: Context) -> list[str]:
-        """The streams whose health gate passed (all of them without gates); those left out are logged."""
-        if not self.health_gates:
+        """Leave out of this run the streams whose health gate did not pass (their gate tasks', or this task's own
+        check with ``check_health``), and log them; the streams left out."""
+        if self.check_health:
+            stopped, refusals = self._check_here(context)
+            if len(stopped) == len(self.streams):
+                raise (AirflowException if self._retry_left_out else AirflowFailException)("\n".join(refusals))
+        elif self.health_gates:
+            stopped = [name for name in self.streams
+                       if name in self.health_gates
+                       and context["ti"].xcom_pull(task_ids=self.health_gates[name]) is None]
+            for name in stopped:
+                self.log.warning("Stream %s is left out of this run: its health gate %s did not pass", name,
+                                 self.health_gates[name])
+            if len(stopped) == len(self.streams):
+                raise AirflowFailException(f"no stream ran: every health gate failed ({', '.join(stopped)})")
+        else:
             return []
-        stopped = [name for name in self.streams
-                   if name in self.health_gates
-                   and context["ti"].xcom_pull(task_ids=self.health_gates[name]) is None]
-        for name in stopped:
-            self.log.warning("Stream %s is left out of this run: its health gate %s did not pass", name,
-                             self.health_gates[name])
-        if len(stopped) == len(self.streams):
-            raise AirflowFailException(f"no stream ran: every health gate failed ({', '.join(stopped)})")
         self.streams = [name for name in self.streams if name not in stopped]
         return stopped
 
+    def _check_here(self, context: Context) -> tuple[list[str], list[str]]:
+        """Each stream's checkpoint health, checked in this task (``check_health``); the reports go to the XCom
+        ``health_reports``. The streams left out, and why. A stream whose check raised is left out alone (a group's
+        other streams run), as is one whose only FAIL is a live run's lock: both make the task retry."""
+        from sluice.constants import FaultCode
+        from sluice.operations.health import Health
+
+        catalog = self.stream_catalog()
+        reports: dict[str, dict[str, Any]] = {}
+        stopped: list[str] = []
+        refusals: list[str] = []
+        for name in self.streams:
+            stream = catalog.get(name)
+            try:
+                report, stops = self.checked_health(stream, fail_on_warn=self.health_fail_on_warn)
+            except Exception as exc:  # a store that cannot be read now; the next try reads it again
+                self.log.exception("The checkpoint health check of stream %s raised", name)
+                reports[name] = {"stream": name, "status": "ERROR", "error": f"{type(exc).__name__}: {exc}"}
+                stopped.append(name)
+                refusals.append(f"checkpoint health of stream '{name}': the check raised {type(exc).__name__}: {exc}")
+                self._retry_left_out = True
+                continue
+            reports[name] = report.to_dict()
+            if stops:
+                self.log.warning("Stream %s is left out of this run: its checkpoint health check failed", name)
+                stopped.append(name)
+                refusals.append(report.describe())
+                fails = [finding for finding in report.findings if finding.severity is Health.FAIL]
+                if fails and all(finding.code is FaultCode.LOCKED for finding in fails):
+                    self._retry_left_out = True
+        context["ti"].xcom_push(key="health_reports", value=reports)
+        return stopped, refusals
+
     def execute(self, context: Context) -> dict[str, Any]:
+        self._require_streams()
         stopped = self._gated(context)
         run_id = f"{self.dag_id}/{context['run_id']}/{self.task_id}"
         warm = self.warm_target()
@@ -407,8 +477,10 @@ class StreamRunOperator(SparkAppOperator):
             raise AirflowException(f"Stream run failed: {errors or failure}")
         if stopped:
             context["ti"].xcom_push(key="return_value", value=result)
-            raise AirflowFailException(f"ran {', '.join(self.streams)}; left out {', '.join(stopped)}, whose "
-                                       "checkpoint health gate failed (see its task's report)")
+            where = "this task's health_reports" if self.check_health else "its task's report"
+            raise (AirflowException if self._retry_left_out else AirflowFailException)(
+                f"ran {', '.join(self.streams)}; left out {', '.join(stopped)}, whose checkpoint health gate failed "
+                f"(see {where})")
         return result
 
 
@@ -431,15 +503,9 @@ class CheckpointHealthCheckOperator(SluiceOperator):
         self.fail_on_warn = fail_on_warn
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from sluice.operations.health import Health, check_stream
-
-        report = check_stream(self.stream_catalog().get(self.stream), self.resolved_roots())
-        for finding in report.findings:
-            log = self.log.warning if finding.severity is not Health.OK else self.log.info
-            log("[%s] %s: %s %s", finding.severity.value, finding.code.value, finding.message, finding.evidence or "")
-        self.log.info("Checkpoint facts: %s", json.dumps(report.facts, default=str))
+        report, stops = self.checked_health(self.stream_catalog().get(self.stream), fail_on_warn=self.fail_on_warn)
         result = report.to_dict()
-        if report.status is Health.FAIL or (self.fail_on_warn and report.status is Health.WARN):
+        if stops:
             context["ti"].xcom_push(key="health_report", value=result)
             raise AirflowFailException(report.describe())
         return result

@@ -6,7 +6,9 @@ import datetime as dt
 from pathlib import Path
 
 import pytest
+import yaml
 
+from sluice.catalog import DEFAULT_CATALOG
 from sluice.cli.demo_producer import DemoProducer
 from tests.helpers import expected_events
 
@@ -71,11 +73,17 @@ def test_failed_spark_run_fails_the_task_with_the_reason(airflow_db: Path, tmp_p
     assert DeltaTable(str(tmp_path / "lake" / "bronze" / "orders")).version() == 0
 
 
+@pytest.mark.parametrize("gate", ["task", "inline"])
 def test_failed_health_check_stops_the_run_before_spark_starts(airflow_db: Path, tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+                                                               monkeypatch: pytest.MonkeyPatch, gate: str) -> None:
     from airflow.dag_processing.dagbag import DagBag
     from airflow.utils.state import DagRunState, TaskInstanceState
 
+    bundled = yaml.safe_load(DEFAULT_CATALOG.read_text(encoding="utf-8"))
+    events = next(stream for stream in bundled["streams"] if stream["name"] == "events_bronze")
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(yaml.safe_dump({**bundled, "streams": [{**events, "health_gate": gate}]}), encoding="utf-8")
+    monkeypatch.setenv("SLUICE_CATALOG", str(catalog))
     monkeypatch.setenv("SLUICE_DATA_ROOT", str(tmp_path))
     DemoProducer(tmp_path / "landing", seed=33).produce(files=1)
     offsets = tmp_path / "checkpoints" / "bronze" / "events" / "offsets"
@@ -87,9 +95,16 @@ def test_failed_health_check_stops_the_run_before_spark_starts(airflow_db: Path,
 
     assert run.state == DagRunState.FAILED
     states = {ti.task_id: ti.state for ti in run.get_task_instances()}
-    assert states == {"checkpoint_health": TaskInstanceState.FAILED, "run_stream": TaskInstanceState.UPSTREAM_FAILED}
-    [report] = xcom_value(dag.dag_id, run.run_id, "checkpoint_health", key="health_report")
+    if gate == "task":
+        assert states == {"checkpoint_health": TaskInstanceState.FAILED,
+                          "run_stream": TaskInstanceState.UPSTREAM_FAILED}
+        [report] = xcom_value(dag.dag_id, run.run_id, "checkpoint_health", key="health_report")
+    else:  # one task, which checked and stopped before spark-submit
+        assert states == {"run_stream": TaskInstanceState.FAILED}
+        [reports] = xcom_value(dag.dag_id, run.run_id, "run_stream", key="health_reports")
+        report = reports["events_bronze"]
     assert report["status"] == "FAIL" and "METADATA_MISSING" in [f["code"] for f in report["findings"]]
+    assert not xcom_value(dag.dag_id, run.run_id, "run_stream"), "no run summary: Spark never started"
     assert not (tmp_path / "lake" / "bronze" / "events").exists(), "no Spark run, no Delta table"
 
 

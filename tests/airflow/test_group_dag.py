@@ -17,12 +17,14 @@ pytestmark = [pytest.mark.airflow, pytest.mark.spark]
 BRONZE = ["event_id", "event_type", "user_id", "amount", "event_date"]
 
 
-def test_a_failed_health_gate_stops_only_its_stream(airflow_db: Path, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("gate", ["task", "inline"])
+def test_a_failed_health_gate_stops_only_its_stream(airflow_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    gate: str) -> None:
     from airflow.dag_processing.dagbag import DagBag
     from airflow.utils.state import DagRunState, TaskInstanceState
 
-    catalog = write_catalog(tmp_path, events_stream("clicks", group="pair"), events_stream("views", group="pair"))
+    catalog = write_catalog(tmp_path, events_stream("clicks", group="pair", health_gate=gate),
+                            events_stream("views", group="pair", health_gate=gate))
     monkeypatch.setenv("SLUICE_CATALOG", str(catalog))
     monkeypatch.setenv("SLUICE_DATA_ROOT", str(tmp_path))
     DemoProducer(tmp_path / "landing", seed=41).produce(files=2, lines=40,
@@ -34,13 +36,18 @@ def test_a_failed_health_gate_stops_only_its_stream(airflow_db: Path, tmp_path: 
     dags = DagBag(dag_folder=str(Path(__file__).resolve().parents[2] / "dags"))
     assert "ingest_clicks" not in dags.dag_ids and "ingest_views" not in dags.dag_ids
     dag = dags.get_dag("ingest_group_pair")
-    assert {task.task_id for task in dag.tasks} == {"health_clicks", "health_views", "run_streams"}
+    gates = {"health_clicks": TaskInstanceState.SUCCESS, "health_views": TaskInstanceState.FAILED} \
+        if gate == "task" else {}
+    assert {task.task_id for task in dag.tasks} == {*gates, "run_streams"}
     run = dag.test()
 
     assert run.state == DagRunState.FAILED
     states = {ti.task_id: ti.state for ti in run.get_task_instances()}
-    assert states == {"health_clicks": TaskInstanceState.SUCCESS, "health_views": TaskInstanceState.FAILED,
-                      "run_streams": TaskInstanceState.FAILED}
+    assert states == {**gates, "run_streams": TaskInstanceState.FAILED}
+    if gate == "inline":
+        [reports] = xcom_value(dag.dag_id, run.run_id, "run_streams", key="health_reports")
+        assert {name: report["status"] for name, report in reports.items()} == {"clicks": "OK", "views": "FAIL"}
+        assert "METADATA_CORRUPT" in [finding["code"] for finding in reports["views"]["findings"]]
     [summary] = xcom_value(dag.dag_id, run.run_id, "run_streams")
     assert [(stream["stream"], stream["status"]) for stream in summary["streams"]] == [("clicks", "succeeded")]
     good, _ = expected_events(tmp_path / "landing" / "events")

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from sluice.catalog import DEFAULT_CATALOG, load_catalog, parse_catalog
-from sluice.constants import DeltaEngine, FileFormat
+from sluice.constants import DeltaEngine, FileFormat, HealthGate
 from sluice.errors import CatalogError
 from sluice.paths import Roots
 from tests.helpers import events_stream
@@ -266,3 +266,13 @@ def test_a_group_runs_its_streams_from_one_dag_on_one_cron() -> None:
     rejects(catalog_with(events_stream("clicks", group="Small Group")), "stream 'clicks'", "group", "must match")
     rejects(catalog_with(events_stream("clicks", group="x"), events_stream("group_x")), "stream 'group_x'", "name",
             "the DAG of group 'x' would be ingest_group_x")
+
+
+def test_the_health_gate_is_a_task_of_its_own_or_the_run_tasks_first_step() -> None:
+    catalog = parse_catalog(catalog_with(events_stream("own"), events_stream("inline", health_gate="inline")))
+    assert [stream.health_gate for stream in catalog] == [HealthGate.TASK, HealthGate.INLINE]
+    rejects(catalog_with(events_stream(health_gate="before")), "stream 'events'", "health_gate", "'before'")
+    rejects(catalog_with(events_stream("clicks", group="small"),
+                         events_stream("views", group="small", health_gate="inline")),
+            "stream 'views'", "health_gate", "the streams of group 'small' share one DAG, so one kind of health gate: "
+                                             "'clicks' has task, this stream inline")

@@ -22,7 +22,7 @@ from sluice.catalog.patterns import check_patterns, parse_patterns
 from sluice.catalog.rules import read_expectations, read_transform
 from sluice.catalog.streams import Catalog, Claims
 from sluice.catalog.yaml_loader import load_yaml
-from sluice.constants import SchemaEvolution, SinkMode
+from sluice.constants import HealthGate, SchemaEvolution, SinkMode
 from sluice.errors import CatalogError
 from sluice.kinds import parse_sink, parse_source, sink_kind, source_kind
 from sluice.limits import (
@@ -147,6 +147,7 @@ def parse_stream(raw: object, *, index: int) -> StreamSpec:
     group = top.get("group", str)
     if group is not None and not _STREAM_NAME.match(group):
         raise top.error("group", f"must match {_STREAM_NAME.pattern} (it becomes part of a DAG id), got {group!r}")
+    health_gate = top.enum("health_gate", HealthGate, HealthGate.TASK)
     owner = top.get("owner", str, "data-eng")
     tags = top.get("tags", list, [])
     if not all(isinstance(tag, str) and tag for tag in tags):
@@ -171,6 +172,7 @@ def parse_stream(raw: object, *, index: int) -> StreamSpec:
         output_columns=tuple(output_columns),
         expectations=expectations,
         group=group,
+        health_gate=health_gate,
     )
     for written in stream.written_paths:
         _check_own_name(written)
@@ -255,8 +257,8 @@ def parse_catalog(raw: object, *, source_file: str | None = None) -> Catalog:
 
 
 def _check_groups(catalog: Catalog) -> None:
-    """The streams of a group run in one Spark application from one DAG: on one cron, none on another stream's
-    table, and no DAG id taken twice."""
+    """The streams of a group run in one Spark application from one DAG: on one cron, with one kind of health gate,
+    none on another stream's table, and no DAG id taken twice."""
     first: dict[str, StreamSpec] = {}
     for stream in catalog:
         if stream.group is None:
@@ -268,6 +270,10 @@ def _check_groups(catalog: Catalog) -> None:
             raise CatalogError(f"the streams of group {stream.group!r} run together, on one cron: "
                                f"{first[stream.group].name!r} has {first[stream.group].schedule!r}, this stream "
                                f"{stream.schedule!r}", stream=stream.name, field="schedule")
+        if stream.group in first and first[stream.group].health_gate is not stream.health_gate:
+            raise CatalogError(f"the streams of group {stream.group!r} share one DAG, so one kind of health gate: "
+                               f"{first[stream.group].name!r} has {first[stream.group].health_gate}, this stream "
+                               f"{stream.health_gate}", stream=stream.name, field="health_gate")
         first.setdefault(stream.group, stream)
     for group in first:
         if f"group_{group}" in catalog.streams:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sluice.constants import TableRole
+from sluice.constants import HealthGate, TableRole
 from sluice.errors import CatalogError, SluiceError
 from sluice.model.expectations import Expectation
 from sluice.model.patterns import Patterns
@@ -89,6 +89,8 @@ class StreamSpec:
     expectations: tuple[Expectation, ...] = ()
     # Streams of one group run in one Spark application from one DAG (``ingest_group_<group>``).
     group: str | None = None
+    # Where the DAG checks the stream's checkpoint before each run: a task of its own, or the run's task.
+    health_gate: HealthGate = HealthGate.TASK
 
     @property
     def dag_id(self) -> str:
