@@ -1,4 +1,4 @@
-"""``python -m sluice <command>``: Sluice's command-line tools.
+"""python -m sluice <command>: Sluice's command-line tools.
 
     python -m sluice status [--record] [--json]              lag, health and trend of every stream
     python -m sluice health [--stream NAME ...] [--json]     the checkpoint health gate, without running
@@ -15,6 +15,7 @@ Each command's module is imported only when it runs.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 COMMANDS = {"status": "sluice.cli.status", "health": "sluice.cli.health", "repair": "sluice.cli.repair",
@@ -24,11 +25,20 @@ COMMANDS = {"status": "sluice.cli.status", "health": "sluice.cli.health", "repai
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args and args[0] in ("-h", "--help"):
+        print(__doc__)  # asked for: on stdout, for a pager or grep
+        return 0
     if not args or args[0] not in COMMANDS:
         print(__doc__, file=sys.stderr)
-        return 0 if args and args[0] in ("-h", "--help") else 2
+        return 2
     command = importlib.import_module(COMMANDS[args[0]])
-    return int(command.main(args[1:]) or 0)
+    try:
+        code = int(command.main(args[1:]) or 0)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:  # the reader went away (``| head``): what it read is all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout
+        return 0
 
 
 if __name__ == "__main__":

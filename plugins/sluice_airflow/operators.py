@@ -413,9 +413,6 @@ class StreamRunOperator(SparkAppOperator):
         """Each stream's checkpoint health, checked in this task (``check_health``); the reports go to the XCom
         ``health_reports``. The streams left out, and why. A stream whose check raised is left out alone (a group's
         other streams run), as is one whose only FAIL is a live run's lock: both make the task retry."""
-        from sluice.constants import FaultCode
-        from sluice.operations.health import Health
-
         catalog = self.stream_catalog()
         reports: dict[str, dict[str, Any]] = {}
         stopped: list[str] = []
@@ -436,9 +433,7 @@ class StreamRunOperator(SparkAppOperator):
                 self.log.warning("Stream %s is left out of this run: its checkpoint health check failed", name)
                 stopped.append(name)
                 refusals.append(report.describe())
-                fails = [finding for finding in report.findings if finding.severity is Health.FAIL]
-                if fails and all(finding.code is FaultCode.LOCKED for finding in fails):
-                    self._retry_left_out = True
+                self._retry_left_out = self._retry_left_out or report.waits_for_a_run
         context["ti"].xcom_push(key="health_reports", value=reports)
         return stopped, refusals
 
@@ -487,8 +482,10 @@ class StreamRunOperator(SparkAppOperator):
 class CheckpointHealthCheckOperator(SluiceOperator):
     """Check a stream's checkpoint before its run: FAIL stops the DAG run before Spark starts, WARN logs.
 
-    The checks read plain files and Delta metadata; no JVM starts. The report is the task's XCom return value.
-    Takes the :class:`SluiceOperator` arguments.
+    The checks read plain files and Delta metadata; no JVM starts. The report is the task's XCom return value. A FAIL
+    fails the task without retries, unless its only cause is a live run holding the stream's lock (a backfill, the
+    nightly maintenance): that clears when the run ends, so the task retries. Takes the :class:`SluiceOperator`
+    arguments.
 
     :param stream: catalog stream name (templated)
     :param fail_on_warn: treat WARN as FAIL
@@ -507,7 +504,8 @@ class CheckpointHealthCheckOperator(SluiceOperator):
         result = report.to_dict()
         if stops:
             context["ti"].xcom_push(key="health_report", value=result)
-            raise AirflowFailException(report.describe())
+            # A live run's lock clears when that run ends: a retry may pass. Anything else needs a repair first.
+            raise (AirflowException if report.waits_for_a_run else AirflowFailException)(report.describe())
         return result
 
 

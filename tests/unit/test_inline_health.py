@@ -1,6 +1,6 @@
-"""The health gate inside the run task (``health_gate: inline``): which streams a try leaves out, and whether the task
-may retry. The checks themselves are tested on real checkpoints elsewhere (``test_checkpoint_reader``, the DAG tests);
-here ``check_stream`` returns the reports each case needs."""
+"""The health gate, as a task of its own and inside the run task (``health_gate: inline``): which streams a try leaves
+out, and whether the task may retry. The checks themselves are tested on real checkpoints elsewhere
+(``test_checkpoint_reader``, the DAG tests); here ``check_stream`` returns the reports each case needs."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ from sluice.paths import Roots
 from tests.helpers import events_stream, write_catalog
 from tests.unit.test_kafka_secrets import FakeTaskInstance
 
-WARN = (FaultCode.UNCOMMITTED_BATCH, Severity.WARN)
-MISSING = (FaultCode.METADATA_MISSING, Severity.FAIL)
-LOCKED = (FaultCode.LOCKED, Severity.FAIL)
+WARN = (FaultCode.UNCOMMITTED_BATCH, Severity.WARN, {})
+MISSING = (FaultCode.METADATA_MISSING, Severity.FAIL, {})
+LOCKED = (FaultCode.LOCKED, Severity.FAIL, {"run_id": "maintenance/delta_maintenance/scheduled__1/maintain"})
+LOCK_PATH_UNUSABLE = (FaultCode.LOCKED, Severity.FAIL, {"path": "/checkpoints/events/_sluice_lock", "kind": "folder"})
 
 
 @pytest.fixture
@@ -35,8 +36,8 @@ def checks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Any]:
         if isinstance(outcome, Exception):
             raise outcome
         report = HealthReport(stream=stream.name, checkpoint=stream.checkpoint_path(roots))
-        for code, severity in outcome:
-            report.add(code, severity, f"{code} in {stream.name}")
+        for code, severity, evidence in outcome:
+            report.add(code, severity, f"{code} in {stream.name}", **evidence)
         return report
 
     monkeypatch.setattr(health, "check_stream", check_stream)
@@ -101,6 +102,49 @@ def test_a_live_lock_is_left_to_the_next_try(tmp_path: Path, checks: dict[str, A
 
     assert not isinstance(caught.value, AirflowFailException), "the lock clears when its run ends: retry"
     assert "LOCKED in clicks" in str(caught.value)
+
+
+def test_a_lock_path_sluice_cannot_use_is_no_reason_to_retry(tmp_path: Path, checks: dict[str, Any]) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    checks.update(clicks=[LOCK_PATH_UNUSABLE], views=[LOCK_PATH_UNUSABLE])
+
+    with pytest.raises(AirflowFailException):  # the folder stays until someone removes it
+        gated(run_operator(tmp_path))
+
+
+def test_a_group_retries_when_one_stream_left_out_waits_for_a_lock(tmp_path: Path, checks: dict[str, Any]) -> None:
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+    checks.update(clicks=[MISSING], views=[LOCKED])
+
+    with pytest.raises(AirflowException) as caught:
+        gated(run_operator(tmp_path))
+
+    assert not isinstance(caught.value, AirflowFailException), "views may run at the next try"
+
+
+@pytest.mark.parametrize(("findings", "retries"), [([LOCKED], True), ([LOCKED, MISSING], False),
+                                                   ([LOCK_PATH_UNUSABLE], False)])
+def test_the_gate_task_retries_only_a_live_runs_lock(tmp_path: Path, checks: dict[str, Any],
+                                                     findings: list[Any], retries: bool) -> None:
+    """A nightly maintenance or a backfill that holds the lock as the gate checks must not fail the run for good."""
+    from airflow.sdk import DAG
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+    from sluice_airflow.operators import CheckpointHealthCheckOperator
+
+    checks.update(clicks=findings)
+    catalog = write_catalog(tmp_path, events_stream("clicks"))
+    with DAG("gate", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")):
+        gate = CheckpointHealthCheckOperator(task_id="checkpoint_health", stream="clicks", catalog=str(catalog))
+    ti = FakeTaskInstance()
+
+    with pytest.raises(AirflowException) as caught:
+        gate.execute({"run_id": "manual__1", "ti": ti})
+
+    assert isinstance(caught.value, AirflowFailException) is not retries
+    assert ti.xcom["health_report"]["status"] == "FAIL"
 
 
 def test_a_check_that_raises_leaves_only_its_stream_out(tmp_path: Path, checks: dict[str, Any]) -> None:

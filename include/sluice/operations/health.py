@@ -43,6 +43,14 @@ class HealthReport:
     def codes(self) -> list[str]:
         return [finding.code for finding in self.findings]
 
+    @property
+    def waits_for_a_run(self) -> bool:
+        """Whether the report FAILs only because a live run holds the stream's lock (a LOCKED finding that names the
+        run, not a lock path Sluice cannot use): that clears when the run ends, so a retry of the check can pass."""
+        fails = [finding for finding in self.findings if finding.severity is Health.FAIL]
+        return bool(fails) and all(finding.code is FaultCode.LOCKED and "run_id" in finding.evidence
+                                   for finding in fails)
+
     def add(self, code: FaultCode, severity: Health, message: str, **evidence: Any) -> None:
         self.findings.append(Finding(code, severity, message, evidence))
 
