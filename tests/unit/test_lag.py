@@ -241,6 +241,9 @@ def test_status_view_prints_every_stream(tmp_path: Path, monkeypatch: pytest.Mon
     printed = json.loads(capsys.readouterr().out)
     assert (printed["status"], printed["backlog"]["files"], printed["health"]) == ("WARN", 3, "OK")
     assert main(["--catalog", str(catalog), "--stream", "nope"]) == 2
+    capsys.readouterr()
+    assert main(["--catalog", str(catalog), "--stream", "quiet", "--reasons"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "no reasons to show: every stream is OK"
 
 
 def test_a_resolve_waits_for_enough_ok_observations_in_a_row(tmp_path: Path) -> None:

@@ -94,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
             reasons += [f"{stream.name}: {reason}" for reason in report.reasons]
     if not args.json:
         print(table(rows))
-        if args.reasons and reasons:
-            print("\n" + "\n".join(reasons))
+        if args.reasons:
+            print("\n" + ("\n".join(reasons) or "no reasons to show: every stream is OK"))
     return 0
 
 
