@@ -13,6 +13,7 @@ from sluice.cli.devserver import (
     SessionRecord,
     all_admins,
     clean,
+    jwt_secret,
     main,
     members,
     parse_record,
@@ -170,6 +171,13 @@ def test_clean_deletes_inside_the_checkout_and_nothing_at_all_when_one_path_is_r
     assert clean([str(checkout / "data"), ".cache", "missing"], str(checkout)) == 0
     assert capsys.readouterr().out.startswith(f"rm -rf {checkout}/data {checkout}/.cache")
     assert sorted(path.name for path in checkout.iterdir()) == [".venv", "linked"]
+
+
+def test_make_run_signs_tokens_with_a_long_key_of_its_own(tmp_path: Path) -> None:
+    key = jwt_secret(str(tmp_path))
+
+    assert len(key) >= 64 and jwt_secret(str(tmp_path)) == key, "made once, kept"
+    assert (tmp_path / "jwt-secret").stat().st_mode & 0o777 == 0o600
 
 
 def test_the_environment_of_make_run() -> None:

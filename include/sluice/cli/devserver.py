@@ -33,6 +33,7 @@ from typing import IO, NoReturn
 
 DESCRIPTION = "What `make run`, `make stop` and `make clean` do."
 RECORD_NAME = "make-run.sessions"
+JWT_SECRET_NAME = "jwt-secret"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 # What `make clean` deletes besides the data root and the Airflow home, relative to the checkout.
 CACHES = (".pytest_cache", ".ruff_cache", ".mypy_cache", "spark-warehouse")
@@ -307,6 +308,20 @@ def run_environment(address: Address, airflow_home: str, data_root: str, environ
     }
 
 
+def jwt_secret(airflow_home: str) -> str:
+    """The key the API server signs its tokens with: 64 random bytes, made at the first `make run` and kept in the
+    Airflow home (mode 0600), so tokens outlive a restart. Airflow's own default is 16 bytes, under the 64 that its
+    HS512 signature asks for (PyJWT warns about it in every component's log)."""
+    import secrets
+
+    path = Path(airflow_home) / JWT_SECRET_NAME
+    with contextlib.suppress(FileExistsError):
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w", encoding="ascii") as out:
+            out.write(secrets.token_urlsafe(64) + "\n")
+    return path.read_text(encoding="ascii").strip()
+
+
 def port_taken(host: str, port: int) -> bool:
     """Whether something answers on ``port`` of ``host``."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
@@ -398,6 +413,7 @@ def run(address: Address, airflow_home: str, data_root: str, stop_timeout: float
             error=True)
         return 1
     os.environ.update(run_environment(address, airflow_home, data_root, os.environ))
+    os.environ.setdefault("AIRFLOW__API_AUTH__JWT_SECRET", jwt_secret(airflow_home))
     Path(data_root).mkdir(parents=True, exist_ok=True)
     unpause = subprocess.run(["airflow", "dags", "unpause", "--treat-dag-id-as-regex", "--yes", ".*", "--output",
                               "plain"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
