@@ -34,11 +34,44 @@ def main(argv: list[str] | None = None) -> int:
     command = importlib.import_module(COMMANDS[args[0]])
     try:
         code = int(command.main(args[1:]) or 0)
-        sys.stdout.flush()
-        return code
-    except BrokenPipeError:  # the reader went away (``| head``): what it read is all it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout
-        return 0
+    except BrokenPipeError:
+        if not _reader_gone():
+            raise
+        # The reader of stdout went away (``| head``) before the command ended: it did not finish, as a shell's
+        # command killed by SIGPIPE does not.
+        _silence_stdout()
+        return SIGPIPE_EXIT
+    try:
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except BrokenPipeError:  # the reader had what it wanted; the command's own outcome stands
+        _silence_stdout()
+    return code
+
+
+SIGPIPE_EXIT = 128 + 13
+
+
+def _reader_gone() -> bool:
+    """Whether stdout is a pipe or socket that nobody reads any more (a broken stderr is another matter)."""
+    import select
+
+    try:
+        descriptor = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):
+        return False
+    poller = select.poll()
+    poller.register(descriptor, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that Python's own flush at exit does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
 
 
 if __name__ == "__main__":

@@ -213,8 +213,8 @@ FAULT_CODES: dict[FaultCode, tuple[Severity, str]] = {
                                          "(a likely full duplicate load); `allow_new_query_id: true` in the catalog "
                                          "makes it a WARN"),
     FaultCode.STALE: (Severity.WARN, "no commit for longer than `alerts.stale_after_seconds`"),
-    FaultCode.LOCKED: (Severity.FAIL, "another run holds the stream's lock (the gate's task retries: the lock clears "
-                                      "when that run ends), or something other than a lock file sits at its path"),
+    FaultCode.LOCKED: (Severity.FAIL, "another run holds the stream's lock (the gate waits for that run to end, then "
+                                      "retries), or something other than a lock file sits at its path"),
     FaultCode.STATE_MISSING: (Severity.FAIL, "a stateful stream lost its `state/` folder"),
     FaultCode.LANDING_SYMLINK: (Severity.FAIL, "the landing zone holds a symbolic link, which Spark would follow to "
                                                "read any host file"),

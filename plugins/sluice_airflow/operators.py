@@ -8,6 +8,7 @@ import os
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,9 @@ if TYPE_CHECKING:
     from sluice_airflow.hooks import SluiceSparkSubmitHook
 
 DEFAULT_SPARK_CONN_ID = "sluice_spark"
+#: How long a health gate waits for another run (a backfill, the maintenance) to release the stream's lock.
+DEFAULT_LOCK_WAIT_SECONDS = 600
+LOCK_POLL_SECONDS = 5.0
 
 
 def resolve_roots(landing: str | None, lake: str | None, checkpoints: str | None) -> Roots:
@@ -164,12 +168,22 @@ class SluiceOperator(BaseOperator):
         os.environ.update(self.storage_environment())
         return catalog
 
-    def checked_health(self, stream: StreamSpec, *, fail_on_warn: bool = False) -> tuple[HealthReport, bool]:
+    def checked_health(self, stream: StreamSpec, *, fail_on_warn: bool = False,
+                       lock_deadline: float = 0.0) -> tuple[HealthReport, bool]:
         """Check a stream's checkpoint, logging every finding and the checkpoint's facts: the report, and whether it
-        stops the stream's run (FAIL, or WARN with ``fail_on_warn``). Reads plain files and Delta metadata only."""
+        stops the stream's run (FAIL, or WARN with ``fail_on_warn``). Reads plain files and Delta metadata only.
+
+        While the only FAIL is a live run's lock (a backfill, the nightly maintenance), the check is made again every
+        few seconds until ``lock_deadline`` (``time.monotonic()``): the lock clears when that run ends."""
         from sluice.operations.health import Health, check_stream
 
         report = check_stream(stream, self.resolved_roots())
+        if report.waits_for_a_run and time.monotonic() < lock_deadline:
+            self.log.info("%s: another run holds the stream's lock; checking again until it ends, for up to %.0f s",
+                          stream.name, lock_deadline - time.monotonic())
+            while report.waits_for_a_run and time.monotonic() < lock_deadline:
+                time.sleep(min(LOCK_POLL_SECONDS, max(lock_deadline - time.monotonic(), 0.0)))
+                report = check_stream(stream, self.resolved_roots())
         for finding in report.findings:
             log = self.log.warning if finding.severity is not Health.OK else self.log.info
             log("%s: [%s] %s: %s %s", stream.name, finding.severity.value, finding.code.value, finding.message,
@@ -278,8 +292,11 @@ class StreamRunOperator(SparkAppOperator):
     :param check_health: check each stream's checkpoint in this task, before Spark starts, instead of in a task of
         its own (the catalog's ``health_gate: inline``): a stream whose check FAILs is left out the same way, and
         the reports are the XCom ``health_reports`` (stream name -> report). Every try checks again; a stream left
-        out only because a live run holds its lock, or because its check raised, fails the task with a retry.
+        out only because another run still holds its lock after the wait, or because its check raised, fails the
+        task with a retry.
     :param health_fail_on_warn: with ``check_health``, a WARN leaves the stream out too
+    :param lock_wait_seconds: with ``check_health``, how long the check waits for another run to release a stream's
+        lock
     :param warm_conn_id: Airflow connection of the deployment's warm server (warm mode: host, port, the token as
         password). When it is defined the run goes to that server instead of spark-submit; see :mod:`sluice.warm`.
     """
@@ -288,7 +305,8 @@ class StreamRunOperator(SparkAppOperator):
     ui_color = "#d7ecfb"
 
     def __init__(self, *, streams: list[str], health_gates: dict[str, str] | None = None, check_health: bool = False,
-                 health_fail_on_warn: bool = False, warm_conn_id: str = WARM_CONNECTION, **kwargs: Any) -> None:
+                 health_fail_on_warn: bool = False, lock_wait_seconds: float = DEFAULT_LOCK_WAIT_SECONDS,
+                 warm_conn_id: str = WARM_CONNECTION, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if check_health and health_gates:
             raise ValueError("a run checks its streams' health itself (check_health) or after their gates "
@@ -297,6 +315,7 @@ class StreamRunOperator(SparkAppOperator):
         self.health_gates = health_gates
         self.check_health = check_health
         self.health_fail_on_warn = health_fail_on_warn
+        self.lock_wait_seconds = lock_wait_seconds
         self._retry_left_out = False  # a stream left out by this try's own check may run at the next try
         self.warm_conn_id = warm_conn_id
         self._warm_connection: socket.socket | None = None
@@ -414,13 +433,15 @@ class StreamRunOperator(SparkAppOperator):
         ``health_reports``. The streams left out, and why. A stream whose check raised is left out alone (a group's
         other streams run), as is one whose only FAIL is a live run's lock: both make the task retry."""
         catalog = self.stream_catalog()
+        lock_deadline = time.monotonic() + self.lock_wait_seconds  # one wait for the task, not one per stream
         reports: dict[str, dict[str, Any]] = {}
         stopped: list[str] = []
         refusals: list[str] = []
         for name in self.streams:
             stream = catalog.get(name)
             try:
-                report, stops = self.checked_health(stream, fail_on_warn=self.health_fail_on_warn)
+                report, stops = self.checked_health(stream, fail_on_warn=self.health_fail_on_warn,
+                                                    lock_deadline=lock_deadline)
             except Exception as exc:  # a store that cannot be read now; the next try reads it again
                 self.log.exception("The checkpoint health check of stream %s raised", name)
                 reports[name] = {"stream": name, "status": "ERROR", "error": f"{type(exc).__name__}: {exc}"}
@@ -483,28 +504,32 @@ class CheckpointHealthCheckOperator(SluiceOperator):
     """Check a stream's checkpoint before its run: FAIL stops the DAG run before Spark starts, WARN logs.
 
     The checks read plain files and Delta metadata; no JVM starts. The report is the task's XCom return value. A FAIL
-    fails the task without retries, unless its only cause is a live run holding the stream's lock (a backfill, the
-    nightly maintenance): that clears when the run ends, so the task retries. Takes the :class:`SluiceOperator`
-    arguments.
+    fails the task without retries, unless its only cause is another run holding the stream's lock (a backfill, the
+    nightly maintenance): the task waits for that run to end, up to ``lock_wait_seconds``, and then retries. Takes
+    the :class:`SluiceOperator` arguments.
 
     :param stream: catalog stream name (templated)
     :param fail_on_warn: treat WARN as FAIL
+    :param lock_wait_seconds: how long to wait for another run to release the stream's lock before failing
     """
 
     template_fields: Sequence[str] = ("stream", *SluiceOperator.template_fields)
     ui_color = "#fdf2d0"
 
-    def __init__(self, *, stream: str, fail_on_warn: bool = False, **kwargs: Any) -> None:
+    def __init__(self, *, stream: str, fail_on_warn: bool = False,
+                 lock_wait_seconds: float = DEFAULT_LOCK_WAIT_SECONDS, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.stream = stream
         self.fail_on_warn = fail_on_warn
+        self.lock_wait_seconds = lock_wait_seconds
 
     def execute(self, context: Context) -> dict[str, Any]:
-        report, stops = self.checked_health(self.stream_catalog().get(self.stream), fail_on_warn=self.fail_on_warn)
+        report, stops = self.checked_health(self.stream_catalog().get(self.stream), fail_on_warn=self.fail_on_warn,
+                                            lock_deadline=time.monotonic() + self.lock_wait_seconds)
         result = report.to_dict()
         if stops:
             context["ti"].xcom_push(key="health_report", value=result)
-            # A live run's lock clears when that run ends: a retry may pass. Anything else needs a repair first.
+            # Still locked after the wait: a retry may pass. Anything else needs a repair first.
             raise (AirflowException if report.waits_for_a_run else AirflowFailException)(report.describe())
         return result
 

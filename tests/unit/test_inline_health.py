@@ -4,6 +4,7 @@ out, and whether the task may retry. The checks themselves are tested on real ch
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +21,25 @@ from tests.unit.test_kafka_secrets import FakeTaskInstance
 WARN = (FaultCode.UNCOMMITTED_BATCH, Severity.WARN, {})
 MISSING = (FaultCode.METADATA_MISSING, Severity.FAIL, {})
 LOCKED = (FaultCode.LOCKED, Severity.FAIL, {"run_id": "maintenance/delta_maintenance/scheduled__1/maintain"})
-LOCK_PATH_UNUSABLE = (FaultCode.LOCKED, Severity.FAIL, {"path": "/checkpoints/events/_sluice_lock", "kind": "folder"})
+LOCK_PATH_UNUSABLE = (FaultCode.LOCKED, Severity.FAIL, {"path": "/checkpoints/events/.sluice-lock.json",
+                                                         "kind": "directory"})
 
 
 @pytest.fixture
 def checks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Any]:
-    """stream name -> the findings its check reports, or the exception it raises."""
+    """stream name -> the findings its check reports, or the exception it raises; or an iterator of those, one per
+    check."""
     import sluice.operations.health as health
+    import sluice_airflow.operators as operators
 
     monkeypatch.setenv("SLUICE_DATA_ROOT", str(tmp_path))
+    monkeypatch.setattr(operators, "LOCK_POLL_SECONDS", 0.01)
     outcomes: dict[str, Any] = {}
 
     def check_stream(stream: StreamSpec, roots: Roots, **_: Any) -> HealthReport:
         outcome = outcomes.get(stream.name, [])
+        if isinstance(outcome, Iterator):
+            outcome = next(outcome)
         if isinstance(outcome, Exception):
             raise outcome
         report = HealthReport(stream=stream.name, checkpoint=stream.checkpoint_path(roots))
@@ -45,6 +52,7 @@ def checks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Any]:
 
 
 def run_operator(tmp_path: Path, **kwargs: Any) -> Any:
+    kwargs.setdefault("lock_wait_seconds", 0)
     from airflow.sdk import DAG
 
     from sluice_airflow.operators import StreamRunOperator
@@ -137,7 +145,8 @@ def test_the_gate_task_retries_only_a_live_runs_lock(tmp_path: Path, checks: dic
     checks.update(clicks=findings)
     catalog = write_catalog(tmp_path, events_stream("clicks"))
     with DAG("gate", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")):
-        gate = CheckpointHealthCheckOperator(task_id="checkpoint_health", stream="clicks", catalog=str(catalog))
+        gate = CheckpointHealthCheckOperator(task_id="checkpoint_health", stream="clicks", catalog=str(catalog),
+                                             lock_wait_seconds=0)
     ti = FakeTaskInstance()
 
     with pytest.raises(AirflowException) as caught:
@@ -145,6 +154,16 @@ def test_the_gate_task_retries_only_a_live_runs_lock(tmp_path: Path, checks: dic
 
     assert isinstance(caught.value, AirflowFailException) is not retries
     assert ti.xcom["health_report"]["status"] == "FAIL"
+
+
+def test_the_gate_waits_for_the_run_that_holds_the_lock(tmp_path: Path, checks: dict[str, Any]) -> None:
+    checks.update(clicks=iter([[LOCKED], [LOCKED], [WARN]]), views=iter([[LOCKED], []]))
+    operator = run_operator(tmp_path, lock_wait_seconds=60)
+
+    stopped, reports = gated(operator)
+
+    assert stopped == [] and operator.streams == ["clicks", "views"]
+    assert {name: report["status"] for name, report in reports.items()} == {"clicks": "WARN", "views": "OK"}
 
 
 def test_a_check_that_raises_leaves_only_its_stream_out(tmp_path: Path, checks: dict[str, Any]) -> None:

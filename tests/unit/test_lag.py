@@ -219,7 +219,7 @@ def test_alert_messages_say_what_and_carry_the_report() -> None:
 
 def test_status_view_prints_every_stream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                          capsys: pytest.CaptureFixture[str]) -> None:
-    from sluice.cli.status import main
+    from sluice.cli.status import NO_REASONS, main
     from tests.helpers import events_stream, write_catalog
 
     catalog = write_catalog(tmp_path, events_stream(alerts={"warn_files": 2}), events_stream(
@@ -243,7 +243,7 @@ def test_status_view_prints_every_stream(tmp_path: Path, monkeypatch: pytest.Mon
     assert main(["--catalog", str(catalog), "--stream", "nope"]) == 2
     capsys.readouterr()
     assert main(["--catalog", str(catalog), "--stream", "quiet", "--reasons"]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == "no reasons to show: every stream is OK"
+    assert capsys.readouterr().out.splitlines()[-1] == NO_REASONS
 
 
 def test_a_resolve_waits_for_enough_ok_observations_in_a_row(tmp_path: Path) -> None:

@@ -313,6 +313,22 @@ def test_the_health_check_reports_a_fifo_at_the_lock_path_without_hanging(tmp_pa
     assert report.status is Health.FAIL and "LOCKED" in report.codes  # type: ignore[attr-defined]
     [finding] = [f for f in report.findings if f.code == "LOCKED"]  # type: ignore[attr-defined]
     assert "is a FIFO" in finding.message and finding.evidence["kind"] == "FIFO"
+    assert not report.waits_for_a_run, "nothing clears a FIFO but a person"  # type: ignore[attr-defined]
+
+
+def test_the_health_check_waits_only_for_a_run_that_holds_the_lock(tmp_path: Path) -> None:
+    from sluice.catalog import load_catalog
+    from sluice.operations.health import check_stream
+    from tests.helpers import events_stream, roots_in, write_catalog
+
+    stream = load_catalog(write_catalog(tmp_path, events_stream())).get("events")
+    roots = roots_in(tmp_path)
+    checkpoint = Path(stream.checkpoint_path(roots))
+    checkpoint.mkdir(parents=True)
+    with StreamLock(checkpoint, "events", "backfill/events/manual__1"):
+        held = check_stream(stream, roots)
+    assert "LOCKED" in held.codes and held.waits_for_a_run
+    assert not check_stream(stream, roots).waits_for_a_run, "released: nothing to wait for"
 
 
 @pytest.mark.skipif(not process_space()["pid_namespace"], reason="needs /proc (Linux)")

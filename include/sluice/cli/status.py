@@ -16,6 +16,8 @@ from sluice.lag.store import LagStore, recorded_history
 from sluice.operations.health import check_stream
 from sluice.paths import Roots
 
+# What ``--reasons`` prints when no stream's lag has one: the HEALTH column's findings are ``sluice health``'s.
+NO_REASONS = "no lag reasons: every stream's STATUS is OK"
 COLUMNS = ("STREAM", "STATUS", "FILES", "BYTES", "RECORDS", "LAG", "LAST COMMIT", "HEALTH", "TREND")
 
 
@@ -95,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.json:
         print(table(rows))
         if args.reasons:
-            print("\n" + ("\n".join(reasons) or "no reasons to show: every stream is OK"))
+            print("\n" + ("\n".join(reasons) or NO_REASONS))
     return 0
 
 
