@@ -37,6 +37,8 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e .
+	@# Bytecode in the PySpark zip that Spark's Python processes load first (README, "Cost"): without it, only slower.
+	$(BIN)/python -m sluice pyspark-bytecode || echo "make: no bytecode in PySpark's zip; Spark's Python processes compile it"
 	@# The Spark driver's class archive (README, "Cost"): cold runs start seconds sooner; without one, only slower.
 	$(BIN)/python -m sluice jvm-archive || echo "make: no Spark driver archive was recorded; runs start without it"
 	touch $@

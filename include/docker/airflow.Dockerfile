@@ -65,3 +65,6 @@ RUN python /opt/sluice/include/docker/fetch_spark_jars.py --spark "${SPARK_VERSI
 # spark_apps/stream_runner.py and backfill_runner.py beside the sluice_spark package.
 COPY --chown=airflow:0 . /opt/sluice
 RUN pip install --no-cache-dir --no-deps -e /opt/sluice
+# Bytecode in the PySpark zip that Spark puts first on its Python processes' path (README, "Cost"); without it, each
+# of those processes compiles PySpark as it starts.
+RUN python -m sluice pyspark-bytecode || echo "no bytecode in PySpark's zip: Spark's Python processes compile it"

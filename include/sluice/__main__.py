@@ -8,6 +8,7 @@
     python -m sluice demo-producer --landing-root DIR ...    demo events into a landing zone or a Kafka topic
     python -m sluice warm run --stream NAME | ping           a run on the warm server (warm mode), or its status
     python -m sluice jvm-archive [--force]                   record the Spark driver's class archive (faster starts)
+    python -m sluice pyspark-bytecode                        bytecode in the PySpark zip Spark's Python processes load
 
 Each command's module is imported only when it runs.
 """
@@ -20,7 +21,8 @@ import sys
 
 COMMANDS = {"status": "sluice.cli.status", "health": "sluice.cli.health", "repair": "sluice.cli.repair",
             "maintain": "sluice.cli.maintain", "demo": "sluice.cli.demo", "demo-producer": "sluice.cli.demo_producer",
-            "warm": "sluice.cli.warm", "jvm-archive": "sluice.cli.jvm"}
+            "warm": "sluice.cli.warm", "jvm-archive": "sluice.cli.jvm",
+            "pyspark-bytecode": "sluice.cli.pyspark_bytecode"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -431,7 +431,8 @@ class StreamRunOperator(SparkAppOperator):
     def _check_here(self, context: Context) -> tuple[list[str], list[str]]:
         """Each stream's checkpoint health, checked in this task (``check_health``); the reports go to the XCom
         ``health_reports``. The streams left out, and why. A stream whose check raised is left out alone (a group's
-        other streams run), as is one whose only FAIL is a live run's lock: both make the task retry."""
+        other streams run), as is one whose only FAIL is another run's lock, still held after the wait: both make
+        the task retry."""
         catalog = self.stream_catalog()
         lock_deadline = time.monotonic() + self.lock_wait_seconds  # one wait for the task, not one per stream
         reports: dict[str, dict[str, Any]] = {}
