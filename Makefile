@@ -31,7 +31,7 @@ prerequisites:
 	@command -v java >/dev/null || { echo "Sluice needs Java 17+ on PATH (Spark runs on the JVM)"; exit 1; }
 	@java -version 2>&1 | awk -F'"' '/version/ { split($$2, v, "."); if (v[1] < 17) { print "Sluice needs Java 17+; found " $$2; exit 1 } }'
 
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt pyproject.toml include/sluice/operations/pyspark_bytecode.py
 	@$(MAKE) --no-print-directory prerequisites
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip

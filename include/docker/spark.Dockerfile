@@ -52,6 +52,8 @@ RUN python /opt/sluice/include/docker/fetch_spark_jars.py --spark "${SPARK_VERSI
 
 COPY --chown=${SLUICE_UID}:0 . /opt/sluice
 RUN pip install --no-cache-dir --no-deps -e /opt/sluice
+# Bytecode in the PySpark zip that Spark puts first on the executors' Python workers' path (README, "Cost").
+RUN python -m sluice pyspark-bytecode || echo "no bytecode in PySpark's zip: Spark's Python processes compile it"
 
 ENV SPARK_WORKER_DIR=/opt/spark/work \
     SPARK_CONF_DIR=/opt/spark/conf \

@@ -34,9 +34,28 @@ def test_the_installed_pyspark_zip_imports_from_its_bytecode(tmp_path: Path) -> 
     sources = [name for name in names if name.endswith(".py")]
     assert compiled == len(sources) > 500 and all(f"{name}c" in names for name in sources)
     assert has_bytecode(copy)
-    probe = "import sys; sys.path.insert(0, sys.argv[1]); import pyspark.worker; print(pyspark.worker.__file__)"
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import pyspark.worker as w; "
+             "print(w.__file__, w.__spec__.loader.get_code('pyspark.worker').co_filename)")
     done = subprocess.run([sys.executable, "-c", probe, str(copy)], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == f"{copy}/pyspark/worker.pyc"
+    # Loaded from its bytecode, under the name zipimport gives the source it compiles: tracebacks read the same.
+    assert done.stdout.split() == [f"{copy}/pyspark/worker.pyc", f"{copy}/pyspark/worker.py"]
+
+
+def test_a_process_importing_from_the_zip_goes_on_importing_after_the_rewrite(tmp_path: Path) -> None:
+    """Python keeps a zip's directory (offsets included) once it imported from it: a running Spark application's
+    processes must not find other entries at those offsets afterwards."""
+    path = small_zip(tmp_path, **{"pkg/__init__.py": "", **{f"pkg/m{index}.py": f"VALUE = {index}\n"
+                                                           for index in range(50)}})
+    running = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import pkg.m0; sys.stdin.readline(); "
+                               "import pkg.m49; print(pkg.m49.VALUE)", str(path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        add_bytecode(path, probe=("pkg.m1",))
+        out, err = running.communicate("go\n", timeout=60)
+    finally:
+        running.kill()
+    assert (running.returncode, out.strip()) == (0, "49"), err
 
 
 def test_bytecode_for_another_python_is_ignored_and_the_source_compiled(tmp_path: Path) -> None:

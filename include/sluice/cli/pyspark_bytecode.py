@@ -1,5 +1,5 @@
 """``python -m sluice pyspark-bytecode``: put bytecode into the zip of PySpark that Spark's Python processes import
-first (see :mod:`sluice.operations.pyspark_bytecode`). ``make venv`` runs it after the install.
+first (see :mod:`sluice.operations.pyspark_bytecode`). ``make venv`` and the images run it after the install.
 
 Exits 0 when the zip holds bytecode for this interpreter (now or already), 1 with the reason on stderr (Spark's
 Python processes then compile PySpark as they start: only slower). Run it again after reinstalling pyspark.
@@ -20,13 +20,13 @@ def main(argv: list[str] | None = None) -> int:
     if path is None:
         print("pyspark-bytecode: no installed PySpark with python/lib/pyspark.zip; nothing to do", file=sys.stderr)
         return 1
-    if has_bytecode(path):
-        print(f"{path}: holds bytecode for this Python already")
-        return 0
     try:
+        if has_bytecode(path):
+            print(f"{path}: holds bytecode for this Python already")
+            return 0
         compiled = add_bytecode(path)
-    except (OSError, SyntaxError) as exc:
-        print(f"pyspark-bytecode: {path} left as it was: {exc}", file=sys.stderr)
+    except Exception as exc:  # a zip that is not one, a module that does not compile or import, a full disk
+        print(f"pyspark-bytecode: {path} left as it was: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     print(f"{path}: bytecode added for {compiled} modules")
     return 0
