@@ -40,6 +40,12 @@ DEFAULT_LOCK_WAIT_SECONDS = 600
 LOCK_POLL_SECONDS = 5.0
 
 
+def gate_failure(message: str, *, retry: bool) -> AirflowException:
+    """The error of a health gate that stops a run: retried when what stopped it may clear by itself (another run's
+    lock, still held after the wait; a check that raised), final otherwise (a checkpoint that needs a repair)."""
+    return AirflowException(message) if retry else AirflowFailException(message)
+
+
 def resolve_roots(landing: str | None, lake: str | None, checkpoints: str | None) -> Roots:
     """Roots given to an operator, each falling back to the worker's ``SLUICE_*`` environment."""
     defaults = Roots.from_env()
@@ -181,9 +187,9 @@ class SluiceOperator(BaseOperator):
         if report.waits_for_a_run and time.monotonic() < lock_deadline:
             self.log.info("%s: another run holds the stream's lock; checking again until it ends, for up to %.0f s",
                           stream.name, lock_deadline - time.monotonic())
-            while report.waits_for_a_run and time.monotonic() < lock_deadline:
-                time.sleep(min(LOCK_POLL_SECONDS, max(lock_deadline - time.monotonic(), 0.0)))
-                report = check_stream(stream, self.resolved_roots())
+        while report.waits_for_a_run and time.monotonic() < lock_deadline:
+            time.sleep(min(LOCK_POLL_SECONDS, max(lock_deadline - time.monotonic(), 0.0)))
+            report = check_stream(stream, self.resolved_roots())
         for finding in report.findings:
             log = self.log.warning if finding.severity is not Health.OK else self.log.info
             log("%s: [%s] %s: %s %s", stream.name, finding.severity.value, finding.code.value, finding.message,
@@ -413,7 +419,7 @@ class StreamRunOperator(SparkAppOperator):
         if self.check_health:
             stopped, refusals = self._check_here(context)
             if len(stopped) == len(self.streams):
-                raise (AirflowException if self._retry_left_out else AirflowFailException)("\n".join(refusals))
+                raise gate_failure("\n".join(refusals), retry=self._retry_left_out)
         elif self.health_gates:
             stopped = [name for name in self.streams
                        if name in self.health_gates
@@ -495,9 +501,8 @@ class StreamRunOperator(SparkAppOperator):
         if stopped:
             context["ti"].xcom_push(key="return_value", value=result)
             where = "this task's health_reports" if self.check_health else "its task's report"
-            raise (AirflowException if self._retry_left_out else AirflowFailException)(
-                f"ran {', '.join(self.streams)}; left out {', '.join(stopped)}, whose checkpoint health gate failed "
-                f"(see {where})")
+            raise gate_failure(f"ran {', '.join(self.streams)}; left out {', '.join(stopped)}, whose checkpoint health "
+                               f"gate failed (see {where})", retry=self._retry_left_out)
         return result
 
 
@@ -530,8 +535,7 @@ class CheckpointHealthCheckOperator(SluiceOperator):
         result = report.to_dict()
         if stops:
             context["ti"].xcom_push(key="health_report", value=result)
-            # Still locked after the wait: a retry may pass. Anything else needs a repair first.
-            raise (AirflowException if report.waits_for_a_run else AirflowFailException)(report.describe())
+            raise gate_failure(report.describe(), retry=report.waits_for_a_run)
         return result
 
 

@@ -33,16 +33,15 @@ _UNCHECKED_HASH = (0b01).to_bytes(4, "little")
 
 
 def installed_zip() -> Path | None:
-    """The zip that Spark puts on its Python processes' path: ``$SPARK_HOME/python/lib/pyspark.zip``, where
-    ``SPARK_HOME`` is the environment's, else the installed PySpark's folder as its ``find_spark_home`` resolves it;
-    found without importing PySpark. None when there is no such zip."""
-    home = os.environ.get("SPARK_HOME")
-    if not home:
-        spec = importlib.util.find_spec("pyspark")
-        if spec is None or spec.origin is None:
-            return None
-        home = os.path.dirname(os.path.realpath(spec.origin))
-    path = Path(home) / "python" / "lib" / "pyspark.zip"
+    """The zip that Spark puts on its Python processes' path: ``python/lib/pyspark.zip`` under the Spark home that
+    spark-submit uses (:func:`sluice.operations.jvm.spark_home`), found without importing PySpark. None when there is
+    no such zip."""
+    from sluice.operations.jvm import spark_home
+
+    try:
+        path = spark_home() / "python" / "lib" / "pyspark.zip"
+    except RuntimeError:  # PySpark is not installed
+        return None
     return path if path.is_file() else None
 
 
