@@ -15,8 +15,8 @@ export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export AIRFLOW__CORE__EXECUTOR ?= LocalExecutor
 # LocalExecutor keeps one worker process per parallelism slot; each Spark run is heavy, and one machine runs few.
 export AIRFLOW__CORE__PARALLELISM ?= 4
-# The scheduler sleeps this long when a loop found nothing to do: twice in every small run (before it starts the DAG
-# run, before it marks it done). Half of Airflow's 1 s, for about 2% more of a core while idle (README, "Cost").
+# The scheduler sleeps this long when a loop found nothing to do; a small run waits for such a sleep before it starts,
+# after it ends, and between tasks. Half of Airflow's 1 s, for about 2% more of a core while idle (README, "Cost").
 export AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME ?= 0.5
 export SLUICE_DATA_ROOT ?= $(CURDIR)/data
 export PYSPARK_PYTHON := $(BIN)/python
