@@ -371,6 +371,26 @@ def test_make_clean_deletes_the_data_the_airflow_home_and_the_caches_inside_the_
     assert files_under(checkout) == {*(checkout / source for source in SOURCES), checkout / ".venv" / "marker"}
 
 
+def test_make_clean_deletes_nothing_while_make_run_runs(checkout: Path) -> None:
+    # A session recorded as make run's: deleting the Airflow home would delete its record, and make stop could then
+    # stop nothing of it.
+    session = subprocess.Popen(["sleep", "900"], start_new_session=True)
+    try:
+        record = checkout / ".airflow" / "make-run.sessions"
+        record.write_text(f"airflow {session.pid} {start_time(session.pid)}\n")
+        before = files_under(checkout)
+
+        cleaned = make("clean", env=make_env(), cwd=checkout)
+
+        assert cleaned.returncode != 0
+        assert "'make stop' first" in cleaned.stderr
+        assert files_under(checkout) == before
+        assert session.poll() is None
+    finally:
+        session.kill()
+        session.wait()
+
+
 @pytest.mark.parametrize("case", ["data root outside", "data root links outside", "Airflow home is the checkout"])
 def test_make_clean_deletes_nothing_when_a_path_is_not_inside_the_checkout(checkout: Path, tmp_path: Path,
                                                                            case: str) -> None:

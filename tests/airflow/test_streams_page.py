@@ -112,6 +112,26 @@ def test_the_streams_list_equals_make_status_and_the_run_summaries(client: Any, 
     assert listed["clicks"]["links"]["backfill"] == "/dags/backfill/trigger/single?stream=clicks"
 
 
+def test_a_run_that_ended_after_the_latest_observation_is_not_hidden_by_it(spark: Any, tmp_path: Path) -> None:
+    """The monitor saw a file behind and no commit; a run then committed it. The page must not show the observation
+    that the run made stale (a commit "never" beside the run's rows) until the monitor looks again."""
+    from sluice.operations import streams_view
+
+    catalog = load_catalog(write_catalog(tmp_path, events_stream("clicks")))
+    roots = roots_in(tmp_path)
+    DemoProducer(Path(roots.landing), seed=3).events_file(lines=10, now=NOW)
+    LagStore.for_roots(roots).record(check(catalog.get("clicks"), roots))
+    (seen,) = streams_view.overview(catalog, roots)
+    assert (seen["files"], seen["last_batch_id"]) == (1, None)
+
+    run_streams(spark, catalog, ["clicks"], roots, run_id="ingest_clicks/manual__0/run_stream")
+    (listed,) = streams_view.overview(catalog, roots)
+    detail = streams_view.detail(catalog.get("clicks"), roots)
+
+    assert (listed["files"], listed["last_batch_id"]) == (0, 0)
+    assert (detail["status"]["backlog"]["files"], detail["status"]["last_batch_id"]) == (0, 0)
+
+
 def test_a_streams_history(client: Any, world: dict[str, Any]) -> None:
     response = client.get("/sluice/api/streams/clicks?days=30", headers=token(client))
     assert response.status_code == 200, response.text

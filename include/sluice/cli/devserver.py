@@ -648,6 +648,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if options.command == "stop":
         record = Path(options.airflow_home) / RECORD_NAME
         return 0 if Stopper(record, options.airflow_home, options.stop_timeout).stop_all() else 1
+    if Stopper(Path(options.airflow_home) / RECORD_NAME, options.airflow_home, 0).running():
+        # Deleting the record under live sessions would leave them running with nothing that could stop them.
+        say(f"make clean: make run is still running for {options.airflow_home}; 'make stop' first", error=True)
+        return 1
     return clean([options.data_root, options.airflow_home, *CACHES], options.checkout)
 
 

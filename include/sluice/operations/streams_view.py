@@ -1,13 +1,14 @@
 """What the Streams page and its JSON routes show, read without Spark: every stream's status, and one stream's history.
 
 The status is the lag monitor's latest observation from the lag history when it is recent (the monitor records one
-every few minutes), else a live check, as ``make status`` makes it. The rows of the runs come from the run log
-(:mod:`sluice.storage.runlog`), the dead-letter reasons and the Delta versions from the stream's tables, the
-checkpoint report from the health checks.
+every few minutes) and no run of the stream has ended since, else a live check, as ``make status`` makes it. The
+rows of the runs come from the run log (:mod:`sluice.storage.runlog`), the dead-letter reasons and the Delta
+versions from the stream's tables, the checkpoint report from the health checks.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import time
 from collections.abc import Iterable
@@ -35,9 +36,14 @@ def _store(roots: Roots) -> LagStore | None:
     return LagStore(path) if os.path.exists(path) else None
 
 
-def _report(stream: StreamSpec, roots: Roots, history: list[LagReport], now: float) -> LagReport:
-    if history and now - history[-1].observation.observed_at <= FRESH_SECONDS:
-        return history[-1]
+def _report(stream: StreamSpec, roots: Roots, history: list[LagReport], now: float,
+            run_ended: dt.datetime | None) -> LagReport:
+    """The latest observation while it is fresh and no run has ended after it (``run_ended``: a run changes the
+    backlog and the last commit), else a live check."""
+    if history:
+        observed_at = history[-1].observation.observed_at
+        if now - observed_at <= FRESH_SECONDS and (run_ended is None or run_ended.timestamp() <= observed_at):
+            return history[-1]
     try:
         return check(stream, roots, history=[seen.observation for seen in history], now=now)
     except Exception as exc:  # one broken stream must not hide the others
@@ -82,7 +88,7 @@ def overview(catalog: Catalog, roots: Roots, streams: Iterable[str] | None = Non
         if wanted is not None and stream.name not in wanted:
             continue
         history = store.history(stream.name, limit=TREND_POINTS) if store else []
-        report = _report(stream, roots, history, now)
+        report = _report(stream, roots, history, now, (last_runs.get(stream.name) or {}).get("ended_at"))
         observation = report.observation
         trend = [*history, report] if not history or history[-1] is not report else history
         entries.append({
@@ -120,8 +126,9 @@ def detail(stream: StreamSpec, roots: Roots, *, days: float = 30, now: float | N
     since = now - days * 86400
     history = [seen for seen in (store.history(stream.name, limit=int(days * 24 * 12) + 1) if store else [])
                if seen.observation.observed_at >= since]
-    current = _report(stream, roots, history[-TREND_POINTS:], now)
     runs = runlog.runs(roots.lake, stream.name, since=since)
+    current = _report(stream, roots, history[-TREND_POINTS:], now,
+                      max((row["ended_at"] for row in runs if row["ended_at"] is not None), default=None))
     return {
         "stream": stream.name, "description": stream.description, "status": current.to_dict(),
         "backlog": [{"at": iso_utc(seen.observation.observed_at), "status": seen.status.value,
