@@ -30,6 +30,9 @@ from sluice.paths import Roots
 from sluice.storage import runlog
 
 EVERY = 300  # seconds between two runs and two observations
+# Both on the same five-minute cron, as the lag monitor and the ingest DAGs are: the monitor's observation comes a few
+# seconds after the tick, and the run ends after it, so the page measures the lag again (streams_view).
+OBSERVED_AFTER_TICK, RUN_ENDS_AFTER_TICK = 5, 40
 
 
 def catalog_of(count: int) -> object:
@@ -49,7 +52,7 @@ def fill_history(store: LagStore, catalog: object, roots: Roots, days: int, now:
         points = int(days * 86400 / EVERY)
         rows = []
         for step in range(points):
-            at = now - (points - 1 - step) * EVERY
+            at = now - (points - 1 - step) * EVERY + OBSERVED_AFTER_TICK
             files = step % 7
             report.update(observed_at=at, status=LagStatus.WARN.value if files >= 5 else LagStatus.OK.value,
                           backlog={**report["backlog"], "files": files})
@@ -66,12 +69,15 @@ def fill_run_log(lake: str, catalog: object, days: int, now: float) -> None:
     from sluice.storage.delta import ensure_table
 
     rows = []
+    points = int(days * 86400 / EVERY)
     for stream in catalog:  # type: ignore[attr-defined]
-        for step in range(int(days * 86400 / EVERY)):
-            started = dt.datetime.fromtimestamp(now - days * 86400 + step * EVERY, dt.timezone.utc)
+        for step in range(points):
+            tick = now - (points - 1 - step) * EVERY
+            started = dt.datetime.fromtimestamp(tick + 1, dt.timezone.utc)
             rows.append({"stream": stream.name, "run_id": f"ingest_{stream.name}/scheduled__{step}/run_stream",
                          "kind": "run", "status": "succeeded", "started_at": started,
-                         "ended_at": started + dt.timedelta(seconds=20), "batches": 1, "input_rows": 100 + step % 50,
+                         "ended_at": dt.datetime.fromtimestamp(tick + RUN_ENDS_AFTER_TICK, dt.timezone.utc),
+                         "batches": 1, "input_rows": 100 + step % 50,
                          "output_rows": 98 + step % 50, "dead_letter_rows": 2})
     schema = runlog._arrow_schema(runlog.RUN_COLUMNS)
     path = join(lake, runlog.RUNS_TABLE)
@@ -100,7 +106,7 @@ def main() -> None:
     try:
         roots = Roots(landing=str(work / "landing"), lake=str(work / "lake"), checkpoints=str(work / "checkpoints"))
         catalog = catalog_of(args.streams)
-        now = time.time()
+        now = time.time() - 60  # the last cron tick: its observation and its run are recorded by now
         started = time.perf_counter()
         for stream in catalog:
             build_checkpoint(Path(stream.checkpoint_path(roots)), 100, 3)

@@ -136,7 +136,7 @@ def parse_record(text: str) -> list[SessionRecord]:
 def read_record(path: Path) -> list[SessionRecord]:
     try:
         return parse_record(path.read_text())
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return []
 
 
@@ -648,7 +648,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if options.command == "stop":
         record = Path(options.airflow_home) / RECORD_NAME
         return 0 if Stopper(record, options.airflow_home, options.stop_timeout).stop_all() else 1
-    if Stopper(Path(options.airflow_home) / RECORD_NAME, options.airflow_home, 0).running():
+    record = Path(options.airflow_home) / RECORD_NAME
+    if read_record(record) and Stopper(record, options.airflow_home, 0).running():  # /proc only when recorded
         # Deleting the record under live sessions would leave them running with nothing that could stop them.
         say(f"make clean: make run is still running for {options.airflow_home}; 'make stop' first", error=True)
         return 1

@@ -1,9 +1,9 @@
 """What the Streams page and its JSON routes show, read without Spark: every stream's status, and one stream's history.
 
 The status is the lag monitor's latest observation from the lag history when it is recent (the monitor records one
-every few minutes) and no run of the stream has ended since, else a live check, as ``make status`` makes it. The
-rows of the runs come from the run log (:mod:`sluice.storage.runlog`), the dead-letter reasons and the Delta
-versions from the stream's tables, the checkpoint report from the health checks.
+every few minutes) and no run of the stream (of kind ``run``, as the list shows) has ended since, else a live check,
+as ``make status`` makes it. The rows of the runs come from the run log (:mod:`sluice.storage.runlog`), the
+dead-letter reasons and the Delta versions from the stream's tables, the checkpoint report from the health checks.
 """
 
 from __future__ import annotations
@@ -127,8 +127,8 @@ def detail(stream: StreamSpec, roots: Roots, *, days: float = 30, now: float | N
     history = [seen for seen in (store.history(stream.name, limit=int(days * 24 * 12) + 1) if store else [])
                if seen.observation.observed_at >= since]
     runs = runlog.runs(roots.lake, stream.name, since=since)
-    current = _report(stream, roots, history[-TREND_POINTS:], now,
-                      max((row["ended_at"] for row in runs if row["ended_at"] is not None), default=None))
+    ended = [row["ended_at"] for row in runs if row["kind"] == "run" and row["ended_at"] is not None]
+    current = _report(stream, roots, history[-TREND_POINTS:], now, max(ended, default=None))
     return {
         "stream": stream.name, "description": stream.description, "status": current.to_dict(),
         "backlog": [{"at": iso_utc(seen.observation.observed_at), "status": seen.status.value,
