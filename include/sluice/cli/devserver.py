@@ -645,10 +645,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if options.command == "run":
         return run(Address(options.host, options.port), options.airflow_home, options.data_root, options.stop_timeout,
                    warm=options.warm)
-    if options.command == "stop":
-        record = Path(options.airflow_home) / RECORD_NAME
-        return 0 if Stopper(record, options.airflow_home, options.stop_timeout).stop_all() else 1
     record = Path(options.airflow_home) / RECORD_NAME
+    if options.command == "stop":
+        return 0 if Stopper(record, options.airflow_home, options.stop_timeout).stop_all() else 1
     if read_record(record) and Stopper(record, options.airflow_home, 0).running():  # /proc only when recorded
         # Deleting the record under live sessions would leave them running with nothing that could stop them.
         say(f"make clean: make run is still running for {options.airflow_home}; 'make stop' first", error=True)
