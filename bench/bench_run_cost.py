@@ -119,11 +119,12 @@ class World:
         self.floor = folder / "floor.py"
         self.floor.write_text(FLOOR, encoding="utf-8")
         self.port = free_port()
+        self.home = folder / "airflow"  # the running scheduler's
         self.env = {
             **os.environ,
             "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-            "AIRFLOW_HOME": str(folder / "airflow"),
+            "AIRFLOW_HOME": str(self.home),
             "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT / "dags"),
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
@@ -144,7 +145,7 @@ class World:
         # `airflow dags test` gets a metadata database of its own: in the running scheduler's, the scheduler would
         # queue the test run's tasks too, and race the command that runs them in its own process.
         self.dags_test_home = folder / "airflow-dags-test"
-        for home in (folder / "airflow", self.dags_test_home):
+        for home in (self.home, self.dags_test_home):
             subprocess.run([str(BIN / "airflow"), "db", "migrate"], env={**self.env, "AIRFLOW_HOME": str(home)},
                            check=True, capture_output=True)
 
@@ -383,9 +384,8 @@ def main() -> None:
             print(f"  batch {batch['batch_id']}: {batch['duration_ms']} ms, Spark's phases (ms) {batch['phases_ms']}")
         print(f"`dags test` run's tasks (s): {task_seconds(world.dags_test_home)}")
         if scheduler is not None:
-            home = world.folder / "airflow"
-            print(f"scheduled DAG run's tasks (s): {task_seconds(home)}")
-            print(f"inline-gate DAG run's tasks (s): {task_seconds(home, f'ingest_{INLINE_STREAM}')}")
+            print(f"scheduled DAG run's tasks (s): {task_seconds(world.home)}")
+            print(f"inline-gate DAG run's tasks (s): {task_seconds(world.home, f'ingest_{INLINE_STREAM}')}")
 
         ratios = {"bare_vs_spark": best["bare"] / best["spark"], "dag_vs_bare": best["dag"] / best["bare"]}
         if "scheduler" in best:

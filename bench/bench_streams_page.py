@@ -35,6 +35,12 @@ EVERY = 300  # seconds between two runs and two observations
 OBSERVED_AFTER_TICK, RUN_ENDS_AFTER_TICK = 5, 40
 
 
+def ticks(days: int, now: float) -> list[float]:
+    """Every five-minute tick of the last ``days``, oldest first, the last at ``now``."""
+    points = int(days * 86400 / EVERY)
+    return [now - (points - 1 - step) * EVERY for step in range(points)]
+
+
 def catalog_of(count: int) -> object:
     return parse_catalog({"version": 1, "streams": [{
         "name": f"stream_{index:02d}",
@@ -49,10 +55,9 @@ def fill_history(store: LagStore, catalog: object, roots: Roots, days: int, now:
     """``days`` of observations per stream, one every 5 minutes, as the lag monitor records them."""
     for stream in catalog:  # type: ignore[attr-defined]
         report = check(stream, roots, now=now).to_dict()
-        points = int(days * 86400 / EVERY)
         rows = []
-        for step in range(points):
-            at = now - (points - 1 - step) * EVERY + OBSERVED_AFTER_TICK
+        for step, tick in enumerate(ticks(days, now)):
+            at = tick + OBSERVED_AFTER_TICK
             files = step % 7
             report.update(observed_at=at, status=LagStatus.WARN.value if files >= 5 else LagStatus.OK.value,
                           backlog={**report["backlog"], "files": files})
@@ -69,10 +74,8 @@ def fill_run_log(lake: str, catalog: object, days: int, now: float) -> None:
     from sluice.storage.delta import ensure_table
 
     rows = []
-    points = int(days * 86400 / EVERY)
     for stream in catalog:  # type: ignore[attr-defined]
-        for step in range(points):
-            tick = now - (points - 1 - step) * EVERY
+        for step, tick in enumerate(ticks(days, now)):
             started = dt.datetime.fromtimestamp(tick + 1, dt.timezone.utc)
             rows.append({"stream": stream.name, "run_id": f"ingest_{stream.name}/scheduled__{step}/run_stream",
                          "kind": "run", "status": "succeeded", "started_at": started,
