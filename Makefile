@@ -6,6 +6,10 @@ PYTHON ?= python3
 VENV := $(CURDIR)/.venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.sluice-installed
+# The JVM jars of include/jvm/pom.xml, resolved by Maven (python -m sluice jars): delta-spark, Spark's Kafka connector,
+# hadoop-aws, and the Kafka broker of the tests. Resolved again only when the project file changes.
+JARS_STAMP := $(VENV)/share/sluice/jars/.pom-sha256
+INSTALLED := $(STAMP) $(JARS_STAMP)
 
 # The embedded default: Airflow home, data roots and Spark's Python, all inside the checkout.
 export AIRFLOW_HOME ?= $(CURDIR)/.airflow
@@ -46,10 +50,13 @@ $(STAMP): requirements.txt pyproject.toml include/sluice/operations/pyspark_byte
 	$(BIN)/python -m sluice jvm-archive || echo "make: no Spark driver archive was recorded; runs start without it"
 	touch $@
 
-.PHONY: venv
-venv: $(STAMP)  ## create .venv and install the pinned requirements (done by every target on first use)
+$(JARS_STAMP): include/jvm/pom.xml $(STAMP)
+	$(BIN)/python -m sluice jars
 
-$(AIRFLOW_HOME)/airflow.db: $(STAMP)
+.PHONY: venv
+venv: $(INSTALLED)  ## create .venv, install the pinned requirements and the JVM jars (done by every target on first use)
+
+$(AIRFLOW_HOME)/airflow.db: $(INSTALLED)
 	mkdir -p $(AIRFLOW_HOME)
 	$(BIN)/airflow db migrate >/dev/null
 
@@ -83,7 +90,7 @@ demo: $(AIRFLOW_HOME)/airflow.db  ## headless: produce events, `airflow dags tes
 	$(BIN)/python -m sluice demo
 
 .PHONY: status
-status: $(STAMP)  ## every stream's lag status, backlog, last commit and checkpoint health (STATUS_ARGS=--reasons)
+status: $(INSTALLED)  ## every stream's lag status, backlog, last commit and checkpoint health (STATUS_ARGS=--reasons)
 	@$(BIN)/python -m sluice status $(STATUS_ARGS)
 
 # The Airflow tests that use the metadata database; the Postgres tier runs them again on PostgreSQL.
@@ -93,31 +100,31 @@ POSTGRES_TESTS := tests/airflow/test_metadata_db.py tests/airflow/test_dag_e2e.p
 POSTGRES_SELECT := not reset_through_the_repair_dag
 
 .PHONY: test
-test: $(STAMP)  ## every tier: the whole suite on SQLite, then the Airflow end-to-end tests on PostgreSQL
+test: $(INSTALLED)  ## every tier: the whole suite on SQLite, then the Airflow end-to-end tests on PostgreSQL
 	@$(MAKE) --no-print-directory test-sqlite
 	@$(MAKE) --no-print-directory test-postgres
 
 .PHONY: test-sqlite
-test-sqlite: $(STAMP)  ## the whole suite (unit, Spark, Airflow end-to-end, the browser) with Airflow's metadata in SQLite
+test-sqlite: $(INSTALLED)  ## the whole suite (unit, Spark, Airflow end-to-end, the browser) with Airflow's metadata in SQLite
 	@bash tests/chromium.sh
 	SLUICE_TEST_AIRFLOW_DB= $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 .PHONY: test-postgres
-test-postgres: $(STAMP)  ## the Airflow end-to-end tests on a throwaway PostgreSQL (installed when missing, as root)
+test-postgres: $(INSTALLED)  ## the Airflow end-to-end tests on a throwaway PostgreSQL (installed when missing, as root)
 	bash tests/postgres.sh $(BIN)/python -m pytest -m airflow -k "$(POSTGRES_SELECT)" $(POSTGRES_TESTS) $(PYTEST_ARGS)
 
 .PHONY: test-unit
-test-unit: $(STAMP)  ## the unit tier only (no JVM, no Airflow database)
-	$(BIN)/python -m pytest -m "not spark and not airflow" $(PYTEST_ARGS)
+test-unit: $(INSTALLED)  ## the unit tier only (no JVM, no Airflow database, no Kafka broker)
+	$(BIN)/python -m pytest -m "not spark and not airflow and not kafka" $(PYTEST_ARGS)
 
 .PHONY: lint
-lint: $(STAMP)  ## ruff, mypy and the import layers (import-linter)
+lint: $(INSTALLED)  ## ruff, mypy and the import layers (import-linter)
 	$(BIN)/ruff check include plugins spark_apps dags tests bench
 	$(BIN)/mypy include plugins spark_apps
 	$(BIN)/lint-imports
 
 .PHONY: bench
-bench: $(STAMP)  ## benchmarks: ingest (Delta sink vs Parquet sink, BENCH_ROWS=1000000), health check, lag check, MERGE vs append, expectations and a SQL transform vs none, the rescue policy vs none, the Streams page, a run's cost, a group of streams, history
+bench: $(INSTALLED)  ## benchmarks: ingest (Delta sink vs Parquet sink, BENCH_ROWS=1000000), health check, lag check, MERGE vs append, expectations and a SQL transform vs none, the rescue policy vs none, the Streams page, a run's cost, a group of streams, history
 	$(BIN)/python bench/bench_ingest.py --rows $${BENCH_ROWS:-1000000}
 	$(BIN)/python bench/bench_rules.py --rows $${BENCH_ROWS:-1000000}
 	$(BIN)/python bench/bench_drift.py --rows $${BENCH_ROWS:-1000000}
@@ -130,7 +137,7 @@ bench: $(STAMP)  ## benchmarks: ingest (Delta sink vs Parquet sink, BENCH_ROWS=1
 	$(BIN)/python bench/bench_history.py
 
 .PHONY: freeze
-freeze: $(STAMP)  ## rewrite requirements.txt from the environment after an upgrade
+freeze: $(INSTALLED)  ## rewrite requirements.txt from the environment after an upgrade
 	{ sed -n '1,2p' requirements.txt; $(BIN)/python -m pip freeze --exclude-editable | grep -v '^sluice'; } > requirements.txt.new
 	mv requirements.txt.new requirements.txt
 

@@ -14,12 +14,16 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from sluice.operations.jars import spark_conf
 from sluice_spark.session import configure_sluice, register_data_sources
 
 
 def local_spark() -> SparkSession:
-    spark = configure_sluice(SparkSession.builder).master("local[2]").config("spark.ui.enabled", "false") \
-        .getOrCreate()
+    """A local session with the jars `make venv` resolved and their Delta settings, as Sluice's runs have them."""
+    builder = configure_sluice(SparkSession.builder).master("local[2]").config("spark.ui.enabled", "false")
+    for key, value in spark_conf().items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register_data_sources(spark)
     return spark

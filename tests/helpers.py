@@ -8,9 +8,11 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from sluice.cli.demo_producer import EVENT_SCHEMA
+from sluice.operations.jars import spark_jars, submit_args
 from sluice.paths import Roots
 
 # A schema whose user_id may be NULL, and the four expectations of the rules issue's example.
@@ -121,3 +123,16 @@ def fresh_world(golden: Path) -> tuple[Any, Roots, Path]:
     shutil.rmtree(golden)
     shutil.copytree(golden.with_name("pristine"), golden)
     return load_catalog(golden / "catalog.yaml"), roots_in(golden), golden
+
+
+needs_jvm_jars = pytest.mark.skipif(
+    not spark_jars(), reason="needs the JVM jars (delta-spark, the Kafka connector, s3a): `make venv` with Maven")
+
+
+def spark_submit(*arguments: str, master: str = "local[2]") -> list[str]:
+    """A spark-submit command as Sluice's operators build one: the project's spark-submit, the resolved jars and
+    their Delta settings, no UI, two shuffle partitions."""
+    import sys
+
+    return [str(Path(sys.executable).parent / "spark-submit"), "--master", master, "--conf", "spark.ui.enabled=false",
+            "--conf", "spark.sql.shuffle.partitions=2", *submit_args(), *arguments]

@@ -20,6 +20,8 @@ say() { echo "postgres tier: $*" >&2; }
 skip() {
     say "SKIPPED: $*"
     say "SKIPPED: the Airflow tests did not run against PostgreSQL."
+    # CI (SLUICE_NO_SKIPS) runs where PostgreSQL can always be had: a skip there is a broken set-up.
+    [[ -z ${SLUICE_NO_SKIPS:-} ]] || exit 1
     exit 0
 }
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from sluice.paths import Roots
 from sluice.warm import TOKEN_ENV, WarmAddress
+from tests.helpers import spark_submit
 
 SERVER = Path(__file__).resolve().parents[1] / "spark_apps" / "warm_server.py"
 
@@ -23,9 +24,7 @@ class Server:
     def __init__(self, folder: Path, catalog: Path, roots: Roots, *env: tuple[str, str]) -> None:
         self.token = secrets.token_urlsafe(32)
         self.log = folder / f"server-{time.monotonic_ns()}.log"
-        command = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
-                   "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
-                   str(SERVER), "--catalog", str(catalog), *roots.as_args(), "--port", "0"]
+        command = spark_submit(str(SERVER), "--catalog", str(catalog), *roots.as_args(), "--port", "0")
         environ = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
                    TOKEN_ENV: self.token, **dict(env)}
         self.process = subprocess.Popen(command, env=environ, stdout=self.log.open("w"), stderr=subprocess.STDOUT,

@@ -2,7 +2,7 @@
 # docker-compose.yaml.
 #
 # The LocalExecutor runs tasks in the scheduler's container, and spark-submit runs in client mode, so the Spark
-# driver lives here too. That is why the image has Java, the same Python minor version, pyspark and jars as the
+# driver lives here too. That is why the image has Java, the same Python minor version and pyspark as the
 # Spark image (include/docker/spark.Dockerfile), and the project installed at the same path (/opt/sluice).
 #
 # Pinned by digest, like every image of the stack. The tag is the apache-airflow pin of requirements.txt on Python
@@ -14,7 +14,7 @@ USER root
 # procps gives Spark's launch scripts `ps`.
 RUN mkdir -p /usr/share/man/man1 \
     && apt-get update \
-    && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps maven \
     && apt-get autoremove -yqq --purge \
     && apt-get clean \
     && rm -rf /var/lib/apt/lists/* \
@@ -42,29 +42,20 @@ USER airflow
 COPY --chown=airflow:0 requirements.txt /opt/sluice/requirements.txt
 RUN pip install --no-cache-dir -r /opt/sluice/requirements.txt
 
-# Jar versions: SPARK_VERSION and DELTA_VERSION must equal the pyspark and delta-spark pins of requirements.txt (the
-# script refuses otherwise); KAFKA_CLIENTS_VERSION and COMMONS_POOL2_VERSION follow Spark's own build. Keep these
-# ARGs equal in both Dockerfiles.
-ARG SPARK_VERSION=4.2.0
-ARG DELTA_VERSION=4.4.1
-ARG KAFKA_CLIENTS_VERSION=3.9.2
-ARG COMMONS_POOL2_VERSION=2.12.1
-# Object-store connectors (s3a, abfss, gs): HADOOP_VERSION must be pyspark's hadoop-client (checked);
-# AWS_SDK_VERSION the bundle that hadoop-aws of that Hadoop declares (hadoop-project's aws-java-sdk-v2.version).
-ARG HADOOP_VERSION=3.5.0
-ARG AWS_SDK_VERSION=2.29.52
-ARG GCS_CONNECTOR_VERSION=3.1.3
-ARG MAVEN_REPOSITORY=https://repo1.maven.org/maven2
-COPY --chown=airflow:0 include/docker/fetch_spark_jars.py /opt/sluice/include/docker/fetch_spark_jars.py
-RUN python /opt/sluice/include/docker/fetch_spark_jars.py --spark "${SPARK_VERSION}" --delta "${DELTA_VERSION}" \
-        --kafka-clients "${KAFKA_CLIENTS_VERSION}" --commons-pool2 "${COMMONS_POOL2_VERSION}" \
-        --hadoop "${HADOOP_VERSION}" --aws-sdk "${AWS_SDK_VERSION}" --gcs-connector "${GCS_CONNECTOR_VERSION}" \
-        --repository "${MAVEN_REPOSITORY}"
-
 # The project last, so that a code change rebuilds only this layer. Editable, like `make venv`: the operators find
 # spark_apps/stream_runner.py and backfill_runner.py beside the sluice_spark package.
 COPY --chown=airflow:0 . /opt/sluice
 RUN pip install --no-cache-dir --no-deps -e /opt/sluice
+# The JVM jars of include/jvm/pom.xml (delta-spark, Spark's Kafka connector, Hadoop's s3a, abfss and gs connectors),
+# resolved by Maven as `make venv` does, with the object-store profile on top; every application the scheduler
+# submits gets them as spark.jars, and the executors fetch them from the driver. Maven is removed again below.
+ENV SLUICE_JARS_DIR=/opt/sluice/jars
+RUN python -m sluice jars --with object-stores && rm -rf /home/airflow/.m2
 # Bytecode in the PySpark zip that Spark puts first on its Python processes' path (README, "Cost"); without it, each
 # of those processes compiles PySpark as it starts.
 RUN python -m sluice pyspark-bytecode || echo "no bytecode in PySpark's zip: Spark's Python processes compile it"
+
+# Maven was for the jars only.
+USER root
+RUN apt-get purge -y maven && apt-get autoremove -yqq --purge && apt-get clean && rm -rf /var/lib/apt/lists/*
+USER airflow

@@ -3,7 +3,7 @@
 # Executors run Sluice's Python code (the delta-rs sink's writers and Sluice's Python data sources) with the
 # interpreter the driver names (PYSPARK_PYTHON=python3, found on PATH). PySpark refuses a driver and workers on two
 # Python minor versions, and the workers unpickle classes of sluice_spark, so this image has the Airflow image's
-# Python minor version, the same requirements.txt, the project at the same path (/opt/sluice) and the same jars.
+# Python minor version, the same requirements.txt and the project at the same path (/opt/sluice).
 # It is built on python:*-slim rather than apache/spark, whose Python is the distribution's, not the Airflow image's.
 # Pinned by digest, like every image of the stack; the tag says which Python it is. Python 3.12 because the
 # Airflow image is apache/airflow:3.3.2-python3.12 (see airflow.Dockerfile).
@@ -33,23 +33,8 @@ COPY include/docker/spark-defaults.conf /opt/spark/conf/spark-defaults.conf
 COPY requirements.txt /opt/sluice/requirements.txt
 RUN pip install --no-cache-dir -r /opt/sluice/requirements.txt
 
-# Keep these ARGs equal to airflow.Dockerfile's: the driver and the executors load the same jars.
-ARG SPARK_VERSION=4.2.0
-ARG DELTA_VERSION=4.4.1
-ARG KAFKA_CLIENTS_VERSION=3.9.2
-ARG COMMONS_POOL2_VERSION=2.12.1
-# Object-store connectors (s3a, abfss, gs): HADOOP_VERSION must be pyspark's hadoop-client (checked);
-# AWS_SDK_VERSION the bundle that hadoop-aws of that Hadoop declares (hadoop-project's aws-java-sdk-v2.version).
-ARG HADOOP_VERSION=3.5.0
-ARG AWS_SDK_VERSION=2.29.52
-ARG GCS_CONNECTOR_VERSION=3.1.3
-ARG MAVEN_REPOSITORY=https://repo1.maven.org/maven2
-COPY include/docker/fetch_spark_jars.py /opt/sluice/include/docker/fetch_spark_jars.py
-RUN python /opt/sluice/include/docker/fetch_spark_jars.py --spark "${SPARK_VERSION}" --delta "${DELTA_VERSION}" \
-        --kafka-clients "${KAFKA_CLIENTS_VERSION}" --commons-pool2 "${COMMONS_POOL2_VERSION}" \
-        --hadoop "${HADOOP_VERSION}" --aws-sdk "${AWS_SDK_VERSION}" --gcs-connector "${GCS_CONNECTOR_VERSION}" \
-        --repository "${MAVEN_REPOSITORY}"
-
+# No JVM jars here: the driver (in the Airflow image) gives every application Sluice's jars as spark.jars, and the
+# executors fetch them from it.
 COPY --chown=${SLUICE_UID}:0 . /opt/sluice
 RUN pip install --no-cache-dir --no-deps -e /opt/sluice
 # Bytecode in the PySpark zip that Spark puts first on the executors' Python workers' path (README, "Cost").

@@ -1,5 +1,7 @@
-"""Sluice's spark-submit hook: the Spark provider's ``SparkSubmitHook`` with five additions.
+"""Sluice's spark-submit hook: the Spark provider's ``SparkSubmitHook`` with six additions.
 
+- The JVM jars ``make venv`` resolved with Maven (:mod:`sluice.operations.jars`) go to every application as
+  ``--jars``, before any the task names.
 - A local default: when the Airflow connection is not defined, Sluice runs on ``local[*]`` instead of the
   provider's fallback to YARN, which would fail on a laptop with an unrelated error.
 - The summary line the runner (or the backfill runner) prints is captured from the driver log as it streams by.
@@ -188,8 +190,15 @@ class SluiceSparkSubmitHook(SparkSubmitHook):
     """Submits a Sluice runner and keeps what it reports."""
 
     def __init__(self, *args: Any, secret_env: dict[str, str] | None = None, **kwargs: Any) -> None:
+        from sluice.operations.jars import join_jars, spark_conf
+
         self.summary_lines: list[str] = []
         self._secret_env = dict(secret_env or {})
+        # The jars `make venv` resolved (delta-spark, the Kafka connector, s3a) and the Delta session settings they
+        # need, under the task's own: no Ivy at run time, and a task's own jars and settings still come on top.
+        conf = spark_conf(kwargs.get("conf"))
+        kwargs["jars"] = join_jars(conf.pop("spark.jars", None), kwargs.get("jars"))
+        kwargs["conf"] = conf
         super().__init__(*args, **kwargs)
 
     def __repr__(self) -> str:

@@ -60,7 +60,7 @@ from sluice.times import iso_utc
 from sluice_spark import faults, kinds
 from sluice_spark import patterns as steps
 from sluice_spark.drift import reads_by_header
-from sluice_spark.kinds import read_stream
+from sluice_spark.kinds import explain_failure, read_stream
 from sluice_spark.kinds.files import RECORDS_METRIC
 from sluice_spark.patterns import with_watermark
 from sluice_spark.quality import check_expectations, expectation_counts, flag_dead_letters, rescued_count
@@ -402,8 +402,9 @@ def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: floa
     error = query.exception()
     if error is not None:
         summary.status = RunStatus.FAILED
-        summary.error = error_message(error)
-        summary.retryable = not is_permanent_failure(summary.error)
+        explanation = explain_failure(prepared.spec, error)
+        summary.error = explanation or error_message(error)
+        summary.retryable = explanation is None and not is_permanent_failure(summary.error)
     elif (not prepared.spec.patterns.stateful
           and summary.input_rows != summary.output_rows + summary.dropped_rows + summary.dead_letter_rows):
         # A stateful stream drops late rows and duplicates, and an aggregate turns rows into groups: there the

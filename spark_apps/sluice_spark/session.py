@@ -11,7 +11,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -49,9 +49,30 @@ def delta_maven_package() -> str:
         return "io.delta:delta-spark_2.13:<version>"
 
 
+def s3a_settings(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Hadoop's s3a settings for the deployment's S3 environment (the one delta-rs and Sluice's own reads take): an
+    ``AWS_ENDPOINT_URL`` of an S3-compatible server with path-style addresses, and ``AWS_REGION``. The credentials
+    stay in the environment, where s3a's default providers read them: never in Spark's configuration, which the
+    UI and the event log show."""
+    environ = os.environ if environ is None else environ
+    settings: dict[str, str] = {}
+    endpoint = environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        settings["spark.hadoop.fs.s3a.endpoint"] = endpoint
+        settings["spark.hadoop.fs.s3a.path.style.access"] = "true"
+        if endpoint.lower().startswith("http://"):
+            settings["spark.hadoop.fs.s3a.connection.ssl.enabled"] = "false"
+    region = environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION")
+    if region:
+        settings["spark.hadoop.fs.s3a.endpoint.region"] = region
+    return settings
+
+
 def configure_sluice(builder: SparkSession.Builder) -> SparkSession.Builder:
     """Settings every Sluice application runs with."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    for key, value in s3a_settings().items():
+        builder = builder.config(key, value)
     return (
         builder.config("spark.sql.session.timeZone", "UTC")
         # Parquet that Spark stages for delta-rs (backfills) carries UTC microsecond timestamps, as Delta does.
@@ -176,7 +197,7 @@ def delta_jvm_available(spark: SparkSession) -> bool:
 
 
 # Hadoop's file system for each object-store scheme Spark reads files or keeps checkpoints on, and the jars that
-# provide it (pinned in include/docker/spark-jars.txt for the compose images).
+# provide it (pinned in include/jvm/pom.xml, which `make venv` and the images resolve with Maven).
 HADOOP_CONNECTORS = {
     "s3a": ("org.apache.hadoop.fs.s3a.S3AFileSystem", "hadoop-aws and the AWS SDK bundle (software.amazon.awssdk)"),
     "abfss": ("org.apache.hadoop.fs.azurebfs.SecureAzureBlobFileSystem", "hadoop-azure"),
@@ -205,8 +226,9 @@ def hadoop_problem(spark: SparkSession, uri: str) -> str | None:
     class_name, jars = HADOOP_CONNECTORS[scheme]
     if missing_classes(spark, [class_name]):
         return (f" is on {scheme}://, but Hadoop's connector for it is not on Spark's classpath (missing "
-                f"{class_name}). Provide {jars} in spark.jars (--jars) or Spark's jars directory; the compose images "
-                "carry them (include/docker/spark-jars.txt)")
+                f"{class_name}). `make venv` resolves {jars} with Maven (python -m sluice jars, include/jvm/pom.xml) "
+                "and Sluice's operators pass them to every run; an application started by hand needs them in "
+                "spark.jars (--jars)")
     return None
 
 
@@ -219,9 +241,10 @@ def resolve_engine(spark: SparkSession, requested: DeltaEngine, places: Sequence
     available = delta_jvm_available(spark)
     if requested is DeltaEngine.JVM and not available:
         raise SluiceError(
-            "sink.engine is 'jvm' but delta-spark's classes are not on the classpath. Provide them with "
-            f"--packages {delta_maven_package()} (needs Maven Central), --jars <delta-spark and delta-storage jars>, "
-            "or set sink.engine to 'rs' or 'auto'"
+            "sink.engine is 'jvm' but delta-spark's classes are not on the classpath. `make venv` resolves them "
+            "with Maven (python -m sluice jars, include/jvm/pom.xml) and Sluice's operators pass them to every run; "
+            f"an application started by hand needs --jars <delta-spark and delta-storage jars> or --packages "
+            f"{delta_maven_package()}; or set sink.engine to 'rs' or 'auto'"
         )
     if requested is DeltaEngine.JVM:
         for place in places:

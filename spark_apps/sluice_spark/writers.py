@@ -223,6 +223,7 @@ class JvmTableWriter(DeltaTableWriter):
     def write(self, rows: DataFrame, target: TableTarget, *, query_id: str, batch_id: int, metadata: dict[str, Any],
               replace: RowFilter | None = None, staging: Path | None = None,
               added: Mapping[str, str] | None = None) -> bool:
+        faults.reach("before_commit", batch_id)
         if target.mode is SinkMode.MERGE:
             return self._merge(rows, target, query_id=query_id, batch_id=batch_id, metadata=metadata)
         overwrite = replace is not None or target.mode is SinkMode.COMPLETE

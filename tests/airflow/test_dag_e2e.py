@@ -47,7 +47,8 @@ def test_ingest_dag_runs_spark_end_to_end(airflow_db: Path, tmp_path: Path, monk
     # (purchase_has_amount): the same rows are dead letters as under schema_evolution none.
     good, bad = expected_events(tmp_path / "landing" / "events", rescue=False)
     assert (stream["output_rows"], stream["dead_letter_rows"]) == (len(good), bad)
-    assert stream["delta_version_after"] >= 1
+    # The first version that holds rows: 1 on the rs engine (it creates the table first), 0 on the jvm engine.
+    assert stream["delta_version_after"] >= 0
     assert (tmp_path / "lake" / "bronze" / "events" / "_delta_log").is_dir()
     [health] = xcom_value(dag.dag_id, run.run_id, "checkpoint_health")
     assert health["status"] == "OK" and [f["code"] for f in health["findings"]] == ["NEW"]

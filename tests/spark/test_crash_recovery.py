@@ -25,7 +25,7 @@ from sluice.catalog import load_catalog
 from sluice.cli.demo_producer import DemoProducer
 from sluice.paths import Roots
 from sluice.storage.delta import read_table
-from tests.helpers import events_stream, expected_events, roots_in, table_rows, write_catalog
+from tests.helpers import events_stream, expected_events, roots_in, spark_submit, table_rows, write_catalog
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -39,9 +39,7 @@ def submit(catalog: Path, roots: Roots, *extra_env: tuple[str, str], summary: Pa
     """spark-submit the runner. A run the test waits on without reading its output (until a crash point) writes it
     to ``log``: a pipe nobody drains would block the run once its buffer is full."""
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, **dict(extra_env)}
-    command = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
-               "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
-               str(RUNNER), "--catalog", str(catalog), "--stream", stream, *roots.as_args()]
+    command = spark_submit(str(RUNNER), "--catalog", str(catalog), "--stream", stream, *roots.as_args())
     if summary is not None:
         command += ["--summary-file", str(summary)]
     if run_id is not None:
@@ -211,3 +209,97 @@ def test_a_run_retried_after_a_sigkill_keeps_one_row_in_the_run_log(tmp_path: Pa
     [batch] = runlog.batches(roots.lake, "events", run_id)
     good, bad = expected_events(Path(roots.landing) / "events")
     assert batch["batch_id"] == 0 and batch["input_rows"] == len(good) + bad
+
+
+# --- Kafka into Delta, on both engines ------------------------------------------------------------------------------
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize(
+    ("engine", "fault"),
+    [
+        ("rs", "before_commit:1"),  # batch 1 read from the topic and collected, nothing of it committed
+        ("rs", "after_commit:1"),  # batch 1 in both tables, Spark's commits/1 not written: a replay, skipped
+        ("jvm", "before_commit:1"),  # delta-spark about to write batch 1
+        ("jvm", "between_commits:1"),  # batch 1 in bronze, not yet in the dead-letter table
+    ],
+)
+def test_sigkill_during_a_kafka_run_then_rerun_gives_the_exact_table(tmp_path: Path, kafka: Any, engine: str,
+                                                                     fault: str) -> None:
+    """Three partitions read 20 offsets a batch, malformed records among them: the killed run and its rerun leave
+    bronze and the dead-letter table equal to the oracle, each record once."""
+    from sluice.cli.kafka_broker import create_topic
+    from sluice.connections.kafka import env_name
+    from tests.kafka_data import clicks, expected, kafka_stream, produce
+
+    topic = f"crash-{engine}-{fault.split(':')[0]}-{time.monotonic_ns()}"
+    create_topic(kafka, topic, 3)
+    records = [*clicks(0, 50), b"{broken", b'{"amount": 2}', *clicks(50, 10)]
+    produce(kafka, topic, records, partitions=3)
+    catalog_path = write_catalog(tmp_path, kafka_stream(engine=engine, options={
+        "subscribe": topic, "startingOffsets": "earliest", "maxOffsetsPerTrigger": 20}))
+    stream = load_catalog(catalog_path).get("clicks")
+    roots = roots_in(tmp_path)
+    connection = (env_name("sluice_kafka"), json.dumps(kafka.spark_options()))
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    point = fault.split(":")[0]
+    crashed = submit(catalog_path, roots, connection, ("SLUICE_FAULT_POINT", fault), ("SLUICE_FAULT_DIR", str(faults)),
+                     DRIVER, log=faults / "crashed.log", stream="clicks")
+    wait_for(faults / f"{point}.reached", crashed, faults / "crashed.log")
+    kill_application(crashed, faults / f"{point}.reached")
+    assert crashed.returncode == -signal.SIGKILL
+    rerun = submit(catalog_path, roots, connection, DRIVER, stream="clicks")
+    output, _ = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, output[-3000:]
+
+    good, bad = expected(records, rescue=True)
+    assert sorted(table_rows(stream.sink_path(roots), ["event_id", "amount"])) == good
+    assert read_table(stream.dead_letter_table_path(roots)).num_rows == bad
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("fault", ["before_commit:1", "between_commits:1"])
+def test_sigkill_during_a_run_into_a_kafka_sink_then_rerun_sends_each_record_once(tmp_path: Path, kafka: Any,
+                                                                                  fault: str) -> None:
+    """A file stream into a topic, one Kafka transaction per batch. Killed with batch 1's records sent but its
+    transaction open (before_commit), or committed to the topic but not to the dead-letter table nor Spark's
+    checkpoint (between_commits): after the rerun a read_committed consumer reads each good row once, and the
+    dead-letter table is exact. A read_uncommitted consumer also reads what the aborted transaction sent."""
+    from sluice.cli.kafka_broker import create_topic
+    from sluice.connections.kafka import env_name
+    from tests.kafka_data import consume
+
+    topic = f"crash-sink-{fault.split(':')[0]}-{time.monotonic_ns()}"
+    create_topic(kafka, topic, 2)
+    definition = events_stream(trigger={"max_files_per_trigger": 1},
+                               sink={"format": "kafka", "topic": topic, "key_column": "event_id"})
+    catalog_path = write_catalog(tmp_path, definition)
+    stream = load_catalog(catalog_path).get("events")
+    roots = roots_in(tmp_path)
+    producer = DemoProducer(roots.landing, seed=27, malformed_rate=0.08)
+    for index in range(3):
+        producer.events_file(lines=40, now=NOW + dt.timedelta(minutes=index))
+    connection = (env_name("sluice_kafka"), json.dumps(kafka.spark_options()))
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    point = fault.split(":")[0]
+    crashed = submit(catalog_path, roots, connection, ("SLUICE_FAULT_POINT", fault), ("SLUICE_FAULT_DIR", str(faults)),
+                     DRIVER, log=faults / "crashed.log")
+    wait_for(faults / f"{point}.reached", crashed, faults / "crashed.log")
+    kill_application(crashed, faults / f"{point}.reached")
+    assert crashed.returncode == -signal.SIGKILL
+    rerun = submit(catalog_path, roots, connection, DRIVER)
+    output, _ = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, output[-3000:]
+
+    good, bad = expected_events(Path(roots.landing) / "events")
+    received = consume(kafka, topic, len(good))
+    keys = [key for key, _ in received]
+    assert sorted(keys) == sorted(row[0] for row in good), "each good row once"
+    assert read_table(stream.dead_letter_table_path(roots)).num_rows == bad
+    uncommitted = consume(kafka, topic, len(good), isolation="read_uncommitted")
+    if point == "before_commit":  # the killed run's open transaction was aborted, its records stay in the log
+        assert len(uncommitted) > len(good)
+    else:
+        assert len(uncommitted) == len(good)

@@ -273,14 +273,6 @@ def test_transform_that_drops_columns_is_refused(spark: Any, tmp_path: Path, eve
         run_streams(spark, events_catalog, ["events"], roots_in(tmp_path))
 
 
-def test_jvm_engine_without_delta_jars_is_refused_with_the_fix(spark: Any, tmp_path: Path) -> None:
-    from sluice.constants import DeltaEngine
-
-    catalog = load_catalog(write_catalog(tmp_path, events_stream()))
-    with pytest.raises(SluiceError, match=r"delta-spark's classes are not on the classpath.*--packages io\.delta"):
-        run_streams(spark, catalog, ["events"], roots_in(tmp_path), engine=DeltaEngine.JVM)
-
-
 def test_two_streams_in_one_application(spark: Any, tmp_path: Path) -> None:
     roots = roots_in(tmp_path)
     DemoProducer(roots.landing, seed=6).produce(files=1, now=NOW)

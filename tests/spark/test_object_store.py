@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import re
 import time
 from collections.abc import Callable
@@ -17,17 +18,25 @@ import pytest
 from sluice.catalog import Catalog, load_catalog
 from sluice.cli.demo_producer import DemoProducer
 from sluice.lag.observe import observe
-from sluice.operations.backfill import parse_request
 from sluice.operations.health import HealthReport, check_stream
 from sluice.paths import Roots
 from sluice.storage.lock import LOCK_FILE, LockInfo
 from sluice.storage.store import Folder, LocalFolder, folder
-from sluice_spark.backfill import run_backfill
 from sluice_spark.runner import run_streams
-from tests.helpers import events_stream, fresh_world, keep_pristine, roots_in, write_catalog
+from tests.helpers import (
+    events_stream,
+    fresh_world,
+    keep_pristine,
+    needs_jvm_jars,
+    roots_in,
+    table_rows,
+    write_catalog,
+)
 from tests.object_store import upload, uri
 
 pytestmark = pytest.mark.spark
+
+PROJECT = Path(__file__).resolve().parents[2]
 
 NOW = dt.datetime(2026, 11, 22, 8, 0, tzinfo=dt.timezone.utc)
 
@@ -229,43 +238,67 @@ def test_a_run_writing_its_tables_on_s3_survives_a_sigkill_mid_commit(tmp_path: 
     assert not (tmp_path / "lake").exists(), "nothing of the lake is written locally"
 
 
-def test_a_checkpoint_on_s3a_without_hadoop_aws_is_refused_naming_the_jar(spark: Any, tmp_path: Path) -> None:
-    """Spark keeps its checkpoint through Hadoop's s3a connector, which comes from Maven (not on this machine): the
-    run stops before any lock or table, and says which jars to provide."""
-    from sluice.errors import SluiceError
-    from sluice_spark.session import missing_classes
-
-    if not missing_classes(spark, ["org.apache.hadoop.fs.s3a.S3AFileSystem"]):
-        pytest.skip("hadoop-aws is on this classpath; the missing-connector error cannot be provoked")
-    catalog = load_catalog(write_catalog(tmp_path, events_stream()))
-    local = roots_in(tmp_path)
-    on_s3a = Roots(landing=local.landing, lake=local.lake, checkpoints="s3a://nowhere/checkpoints")
-    with pytest.raises(SluiceError, match=r"checkpoint 's3a://nowhere/checkpoints/.*hadoop-aws"):
-        run_streams(spark, catalog, ["events"], on_s3a)
-    with pytest.raises(SluiceError, match="write s3a://"):
-        run_streams(spark, catalog, ["events"], Roots(local.landing, local.lake, "s3://nowhere/checkpoints"))
-    backfill = parse_request({"stream": "events", "start": NOW.isoformat(), "end": (NOW + dt.timedelta(hours=1))
-                              .isoformat(), "select_by": "file_time"}, catalog, run_id="on-s3a")
-    with pytest.raises(SluiceError, match=r"backfill checkpoint 's3a://nowhere/checkpoints/_backfill/.*hadoop-aws"):
-        run_backfill(spark, catalog, backfill, on_s3a)
-    assert not Path(local.lake).exists()
-
-
-def test_auto_takes_the_rs_engine_where_hadoop_cannot_reach_a_place(spark: Any,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """delta-spark writes through Hadoop's file systems, which know no s3:// and need a connector for s3a://; delta-rs
-    reaches both. delta-spark's jars are not on this machine (Maven), so their presence is simulated: the one thing
-    this test fakes."""
+@needs_jvm_jars
+def test_auto_takes_the_rs_engine_where_hadoop_cannot_reach_a_place(spark: Any) -> None:
+    """delta-spark writes through Hadoop's file systems, which know no s3:// and need a connector for s3a://
+    (the session has the jars `make venv` resolved); delta-rs reaches both."""
     from sluice.constants import DeltaEngine
     from sluice.errors import SluiceError
     from sluice_spark import session
 
-    monkeypatch.setattr(session, "delta_jvm_available", lambda _: True)
     assert session.resolve_engine(spark, DeltaEngine.AUTO, ["/data/lake/t", "file:/data/checkpoints/t"]) \
         is DeltaEngine.JVM
     assert session.resolve_engine(spark, DeltaEngine.AUTO, ["/data/checkpoints/t", "s3://b/lake/t"]) is DeltaEngine.RS
-    if session.missing_classes(spark, ["org.apache.hadoop.fs.s3a.S3AFileSystem"]):
-        assert session.resolve_engine(spark, DeltaEngine.AUTO, ["s3a://b/lake/t"]) is DeltaEngine.RS
+    assert session.resolve_engine(spark, DeltaEngine.AUTO, ["s3a://b/lake/t"]) is DeltaEngine.JVM
     with pytest.raises(SluiceError, match=r"sink.engine is 'jvm'.*'s3://b/lake/t'.*write s3a://"):
         session.resolve_engine(spark, DeltaEngine.JVM, ["s3://b/lake/t"])
     assert session.resolve_engine(spark, DeltaEngine.RS, ["s3://b/lake/t"]) is DeltaEngine.RS
+
+
+@pytest.mark.slow
+@needs_jvm_jars
+def test_a_stream_wholly_on_s3a_runs_like_one_on_disk(tmp_path: Path, s3: str) -> None:
+    """Spark through Hadoop's s3a connector (the jars `make venv` resolved): the landing zone, the checkpoint and the
+    tables all on the S3 server, the jvm Delta engine. Killed mid-batch and rerun, then checked by the health gate,
+    the lag probe and maintenance, and backfilled with replace twice: the table is the oracle's each time."""
+    import subprocess
+    import sys
+
+    from sluice.operations.maintenance import maintain
+    from tests.helpers import expected_events, spark_submit
+    from tests.spark.test_crash_recovery import bronze, kill_at_then_rerun
+
+    definition = events_stream(trigger={"max_files_per_trigger": 1})
+    definition["sink"]["engine"] = "jvm"
+    catalog_path = write_catalog(tmp_path, definition)
+    catalog = load_catalog(catalog_path)
+    stream = catalog.get("events")
+    local = tmp_path / "landing"
+    producer = DemoProducer(local, seed=35, malformed_rate=0.08)
+    for index in range(3):
+        producer.events_file(lines=40, now=NOW + dt.timedelta(minutes=index))
+    upload(local, uri(s3, "landing"))
+    roots = Roots(landing=f"s3a://{s3}/landing", lake=f"s3a://{s3}/lake", checkpoints=f"s3a://{s3}/checkpoints")
+
+    kill_at_then_rerun(catalog_path, roots, "before_commit:1", tmp_path / "faults")
+    good, bad = expected_events(local / "events")
+    assert bronze(stream.sink_path(roots)) == good
+    assert len(table_rows(stream.dead_letter_table_path(roots), ["reason"])) == bad
+    assert not (tmp_path / "lake").exists() and not (tmp_path / "checkpoints").exists(), "nothing local"
+
+    report = check_stream(stream, roots)
+    assert report.status.value == "OK", report.findings
+    assert observe(stream, roots).backlog.files == 0
+    maintained = maintain(catalog, roots, ["events"])
+    assert {table["role"] for table in maintained["events"]} >= {"sink", "dead_letter"}
+    assert bronze(stream.sink_path(roots)) == good, "maintenance keeps every row"
+
+    for attempt in range(2):  # replace gives the same table twice
+        done = subprocess.run(
+            spark_submit(str(PROJECT / "spark_apps" / "backfill_runner.py"), "--catalog", str(catalog_path),
+                         "--stream", "events", "--start", NOW.isoformat(),
+                         "--end", (NOW + dt.timedelta(hours=1)).isoformat(), "--select-by", "file_time",
+                         "--mode", "replace", "--run-id", f"replace-{attempt}", *roots.as_args()),
+            capture_output=True, text=True, env={**os.environ, "PYSPARK_PYTHON": sys.executable}, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert bronze(stream.sink_path(roots)) == good

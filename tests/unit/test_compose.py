@@ -9,13 +9,9 @@ every image is pinned by digest, and no image leaves /etc/passwd writable.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -186,26 +182,6 @@ def listeners(setting: str) -> dict[str, str]:
 def jaas_users(jaas_config: str) -> dict[str, str]:
     """The users (``user_<name>="<password>"``) a PlainLoginModule JAAS configuration accepts."""
     return dict(re.findall(r'\buser_(\w+)="([^"]*)"', jaas_config))
-
-
-def load_docker_script(name: str) -> ModuleType:
-    """A script of include/docker, loaded as the module ``name`` (scripts, not package modules)."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, DOCKER_DIR / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses look their module up while the script is executed
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-def dockerfile_args(path: Path) -> dict[str, str]:
-    return dict(re.findall(r"^ARG\s+(\w+)=(\S+)", path.read_text(encoding="utf-8"), flags=re.MULTILINE))
-
-
-def load_fetch_script() -> ModuleType:
-    """include/docker/fetch_spark_jars.py, a build script rather than a package module."""
-    return load_docker_script("fetch_spark_jars")
 
 
 def test_compose_parses_with_its_anchors_and_merge_keys() -> None:
@@ -394,74 +370,9 @@ def test_image_pins_match_requirements() -> None:
     assert found["airflow"] == pins["apache-airflow"] == pins["apache-airflow-core"]
     assert spark_image.startswith(f"python:{found['python']}-"), (
         f"the executors' Python ({spark_image}) must be the driver's ({found['python']})")
-    airflow_args, spark_args = dockerfile_args(AIRFLOW_DOCKERFILE), dockerfile_args(SPARK_DOCKERFILE)
-    assert airflow_args == spark_args, "driver and executors load the same jars"
-    assert airflow_args["SPARK_VERSION"] == pins["pyspark"] == pins["pyspark-client"]
-    assert airflow_args["DELTA_VERSION"] == pins["delta-spark"]
     for path in (AIRFLOW_DOCKERFILE, SPARK_DOCKERFILE):
         text = path.read_text(encoding="utf-8")
         assert "-r /opt/sluice/requirements.txt" in text, f"{path.name} must install requirements.txt"
-        for arg in ("SPARK_VERSION", "DELTA_VERSION", "KAFKA_CLIENTS_VERSION", "COMMONS_POOL2_VERSION",
-                    "HADOOP_VERSION", "AWS_SDK_VERSION", "GCS_CONNECTOR_VERSION"):
-            assert f'"${{{arg}}}"' in text, f"{path.name} does not pass {arg} to fetch_spark_jars.py"
-
-
-def test_fetched_jars_are_the_delta_and_kafka_artifacts_of_the_pins() -> None:
-    from sluice_spark.session import delta_maven_package
-
-    args = dockerfile_args(AIRFLOW_DOCKERFILE)
-    jars = load_fetch_script().spark_jars(spark=args["SPARK_VERSION"], delta=args["DELTA_VERSION"],
-                                          kafka_clients=args["KAFKA_CLIENTS_VERSION"],
-                                          commons_pool2=args["COMMONS_POOL2_VERSION"])
-    coordinates = {f"{jar.group}:{jar.name}:{jar.version}" for jar in jars}
-    assert delta_maven_package() in coordinates, "the jar the jvm engine asks for is the one in the image"
-    assert {f"io.delta:delta-storage:{args['DELTA_VERSION']}",
-            f"org.apache.spark:spark-sql-kafka-0-10_2.13:{args['SPARK_VERSION']}",
-            f"org.apache.spark:spark-token-provider-kafka-0-10_2.13:{args['SPARK_VERSION']}",
-            f"org.apache.kafka:kafka-clients:{args['KAFKA_CLIENTS_VERSION']}",
-            f"org.apache.commons:commons-pool2:{args['COMMONS_POOL2_VERSION']}"} <= coordinates
-    assert jars[0].url() == (f"https://repo1.maven.org/maven2/io/delta/delta-spark_2.13/{args['DELTA_VERSION']}/"
-                             f"delta-spark_2.13-{args['DELTA_VERSION']}.jar")
-    with pytest.raises(ValueError, match="delta: expected a version"):
-        load_fetch_script().spark_jars(spark="4.2.0", delta="", kafka_clients="3.9.2", commons_pool2="2.12.1")
-
-
-def test_the_object_store_connectors_are_hadoops_own_and_match_pysparks_hadoop(tmp_path: Path) -> None:
-    """The images carry Hadoop's s3a, abfss and gs connectors, of the Hadoop that pyspark's jars are."""
-    import pyspark
-
-    script = load_fetch_script()
-    args = dockerfile_args(AIRFLOW_DOCKERFILE)
-    jars = script.object_store_jars(hadoop=args["HADOOP_VERSION"], aws_sdk=args["AWS_SDK_VERSION"],
-                                    gcs_connector=args["GCS_CONNECTOR_VERSION"])
-    assert [jar.filename for jar in jars] == [
-        f"hadoop-aws-{args['HADOOP_VERSION']}.jar", f"bundle-{args['AWS_SDK_VERSION']}.jar",
-        f"hadoop-azure-{args['HADOOP_VERSION']}.jar", f"gcs-connector-{args['GCS_CONNECTOR_VERSION']}-shaded.jar"]
-    assert jars[3].url().endswith(f"/com/google/cloud/bigdataoss/gcs-connector/{args['GCS_CONNECTOR_VERSION']}/"
-                                  f"gcs-connector-{args['GCS_CONNECTOR_VERSION']}-shaded.jar")
-    script.check_hadoop(args["HADOOP_VERSION"], Path(pyspark.__file__).parent / "jars")
-    (tmp_path / "hadoop-client-api-3.3.6.jar").write_bytes(b"")
-    with pytest.raises(SystemExit, match=r"pyspark ships Hadoop 3\.3\.6"):
-        script.check_hadoop(args["HADOOP_VERSION"], tmp_path)
-
-
-def test_fetch_script_verifies_checksums_and_installed_versions(tmp_path: Path) -> None:
-    script = load_fetch_script()
-    jar = script.Artifact("org.example", "thing", "1.0")
-    body = b"PK\x03\x04 jar bytes"
-    published = {jar.url(): body, jar.url() + ".sha1": hashlib.sha1(body).hexdigest().encode() + b"  thing.jar\n"}
-    assert script.download(jar, tmp_path, fetch=published.__getitem__).read_bytes() == body
-    published[jar.url()] = b"tampered"
-    with pytest.raises(SystemExit, match="does not match the published"):
-        script.download(jar, tmp_path / "other", fetch=published.__getitem__)
-    assert not (tmp_path / "other").exists(), "nothing is written for a jar that fails its check"
-    installed = {"pyspark": "4.2.0", "delta-spark": "4.4.1"}.__getitem__
-    script.check_installed(spark="4.2.0", delta="4.4.1", installed=installed)
-    with pytest.raises(SystemExit, match=r"pyspark 4\.2\.0 is installed but the jars asked for are 4\.1\.0"):
-        script.check_installed(spark="4.1.0", delta="4.4.1", installed=installed)
-
-
-# --- hardening ------------------------------------------------------------------------------------------------
 
 
 def test_every_published_port_binds_the_loopback_unless_env_says_otherwise() -> None:

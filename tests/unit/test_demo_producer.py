@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
@@ -118,18 +117,16 @@ def test_heartbeat_file_is_written_after_a_round(tmp_path: Path) -> None:
     assert heartbeat.exists()
 
 
-@pytest.mark.skipif(not os.environ.get("KAFKA_BOOTSTRAP_SERVERS"),
-                    reason="needs a Kafka broker: set KAFKA_BOOTSTRAP_SERVERS (none runs on this machine)")
-def test_events_reach_a_real_broker() -> None:
+@pytest.mark.kafka
+def test_events_reach_a_real_broker(kafka: Any) -> None:
     from confluent_kafka import Consumer, TopicPartition
 
-    servers = os.environ["KAFKA_BOOTSTRAP_SERVERS"]
     topic = f"sluice-demo-{uuid.uuid4().hex[:8]}"
-    sink = KafkaEventSink(servers, topic, partitions=2)
+    sink = KafkaEventSink(kafka.bootstrap, topic, partitions=2, config=kafka.client_config())
     assert sink.ensure_topic() is True and sink.ensure_topic() is False
     _, records = DemoProducer(Path("unused"), seed=4).event_records(lines=30)
     assert sink.send(records) == len(records)
-    consumer = Consumer({"bootstrap.servers": servers, "group.id": topic, "enable.auto.commit": False})
+    consumer = Consumer({**kafka.client_config(), "group.id": topic, "enable.auto.commit": False})
     ends = [consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[1] for partition in (0, 1)]
     consumer.close()
     assert sum(ends) == len(records)

@@ -373,11 +373,13 @@ def warm_environment(port: int) -> tuple[dict[str, str], dict[str, str]]:
 def warm_command(port: int) -> list[str]:
     """spark-submit of the warm server, on the catalog and roots the DAGs use."""
     from sluice.catalog import DEFAULT_CATALOG
+    from sluice.operations.jars import submit_args
     from sluice.paths import Roots
 
     server = Path(__file__).resolve().parents[3] / "spark_apps" / "warm_server.py"
     catalog = os.environ.get("SLUICE_CATALOG") or str(DEFAULT_CATALOG)
-    return ["spark-submit", "--master", "local[*]", str(server), "--catalog", catalog, *Roots.from_env().as_args(),
+    return ["spark-submit", "--master", "local[*]", *submit_args(), str(server), "--catalog", catalog,
+            *Roots.from_env().as_args(),
             "--host", "127.0.0.1", "--port", str(port)]
 
 

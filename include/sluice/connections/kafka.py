@@ -204,6 +204,31 @@ def client_config(conn: ConnectionFields) -> dict[str, str]:
     return config
 
 
+def client_config_from_spark(options: Mapping[str, str]) -> dict[str, str]:
+    """librdkafka (confluent-kafka) settings from the Spark ``kafka.*`` options :func:`spark_options` made: what the
+    driver's own Kafka clients (the transactional sink) use, from the one variable the operator passes."""
+    config = {"bootstrap.servers": options["kafka.bootstrap.servers"],
+              "security.protocol": options.get("kafka.security.protocol", "PLAINTEXT")}
+    if config["security.protocol"].startswith("SASL"):
+        config["sasl.mechanism"] = options.get("kafka.sasl.mechanism", "PLAIN")
+        jaas = options.get("kafka.sasl.jaas.config", "")
+        for name in ("username", "password"):
+            found = re.search(rf'{name}="((?:[^"\\]|\\.)*)"', jaas)
+            if found is None:
+                raise SluiceError(f"kafka.sasl.jaas.config has no {name}")
+            config[f"sasl.{name}"] = re.sub(r"\\(.)", r"\1", found.group(1))
+    if options.get("kafka.ssl.truststore.type") == "PEM" and "kafka.ssl.truststore.location" in options:
+        config["ssl.ca.location"] = options["kafka.ssl.truststore.location"]
+    for java, native in (("kafka.ssl.keystore.location", "ssl.keystore.location"),
+                         ("kafka.ssl.keystore.password", "ssl.keystore.password"),
+                         ("kafka.ssl.key.password", "ssl.key.password")):
+        if java in options:
+            config[native] = options[java]
+    if options.get("kafka.ssl.endpoint.identification.algorithm") == "":
+        config["ssl.endpoint.identification.algorithm"] = "none"
+    return config
+
+
 # --- passing options to the driver, and keeping secrets out of sight -------------------------------------------
 
 

@@ -2,7 +2,7 @@
 
 A Kafka source reads topics (``subscribe``, ``subscribePattern`` or ``assign``) and decodes each value with the
 declared schema (``format`` json, or avro with the writer's ``value_schema``). A Kafka sink sends each good row as
-one record to a topic, at least once (a retried batch sends its records again); its dead-letter table is still Delta.
+one record to a topic, exactly once (one Kafka transaction per micro-batch); its dead-letter table is still Delta.
 Neither names a broker: the brokers and the security settings come from the Airflow connection the stream names
 (:mod:`sluice.connections.kafka`).
 
@@ -64,8 +64,8 @@ class KafkaSource(SourceSpec):
 
 @dataclass(frozen=True, kw_only=True)
 class KafkaSink(SinkSpec):
-    """A Kafka topic written at least once, through the Airflow ``connection``; ``key_column`` becomes each
-    record's key. Its rows are appended: a topic cannot be upserted or rewritten."""
+    """A Kafka topic written exactly once (Kafka transactions), through the Airflow ``connection``; ``key_column``
+    becomes each record's key. Its rows are appended: a topic cannot be upserted or rewritten."""
 
     format: ClassVar[SinkFormat] = SinkFormat.KAFKA
     topic: str

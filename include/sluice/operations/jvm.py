@@ -48,6 +48,7 @@ from sluice.constants import DeltaEngine
 from sluice.lag.observe import text_append_backlog
 from sluice.limits import JIT_SMALL_RUN_MAX_BYTES
 from sluice.model.stream import StreamSpec
+from sluice.operations.jars import spark_jars
 from sluice.paths import Roots
 
 log = logging.getLogger(__name__)
@@ -236,7 +237,10 @@ def small_run(streams: Iterable[StreamSpec], roots: Roots, *, engine: DeltaEngin
 
 
 def _delta_spark_jars() -> bool:
-    """Whether delta-spark's jars are in Spark's jars folder (the Airflow image puts them there)."""
+    """Whether delta-spark's jars reach the run: the ones `make venv` resolved (every run gets them), or Spark's own
+    jars folder."""
+    if any(Path(jar).name.startswith("delta-spark") for jar in spark_jars()):
+        return True
     try:
         return any((spark_home() / "jars").glob("delta-spark*.jar"))
     except RuntimeError:

@@ -11,19 +11,22 @@ routes it to the dead-letter table with a reason, like a malformed line of a fil
 ``value_schema`` (spark-avro). Every row keeps its lineage: ``_source_file`` is ``kafka://<topic>/<partition>/
 <offset>``, ``_kafka_key`` the key as a string and ``_kafka_timestamp`` the broker's timestamp.
 
-Sink: good rows go to the topic as ``to_json(struct(<data columns>))`` with an optional key column; dead letters go
-to the stream's Delta dead-letter table, exactly once. Spark's Kafka sink is **at least once**: a batch that is
-retried after a failure (a crash between the send and the checkpoint's commit) sends its records again, so
-consumers must tolerate duplicates (dedupe on the key, or on ``_source_file`` lineage carried in the value).
+Sink: good rows go to the topic as ``to_json(struct(<data columns>))`` with an optional key column, exactly once:
+one Kafka transaction per micro-batch from the driver (:class:`TransactionalTopic`), not Spark's Kafka writer,
+which is at least once (a batch retried after a crash between its send and the checkpoint's commit sends its
+records again). Dead letters go to the stream's Delta dead-letter table, exactly once.
 """
 
 from __future__ import annotations
+
+import logging
+import re
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter
 
-from sluice.connections.kafka import options_from_env
+from sluice.connections.kafka import client_config_from_spark, options_from_env
 from sluice.constants import (
     CORRUPT_COLUMN,
     KAFKA_KEY_COLUMN,
@@ -35,6 +38,7 @@ from sluice.errors import SluiceError
 from sluice.kinds.kafka import KafkaSink, KafkaSource
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.paths import Roots
+from sluice_spark import faults
 from sluice_spark.drift import parse_json_text
 from sluice_spark.session import missing_classes
 from sluice_spark.targets import GOOD_ROUTE, RAW_COLUMN, ROUTE_COLUMN
@@ -48,6 +52,7 @@ CONNECTOR_CLASSES = {
     "org.apache.spark.kafka010.KafkaConfigUpdater": "spark-token-provider-kafka-0-10",
 }
 AVRO_CLASS = "org.apache.spark.sql.avro.AvroDataToCatalyst"
+log = logging.getLogger(__name__)
 SCALA_BINARY = "2.13"
 _VALUE = "_kafka_value"
 _TOMBSTONE = "_kafka_tombstone"
@@ -57,6 +62,44 @@ def _spark_version() -> str:
     import pyspark
 
     return pyspark.__version__
+
+
+# Spark's Kafka source raises it when the checkpoint's offsets are not on the broker any more (failOnDataLoss).
+DATA_LOSS_CLASS = "org.apache.spark.sql.kafka010.KafkaIllegalStateException"
+_JAVA_CLASS = re.compile(r"(?:[a-z_][\w]*\.)+[A-Z][\w$]*")
+
+
+def explain_failure(stream: StreamSpec, error: BaseException) -> str | None:
+    """The choices a user has when Spark stopped because records the checkpoint expects are gone from the topic."""
+    if DATA_LOSS_CLASS not in java_exception_classes(error):
+        return None
+    assert isinstance(stream.source, KafkaSource)
+    return (f"stream '{stream.name}': the checkpoint's offsets are not on the brokers of {stream.source.origin} any "
+            "more: a topic was deleted and recreated, or records were deleted (retention) before the stream read "
+            "them. Spark stopped instead of skipping them (failOnDataLoss). To read the topic again from "
+            "source.options.startingOffsets, reset the checkpoint (python -m sluice repair reset --stream "
+            f"{stream.name}); to skip what is gone and go on from the earliest offsets there are, set "
+            "source.options.failOnDataLoss: false")
+
+
+def java_exception_classes(error: BaseException) -> list[str]:
+    """The Java classes of a captured Spark error and of its causes, outermost first. pyspark keeps the Java
+    throwable of most (``_origin``); one it has no Python class for keeps only its ``toString()``, which starts with
+    the class's name."""
+    classes: list[str] = []
+    seen: BaseException | None = error
+    for _ in range(20):
+        if seen is None:
+            break
+        origin = getattr(seen, "_origin", None)
+        if origin is not None:
+            classes.append(str(origin.getClass().getName()))
+        else:
+            name = str(getattr(seen, "_desc", "") or "").split(":", 1)[0].strip()
+            if _JAVA_CLASS.fullmatch(name):
+                classes.append(name)
+        seen = getattr(seen, "_cause", None)
+    return classes
 
 
 def kafka_maven_package() -> str:
@@ -75,10 +118,10 @@ def require_kafka_connector(spark: SparkSession, stream: str) -> None:
         jars = ", ".join(CONNECTOR_CLASSES[name] for name in missing)
         raise SluiceError(
             f"stream '{stream}' reads or writes Kafka, but Spark's Kafka connector is not on the classpath (missing: "
-            f"{jars}). Provide it with --packages {kafka_maven_package()} (needs Maven Central; in Airflow, "
-            "spark_submit_kwargs={'packages': ...} or the Spark connection), or put the jars spark-sql-kafka-0-10, "
-            "kafka-clients, commons-pool2 and spark-token-provider-kafka-0-10 of Spark "
-            f"{_spark_version()} in spark.jars (--jars) or Spark's jars directory"
+            f"{jars}). `make venv` resolves it with Maven (python -m sluice jars, include/jvm/pom.xml) and Sluice's "
+            "operators pass it to every run; an application started by hand needs the jars spark-sql-kafka-0-10, "
+            f"kafka-clients, commons-pool2 and spark-token-provider-kafka-0-10 of Spark {_spark_version()} in "
+            f"spark.jars (--jars), or --packages {kafka_maven_package()}"
         )
 
 
@@ -158,34 +201,76 @@ def kafka_records(rows: DataFrame, data_columns: list[str], key_column: str | No
     return rows.select(F.col(f"`{key_column}`").cast("string").alias("key"), value)
 
 
-def send_records(records: DataFrame, options: dict[str, str], topic: str) -> None:
-    """Write Kafka records (``key``, ``value``) to ``topic`` with Spark's batch Kafka writer."""
-    records.write.format("kafka").options(**options).option("topic", topic).save()
+class TransactionalTopic:
+    """Exactly-once delivery of a stream's micro-batches to one topic, from the driver.
 
+    Each batch is one Kafka transaction of a transactional producer whose ``transactional.id`` is the query id, so
+    a new run of the stream fences the producer of a killed one (its open transaction is aborted). The transaction
+    also commits, for the consumer group ``sluice-sink-<query id>``, an offset that is the batch id + 1: that offset
+    becomes visible with the records, atomically. A batch that Spark replays (its records committed, Spark's own
+    commit not written before a crash) finds its offset there and sends nothing. Consumers that read with
+    ``isolation.level=read_committed`` see each record once; ``read_uncommitted`` ones may also see the records of
+    an aborted transaction.
+    """
 
-def check_sink(spark: SparkSession, stream: StreamSpec) -> None:
-    """Before any table is created: Spark's Kafka writer must be on the classpath."""
-    require_kafka_connector(spark, stream.name)
+    def __init__(self, config: dict[str, str], topic: str, query_id: str) -> None:
+        self.config, self.topic, self.query_id = config, topic, query_id
+        self.group = f"sluice-sink-{query_id}"
+
+    def send(self, records: DataFrame, batch_id: int) -> int:
+        """Send ``records`` (``key``, ``value``) as one transaction for ``batch_id``; the records the topic holds
+        for that batch (sent now, or before a replay). The clients live for one batch: a run keeps no connection
+        open between batches, and leaves none behind."""
+        from confluent_kafka import Consumer, Producer, TopicPartition
+
+        rows = records.toArrow()
+        consumer = Consumer({**self.config, "group.id": self.group, "enable.auto.commit": False,
+                             "isolation.level": "read_committed"})
+        try:
+            [marker] = consumer.committed([TopicPartition(self.topic, 0)], timeout=30)
+            if marker.offset is not None and marker.offset > batch_id:
+                log.info("batch %s is in topic %s already (transaction of query %s); not sent again", batch_id,
+                         self.topic, self.query_id)
+                return rows.num_rows
+            producer = Producer({**self.config, "transactional.id": f"sluice-{self.query_id}",
+                                 "enable.idempotence": True, "acks": "all", "linger.ms": 5})
+            producer.init_transactions(60)  # fences a killed run's producer and aborts its open transaction
+            producer.begin_transaction()
+            values = rows.column("value").to_pylist()
+            keys = rows.column("key").to_pylist() if "key" in rows.column_names else [None] * len(values)
+            for key, value in zip(keys, values, strict=True):
+                while True:
+                    try:
+                        producer.produce(self.topic, value=value, key=key)
+                        break
+                    except BufferError:  # the local queue is full: let deliveries drain it
+                        producer.poll(0.1)
+            producer.send_offsets_to_transaction([TopicPartition(self.topic, 0, batch_id + 1)],
+                                                 consumer.consumer_group_metadata(), 60)
+            faults.reach("before_commit", batch_id)
+            producer.commit_transaction(120)
+            return rows.num_rows
+        finally:
+            consumer.close()
 
 
 def sink_writer(request: SinkRequest) -> DataStreamWriter:
     """A ``DataStreamWriter`` (without trigger or checkpoint) that sends the good rows of each micro-batch to the
     stream's topic and commits its dead letters to the Delta dead-letter table.
 
-    At least once for the topic: Spark's Kafka writer has no transactions, so a batch that runs again after a
-    failure sends its records again. The dead-letter table stays exactly once (transaction id = query id + batch
-    id). ``request.sent`` receives the records sent per batch id, for the run's row reconciliation.
+    Exactly once for the topic, through Kafka's transactions (:class:`TransactionalTopic`), and for the dead-letter
+    table (transaction id = query id + batch id). ``request.sent`` receives the records the topic holds per batch
+    id, for the run's row reconciliation.
     """
     stream, sink = request.stream, request.stream.sink
     assert isinstance(sink, KafkaSink)
-    options = options_from_env(sink.connection)
+    topic = TransactionalTopic(client_config_from_spark(options_from_env(sink.connection)), sink.topic,
+                               request.query_id)
 
     def send(batch: DataFrame, batch_id: int) -> bool:
         records = kafka_records(batch.where(F.col(ROUTE_COLUMN) == GOOD_ROUTE), request.data_columns, sink.key_column)
-        count = records.count()
-        if count:
-            send_records(records, options, sink.topic)
-        request.sent[batch_id] = count
+        request.sent[batch_id] = topic.send(records, batch_id)
+        faults.reach("between_commits", batch_id)
         return True
 
     router = BatchRouter([sink_and_dead_letter(request.targets)[1]], engine=request.engine, route_column=ROUTE_COLUMN,

@@ -1,0 +1,109 @@
+"""The JVM artifacts: one Maven project file whose versions are the Python pins, resolved into sets that leave out
+what pyspark ships, and the settings every Spark application gets with them."""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from sluice.operations import jars
+from tests.helpers import needs_jvm_jars
+
+PROJECT = Path(__file__).resolve().parents[2]
+NS = {"m": "http://maven.apache.org/POM/4.0.0"}
+
+
+def pom_properties() -> dict[str, str]:
+    root = ET.parse(jars.POM).getroot()
+    properties = root.find("m:properties", NS)
+    assert properties is not None
+    return {child.tag.split("}", 1)[1]: (child.text or "").strip() for child in properties}
+
+
+def requirement_pins() -> dict[str, str]:
+    pins = {}
+    for line in (PROJECT / "requirements.txt").read_text(encoding="utf-8").splitlines():
+        name, _, version = line.partition("==")
+        if version:
+            pins[name.strip().lower().replace("_", "-")] = version.strip()
+    return pins
+
+
+def pyspark_jars() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).parent / "jars"
+
+
+def test_the_project_file_pins_the_python_packages_versions() -> None:
+    properties, pins = pom_properties(), requirement_pins()
+    assert properties["spark.version"] == pins["pyspark"] == pins["pyspark-client"]
+    assert properties["delta.version"] == pins["delta-spark"]
+    [hadoop] = [path.name.removeprefix("hadoop-client-api-").removesuffix(".jar")
+                for path in pyspark_jars().glob("hadoop-client-api-*.jar")]
+    assert properties["hadoop.version"] == hadoop, "hadoop-aws must be the Hadoop of pyspark's own client jars"
+    assert properties["kafka.broker.version"].startswith("4."), "a KRaft broker (Kafka 4)"
+
+
+def test_artifact_ids_are_read_from_jar_names() -> None:
+    assert jars.artifact_id("kafka-clients-3.9.2.jar") == "kafka-clients"
+    assert jars.artifact_id("delta-spark_2.13-4.4.0.jar") == "delta-spark_2.13"
+    assert jars.artifact_id("gcs-connector-3.1.3-shaded.jar") == "gcs-connector"
+    assert jars.artifact_id("netty-transport-native-epoll-4.2.13.Final-linux-x86_64.jar") == \
+        "netty-transport-native-epoll"
+    assert jars.artifact_id("odd.jar") == "odd"
+
+
+def test_spark_conf_adds_the_jars_and_delta_settings_under_the_callers_own() -> None:
+    found = ["/j/delta-spark_2.13-4.4.0.jar", "/j/kafka-clients-3.9.2.jar"]
+    conf = jars.spark_conf({"spark.jars": "/mine.jar,/j/kafka-clients-3.9.2.jar",
+                            "spark.sql.extensions": "my.Extension"}, jars=found)
+    assert conf["spark.jars"] == "/j/delta-spark_2.13-4.4.0.jar,/j/kafka-clients-3.9.2.jar,/mine.jar"
+    assert conf["spark.sql.extensions"] == f"{jars.DELTA_EXTENSION},my.Extension"
+    assert conf["spark.sql.catalog.spark_catalog"] == jars.DELTA_CATALOG
+    assert jars.spark_conf({"spark.sql.catalog.spark_catalog": "mine"}, jars=found)[
+        "spark.sql.catalog.spark_catalog"] == "mine"
+    assert jars.spark_conf({}, jars=[]) == {}, "no jars: nothing to configure (the rs engine)"
+    assert jars.spark_conf({}, jars=["/j/kafka-clients-3.9.2.jar"]) == {"spark.jars": "/j/kafka-clients-3.9.2.jar"}
+    assert jars.submit_args({"spark.x": "1"})[:2] == ["--conf", "spark.x=1"]
+
+
+def test_the_jars_folder_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(jars.JARS_ENV, str(tmp_path))
+    assert jars.jars_home() == tmp_path
+    assert jars.spark_jars() == [] and not jars.installed()
+    (tmp_path / "spark").mkdir()
+    (tmp_path / "spark" / "b-1.jar").write_bytes(b"")
+    (tmp_path / "spark" / "a-1.jar").write_bytes(b"")
+    assert jars.spark_jars() == [str(tmp_path / "spark" / "a-1.jar"), str(tmp_path / "spark" / "b-1.jar")]
+
+
+@needs_jvm_jars
+def test_the_resolved_sets_leave_out_what_pyspark_ships_and_stay_small() -> None:
+    """The spark set holds the connectors and their own dependencies only: no second Scala, Jackson, Netty or
+    Hadoop client beside pyspark's (whatever versions the connectors' poms name)."""
+    shipped = set(jars.shipped_artifacts(pyspark_jars()))
+    spark_set = [Path(path) for path in jars.jar_paths(jars.SPARK_SET)]
+    names = {jars.artifact_id(path.name) for path in spark_set}
+    assert not names & shipped, f"already shipped by pyspark: {sorted(names & shipped)}"
+    properties = pom_properties()
+    expected = {f"delta-spark_2.13-{properties['delta.version']}.jar",
+                f"spark-sql-kafka-0-10_2.13-{properties['spark.version']}.jar",
+                f"hadoop-aws-{properties['hadoop.version']}.jar", f"s3-{properties['aws.sdk.version']}.jar"}
+    assert expected <= {path.name for path in spark_set}
+    assert "bundle" not in names, "the AWS SDK's bundle is hundreds of MB; s3a takes its modules"
+    assert sum(path.stat().st_size for path in spark_set) < 80 << 20
+    broker = {Path(path).name for path in jars.jar_paths(jars.BROKER_SET)}
+    assert f"kafka_2.13-{properties['kafka.broker.version']}.jar" in broker
+    assert jars.installed(), "the stamp is this project file's"
+
+
+def test_the_images_resolve_the_same_project_file() -> None:
+    dockerfile = (PROJECT / "include" / "docker" / "airflow.Dockerfile").read_text(encoding="utf-8")
+    assert re.search(r"^RUN python -m sluice jars --with object-stores", dockerfile, flags=re.MULTILINE)
+    assert "SLUICE_JARS_DIR" in dockerfile
+    makefile = (PROJECT / "Makefile").read_text(encoding="utf-8")
+    assert "include/jvm/pom.xml" in makefile and "-m sluice jars" in makefile
