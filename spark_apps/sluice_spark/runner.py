@@ -64,7 +64,13 @@ from sluice_spark.kinds import read_stream
 from sluice_spark.kinds.files import RECORDS_METRIC
 from sluice_spark.patterns import with_watermark
 from sluice_spark.quality import check_expectations, expectation_counts, flag_dead_letters, rescued_count
-from sluice_spark.session import activate, preload_case_mappings, require_hadoop_connector, resolve_engine
+from sluice_spark.session import (
+    activate,
+    preload_case_mappings,
+    refuse_script_transforms,
+    require_hadoop_connector,
+    resolve_engine,
+)
 from sluice_spark.targets import (
     DEAD_LETTER_ROUTE,
     FAILED_COLUMN,
@@ -133,15 +139,19 @@ def build_routed_frame(spark: SparkSession, stream: StreamSpec, roots: Roots, *,
                                      [name for name in transformed.columns if name not in _INTERNAL_COLUMNS])
     dimensions = [(spec, steps.read_dimension(spark, spec, roots, engine)) for spec in stream.patterns.lookup]
     if stream.patterns.stateful:
-        return _route_stateful(spark, stream, roots, transformed, dimensions)
-    for spec, dimension in dimensions:
-        transformed = steps.lookup(transformed, dimension, spec)
-    data_columns = [name for name in transformed.columns if name not in _INTERNAL_COLUMNS]
-    rejected = F.col(REASON_COLUMN).isNotNull()
-    route = F.when(rejected, F.lit(DEAD_LETTER_ROUTE)).otherwise(F.lit(GOOD_ROUTE))
-    routed = _route(transformed, [F.col(c) for c in data_columns], route, _fan_out_flags(stream, ~rejected),
-                    stream=stream)
-    return routed, [*data_columns, INGEST_TIME_COLUMN]
+        routed, data_columns = _route_stateful(spark, stream, roots, transformed, dimensions)
+    else:
+        for spec, dimension in dimensions:
+            transformed = steps.lookup(transformed, dimension, spec)
+        data_columns = [name for name in transformed.columns if name not in _INTERNAL_COLUMNS]
+        rejected = F.col(REASON_COLUMN).isNotNull()
+        route = F.when(rejected, F.lit(DEAD_LETTER_ROUTE)).otherwise(F.lit(GOOD_ROUTE))
+        routed = _route(transformed, [F.col(c) for c in data_columns], route, _fan_out_flags(stream, ~rejected),
+                        stream=stream)
+        data_columns = [*data_columns, INGEST_TIME_COLUMN]
+    if isinstance(stream.transform, SqlTransform) or stream.expectations or stream.patterns.fan_out:
+        refuse_script_transforms(routed, stream=stream.name)  # the catalog's SQL is in the plan: nothing ran yet
+    return routed, data_columns
 
 
 def _route_stateful(spark: SparkSession, stream: StreamSpec, roots: Roots, transformed: DataFrame,
