@@ -8,6 +8,10 @@ cannot (a function it does not type, a column a Python transform adds), Spark ch
 A SQL transform is one ``SELECT`` of expressions over ``source``, the parsed good rows: every row in gives exactly
 one row out, because the row reconciliation and the dead-letter split depend on it. Filters, aggregates, joins,
 set operations, generators and windows are refused with the reason and where each belongs instead.
+
+Every piece of catalog text that becomes Spark SQL (a transform, a check, a fan-out's ``where``, a measure) goes
+through :func:`parse_sql`, an allowlist of expression forms and functions (:mod:`sluice.model.sql_functions`): catalog
+SQL computes values from its row, and reaches nothing else (no program, no JVM method, no other table, no setting).
 """
 
 from __future__ import annotations
@@ -227,8 +231,8 @@ def _select_items(statement: exp.Expr, what: str) -> list[exp.Expr]:
     for clause, reason in _TABLE_CLAUSES.items():
         if isinstance(table, exp.Table) and table.args.get(clause):
             raise SqlError(f"{what} reads {table.sql(DIALECT)}: {reason}")
-    if not isinstance(table, exp.Table) or table.name.casefold() != SOURCE_TABLE or table.args.get("db") \
-            or set(table.args) - {"this", "alias"}:
+    if not isinstance(table, exp.Table) or table.name.casefold() != SOURCE_TABLE \
+            or any(value for key, value in table.args.items() if key not in ("this", "alias")):
         shown = source.sql(DIALECT) if source is not None else "no FROM clause"
         raise SqlError(f"{what} must read FROM {SOURCE_TABLE} (the stream's parsed rows), got {shown}")
     unknown = set(statement.args) - {"expressions", "from_"}
