@@ -16,6 +16,7 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -26,7 +27,8 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming import StreamingQuery
 
 from sluice.catalog import Catalog
-from sluice.connections.kafka import env_secrets, scrub
+from sluice.connections.kafka import scrub
+from sluice.connections.secrets import run_secrets, scrub_secrets
 from sluice.constants import (
     CORRUPT_COLUMN,
     INGEST_TIME_COLUMN,
@@ -550,6 +552,7 @@ def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: 
                 summary.status, summary.retryable = RunStatus.FAILED, True
                 summary.error = CANCELLED
         clock.lap("finish")
+        scrub_errors(summaries)
         write_run_log(roots, [runlog.run_row(summary) for summary in summaries],
                       [row for item, query in running for row in batch_rows(item.spec.name, run_id, query)])
         faults.reach("run_logged")
@@ -569,13 +572,17 @@ def run_or_refuse(spark: SparkSession, catalog: Catalog, names: list[str], roots
 
 
 def scrubbed(summary: RunSummary) -> RunSummary:
-    """``summary`` without the secrets this process was given: a Spark error may quote a client option, and
-    Kafka credentials must not reach XCom or the task log."""
-    secrets = env_secrets()
-    for stream in summary.streams:
-        if stream.error and secrets:
-            stream.error = scrub(stream.error, secrets)
+    """``summary`` without the secrets this process was given (:mod:`sluice.connections.secrets`): a Spark error may
+    quote a client option or a value, and no credential may reach XCom, the task log or the run log."""
+    scrub_errors(summary.streams)
     return summary
+
+
+def scrub_errors(summaries: Iterable[StreamRunSummary]) -> None:
+    secrets = run_secrets()
+    for summary in summaries:
+        if summary.error and secrets:
+            summary.error = scrub(summary.error, secrets)
 
 
 def write_run_log(roots: Roots, runs: list[dict[str, Any]], batches: list[dict[str, Any]]) -> None:
@@ -636,7 +643,7 @@ def await_query(name: str, query: StreamingQuery, lock: HeldLock, cancel: thread
             if query.awaitTermination(1):
                 return None
         except Exception as exc:
-            log.error("query %s failed: %s", name, exc)
+            log.error("query %s failed: %s", name, scrub_secrets(str(exc)))
             return None
         why = LOST_LOCK if lock.lost else CANCELLED if cancel is not None and cancel.is_set() else None
         if why is not None:
