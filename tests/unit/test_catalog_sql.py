@@ -199,6 +199,8 @@ HOSTILE_CATALOGS: list[tuple[str, dict[str, Any] | str, str]] = [
     ("deep YAML", "version: 1\nstreams: " + "[" * 5000 + "]" * 5000 + "\n", "nests"),
     ("wide YAML", "version: 1\nx: [" + "a," * 400_000 + "a]\n", "YAML values"),
     ("broken YAML", "version: 1\nstreams: [a\n", "is not valid YAML"),
+    ("SQL sqlglot reads as a command", events_stream(expectations={"odd": {"check": "if upper + 1"}}),
+     "expectations.odd.check"),
 ]
 
 

@@ -16,8 +16,10 @@ SQL computes values from its row, and reaches nothing else (no program, no JVM m
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 
@@ -184,7 +186,8 @@ def _refusal(name: str, what: str, shape: Shape) -> str:
 def _parse(text: str, what: str, shape: Shape) -> exp.Expr:
     """One statement or expression, or the parser's first complaint with its position."""
     try:
-        parsed = [statement for statement in sqlglot.parse(text, read=DIALECT) if statement is not None]
+        with _quiet_parser():
+            parsed = [statement for statement in sqlglot.parse(text, read=DIALECT) if statement is not None]
     except ParseError as exc:
         first = exc.errors[0] if exc.errors else {}
         where = f" at line {first.get('line')}, column {first.get('col')}" if first.get("line") else ""
@@ -202,6 +205,19 @@ def _parse(text: str, what: str, shape: Shape) -> exp.Expr:
     if shape is not Shape.SELECT and isinstance(node, (exp.Query, exp.Command, exp.DDL, exp.DML)):
         raise SqlError(f"{what} must be an expression over the row, not a statement")
     return node
+
+
+@contextmanager
+def _quiet_parser() -> Iterator[None]:
+    """Keep sqlglot's warnings (text it reads as an opaque command, which the shape check then refuses) out of the
+    output: a refusal is one line, the one that names the field."""
+    logger = logging.getLogger("sqlglot")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _check_depth(node: exp.Expr, what: str) -> None:
