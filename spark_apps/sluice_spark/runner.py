@@ -592,7 +592,7 @@ def write_run_log(roots: Roots, runs: list[dict[str, Any]], batches: list[dict[s
         runlog.record_batches(roots.lake, batches)
         runlog.record_runs(roots.lake, runs)
     except Exception as exc:
-        log.error("could not write the run log under %s: %s", roots.lake, exc)
+        log.error("could not write the run log under %s: %s", roots.lake, scrub_secrets(str(exc)))
 
 
 def batch_rows(stream: str, run_id: str, query: StreamingQuery) -> list[dict[str, Any]]:
