@@ -16,6 +16,7 @@ SQL computes values from its row, and reaches nothing else (no program, no JVM m
 
 from __future__ import annotations
 
+import bisect
 import logging
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -117,8 +118,9 @@ def parse_sql(text: object, *, what: str, shape: Shape) -> exp.Expr:
 def _tokenize(text: str, what: str) -> list[Token]:
     try:
         return sqlglot.Dialect.get_or_raise(DIALECT).tokenize(text)
-    except SqlglotError as exc:
-        raise SqlError(f"{what} is not valid Spark SQL: {str(exc).splitlines()[0]}") from None
+    except Exception as exc:  # as for the parser: whatever sqlglot raises on the text is a no
+        raise SqlError(f"{what} is not valid Spark SQL: {(str(exc).splitlines() or [type(exc).__name__])[0]}") \
+            from None
 
 
 # What opens and closes a level of nesting, as the parser recurses into it.
@@ -132,8 +134,10 @@ def _check_tokens(tokens: list[Token], text: str, what: str) -> None:
     """Bound the nesting (before the parser recurses into it), refuse hints and parameters."""
     # Spark reads /*+ ... */ as a hint after SELECT and as a comment elsewhere; the tokenizer drops both alike.
     quoted = [(token.start, token.end) for token in tokens if token.token_type in _QUOTED]
+    starts = [start for start, _ in quoted]
     for found in re.finditer(re.escape("/*+"), text):
-        if not any(start <= found.start() <= end for start, end in quoted):
+        inside = bisect.bisect_right(starts, found.start()) - 1  # the last literal that starts before it
+        if inside < 0 or quoted[inside][1] < found.start():
             raise SqlError(f"{what} has HINT: {_CLAUSES['hint']}")
     depth = 0
     for token in tokens:
