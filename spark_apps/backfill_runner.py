@@ -49,6 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def emit(line_json: str, summary_file: str | None) -> None:
+    from sluice.connections.secrets import scrub_secrets
+
+    line_json = scrub_secrets(line_json)  # an error may quote a credential; the line reaches XCom and the task log
     if summary_file:
         path = Path(summary_file)
         path.parent.mkdir(parents=True, exist_ok=True)

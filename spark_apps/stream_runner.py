@@ -40,15 +40,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def emit(summary: RunSummary, summary_file: str | None) -> None:
+    from sluice.connections.secrets import scrub_secrets
     from sluice_spark.runner import scrubbed
 
     summary = scrubbed(summary)
     if summary_file:
         path = Path(summary_file)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(summary.to_json() + "\n", encoding="utf-8")
+        path.write_text(scrub_secrets(summary.to_json()) + "\n", encoding="utf-8")
     sys.stdout.flush()  # alone on a fresh buffer, the line reaches the pipe in one write
-    print(summary.to_line(), flush=True)
+    print(scrub_secrets(summary.to_line()), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

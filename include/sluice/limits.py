@@ -13,6 +13,9 @@ DAY_SECONDS = 86_400
 
 # A catalog file larger than this is refused before it is parsed (a catalog of a thousand streams is about 2 MiB).
 CATALOG_MAX_BYTES = 16 * 1024 * 1024
+# How many YAML values (parser events: scalars, the starts and ends of lists and mappings) a catalog may hold, counted
+# as it is read: the bundled catalog holds about 90 per stream. Past it, the document is refused before it is built.
+YAML_MAX_EVENTS = 200_000
 # How many nodes aliases may add to the document, beyond its own (billion laughs). Reusing an `alerts` block in a
 # thousand streams adds about 10,000.
 YAML_MAX_ALIAS_NODES = 100_000
@@ -56,3 +59,14 @@ REPAIR_COPY_MARKERS = (".backup-", ".reset-", ".quarantine-")
 
 # Kafka offsets per micro-batch (maxOffsetsPerTrigger, minOffsetsPerTrigger): Spark reads them as a 64-bit long.
 KAFKA_MAX_OFFSETS_PER_TRIGGER = 10**15
+
+# -- catalog SQL -----------------------------------------------------------------------------------------------------
+
+# The longest SQL text (a transform, a check, a fan-out's where): sqlglot's checks grow faster than the text.
+SQL_MAX_CHARS = 20_000
+# How deeply SQL may nest (parentheses, brackets, CASE); an expression tree may be four times as tall (a chain of
+# ANDs). sqlglot's parser recurses per level, and Python's stack holds about 60 of its levels.
+SQL_MAX_DEPTH = 24
+# A declared type (``struct<...>``): its length and how deeply it nests (a JSON document's schema nests about 10).
+TYPE_MAX_CHARS = 100_000
+TYPE_MAX_DEPTH = 32

@@ -27,6 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sluice.catalog import Catalog
+from sluice.connections.secrets import scrub_secrets
 from sluice.constants import (
     BACKFILL_MARKER,
     CommitInfo,
@@ -193,6 +194,8 @@ def run_backfill(spark: SparkSession, catalog: Catalog, request: BackfillRequest
         summary.delta_version_after = table_version(stream.sink_path(roots))
         summary.dead_letter_version_after = table_version(stream.dead_letter_table_path(roots))
         summary.duration_seconds = round(time.monotonic() - started, 3)
+        if summary.error:  # it reaches the run log, XCom and the task log
+            summary.error = scrub_secrets(summary.error)
         if not request.dry_run:
             run_id = f"backfill/{request.run_id}"
             row = runlog.run_row(summary, kind="backfill", run_id=run_id, output_rows=summary.rows_written,

@@ -16,6 +16,7 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -26,7 +27,8 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming import StreamingQuery
 
 from sluice.catalog import Catalog
-from sluice.connections.kafka import env_secrets, scrub
+from sluice.connections.kafka import scrub
+from sluice.connections.secrets import run_secrets, scrub_secrets
 from sluice.constants import (
     CORRUPT_COLUMN,
     INGEST_TIME_COLUMN,
@@ -64,7 +66,13 @@ from sluice_spark.kinds import explain_failure, read_stream
 from sluice_spark.kinds.files import RECORDS_METRIC
 from sluice_spark.patterns import with_watermark
 from sluice_spark.quality import check_expectations, expectation_counts, flag_dead_letters, rescued_count
-from sluice_spark.session import activate, preload_case_mappings, require_hadoop_connector, resolve_engine
+from sluice_spark.session import (
+    activate,
+    preload_case_mappings,
+    refuse_script_transforms,
+    require_hadoop_connector,
+    resolve_engine,
+)
 from sluice_spark.targets import (
     DEAD_LETTER_ROUTE,
     FAILED_COLUMN,
@@ -133,15 +141,19 @@ def build_routed_frame(spark: SparkSession, stream: StreamSpec, roots: Roots, *,
                                      [name for name in transformed.columns if name not in _INTERNAL_COLUMNS])
     dimensions = [(spec, steps.read_dimension(spark, spec, roots, engine)) for spec in stream.patterns.lookup]
     if stream.patterns.stateful:
-        return _route_stateful(spark, stream, roots, transformed, dimensions)
-    for spec, dimension in dimensions:
-        transformed = steps.lookup(transformed, dimension, spec)
-    data_columns = [name for name in transformed.columns if name not in _INTERNAL_COLUMNS]
-    rejected = F.col(REASON_COLUMN).isNotNull()
-    route = F.when(rejected, F.lit(DEAD_LETTER_ROUTE)).otherwise(F.lit(GOOD_ROUTE))
-    routed = _route(transformed, [F.col(c) for c in data_columns], route, _fan_out_flags(stream, ~rejected),
-                    stream=stream)
-    return routed, [*data_columns, INGEST_TIME_COLUMN]
+        routed, data_columns = _route_stateful(spark, stream, roots, transformed, dimensions)
+    else:
+        for spec, dimension in dimensions:
+            transformed = steps.lookup(transformed, dimension, spec)
+        data_columns = [name for name in transformed.columns if name not in _INTERNAL_COLUMNS]
+        rejected = F.col(REASON_COLUMN).isNotNull()
+        route = F.when(rejected, F.lit(DEAD_LETTER_ROUTE)).otherwise(F.lit(GOOD_ROUTE))
+        routed = _route(transformed, [F.col(c) for c in data_columns], route, _fan_out_flags(stream, ~rejected),
+                        stream=stream)
+        data_columns = [*data_columns, INGEST_TIME_COLUMN]
+    if isinstance(stream.transform, SqlTransform) or stream.expectations or stream.patterns.fan_out:
+        refuse_script_transforms(routed, stream=stream.name)  # the catalog's SQL is in the plan: nothing ran yet
+    return routed, data_columns
 
 
 def _route_stateful(spark: SparkSession, stream: StreamSpec, roots: Roots, transformed: DataFrame,
@@ -541,6 +553,7 @@ def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: 
                 summary.status, summary.retryable = RunStatus.FAILED, True
                 summary.error = CANCELLED
         clock.lap("finish")
+        scrub_errors(summaries)
         write_run_log(roots, [runlog.run_row(summary) for summary in summaries],
                       [row for item, query in running for row in batch_rows(item.spec.name, run_id, query)])
         faults.reach("run_logged")
@@ -560,13 +573,17 @@ def run_or_refuse(spark: SparkSession, catalog: Catalog, names: list[str], roots
 
 
 def scrubbed(summary: RunSummary) -> RunSummary:
-    """``summary`` without the secrets this process was given: a Spark error may quote a client option, and
-    Kafka credentials must not reach XCom or the task log."""
-    secrets = env_secrets()
-    for stream in summary.streams:
-        if stream.error and secrets:
-            stream.error = scrub(stream.error, secrets)
+    """``summary`` without the secrets this process was given (:mod:`sluice.connections.secrets`): a Spark error may
+    quote a client option or a value, and no credential may reach XCom, the task log or the run log."""
+    scrub_errors(summary.streams)
     return summary
+
+
+def scrub_errors(summaries: Iterable[StreamRunSummary]) -> None:
+    secrets = run_secrets()
+    for summary in summaries:
+        if summary.error and secrets:
+            summary.error = scrub(summary.error, secrets)
 
 
 def write_run_log(roots: Roots, runs: list[dict[str, Any]], batches: list[dict[str, Any]]) -> None:
@@ -576,7 +593,7 @@ def write_run_log(roots: Roots, runs: list[dict[str, Any]], batches: list[dict[s
         runlog.record_batches(roots.lake, batches)
         runlog.record_runs(roots.lake, runs)
     except Exception as exc:
-        log.error("could not write the run log under %s: %s", roots.lake, exc)
+        log.error("could not write the run log under %s: %s", roots.lake, scrub_secrets(str(exc)))
 
 
 def batch_rows(stream: str, run_id: str, query: StreamingQuery) -> list[dict[str, Any]]:
@@ -627,7 +644,7 @@ def await_query(name: str, query: StreamingQuery, lock: HeldLock, cancel: thread
             if query.awaitTermination(1):
                 return None
         except Exception as exc:
-            log.error("query %s failed: %s", name, exc)
+            log.error("query %s failed: %s", name, scrub_secrets(str(exc)))
             return None
         why = LOST_LOCK if lock.lost else CANCELLED if cancel is not None and cancel.is_set() else None
         if why is not None:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from sluice.constants import DeltaEngine
 from sluice.errors import SluiceError
@@ -31,6 +31,8 @@ SESSION_EXTENSION_CLASS = "org.apache.spark.sql.ml.InternalFunctionRegistration$
 # PySpark's DataFrame debugging: the Python call site of each Column operation, for runtime errors to quote. PySpark
 # reads it once per process, from the first active session.
 DATAFRAME_DEBUGGING = "spark.python.sql.dataFrameDebugging.enabled"
+# The logical operator of SELECT TRANSFORM(...) USING '<command>' (see refuse_script_transforms).
+SCRIPT_TRANSFORMATION = "ScriptTransformation"
 # Set by spark-submit for the Python application it starts: the port of the JVM's Py4J gateway.
 GATEWAY_PORT_ENV = "PYSPARK_GATEWAY_PORT"
 _CONNECT_ENV = ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED")
@@ -89,6 +91,26 @@ def configure_sluice(builder: SparkSession.Builder) -> SparkSession.Builder:
         # and transforms quote their SQL all the same; SLUICE_DATAFRAME_DEBUGGING=true turns it back on.
         .config(DATAFRAME_DEBUGGING, os.environ.get("SLUICE_DATAFRAME_DEBUGGING", "false"))
     )
+
+
+def refuse_script_transforms(frame: DataFrame, *, stream: str) -> None:
+    """Refuse a frame whose plan runs a program on the executors (``SELECT TRANSFORM(...) USING '<command>'``, also
+    inside a subquery of an expression): the second lock behind the catalog's SQL allowlist.
+
+    Spark 4.2 has no setting that turns script transformation off: its only one is
+    ``spark.sql.scriptTransformation.exitTimeoutInSeconds``, the parser builds a ``ScriptTransformation`` without
+    consulting any, and the planner's ``SparkScripts`` strategy plans every one (a session extension could remove
+    it, but that is JVM code Sluice would have to ship). So the analyzed plan is searched before anything runs: its
+    operators and the plans of its subqueries, a few Py4J calls per operator.
+    """
+    pending = [frame._jdf.queryExecution().analyzed()]
+    while pending:
+        plan = pending.pop()
+        if plan.getClass().getSimpleName() == SCRIPT_TRANSFORMATION:
+            raise SluiceError(f"stream {stream!r}: its SQL runs a script transform (TRANSFORM ... USING "
+                              f"{plan.script()!r}), a program on the executors, which Sluice never runs")
+        for plans in (plan.children(), plan.subqueries()):
+            pending += [plans.apply(index) for index in range(plans.size())]
 
 
 def register_data_sources(spark: SparkSession) -> None:

@@ -32,7 +32,8 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from sluice.catalog import load_catalog
-from sluice.connections.kafka import airflow_environment, env_secrets, scrub
+from sluice.connections.kafka import airflow_environment
+from sluice.connections.secrets import scrub_secrets
 from sluice.constants import DeltaEngine
 from sluice.errors import SluiceError
 from sluice.paths import Roots
@@ -146,7 +147,7 @@ class _RunLog(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.thread == self.thread.ident or record.threadName in self.heartbeats:
-            self.lines.put(scrub(self.format(record), env_secrets()))
+            self.lines.put(scrub_secrets(self.format(record)))
 
 
 class _Connection(socketserver.StreamRequestHandler):
@@ -193,7 +194,7 @@ class _Connection(socketserver.StreamRequestHandler):
                 result["refused"] = str(exc)
             except Exception as exc:  # the server failed (py4j, a stopped SparkContext): the client may retry
                 log.exception("run of %s failed", list(request.streams))
-                result["error"] = scrub(f"{type(exc).__name__}: {exc}", env_secrets())[:2000]
+                result["error"] = scrub_secrets(f"{type(exc).__name__}: {exc}")[:2000]
 
         with self.server.registered(cancel) as name:
             thread = threading.Thread(target=target, name=name, daemon=True)

@@ -104,12 +104,16 @@ def _orderable(data_type: Any) -> bool:
 
 def _merge_condition(keys: Sequence[str], equal_null_safe: str) -> str:
     """Keys match when equal or both NULL (an aggregate's group may be NULL)."""
-    return " AND ".join(f"(t.`{key}` {equal_null_safe} s.`{key}`)" for key in keys)
+    # A declared name may hold a backtick (`a``b`): quoted, it stays a name and cannot end the condition's.
+    return " AND ".join(f"(t.{quote(key)} {equal_null_safe} s.{quote(key)})" for key in keys)
 
 
 def _newer(sequence_by: str | None) -> str | None:
     """A matched row is replaced only by a newer or equal version: a late, older version changes nothing."""
-    return None if sequence_by is None else f"s.`{sequence_by}` >= t.`{sequence_by}` OR t.`{sequence_by}` IS NULL"
+    if sequence_by is None:
+        return None
+    column = quote(sequence_by)
+    return f"s.{column} >= t.{column} OR t.{column} IS NULL"
 
 
 class RsTableWriter(DeltaTableWriter):

@@ -124,7 +124,7 @@ def parse_stream(raw: object, *, index: int) -> StreamSpec:
     source = _settle_drift_policy(name, top.raw["source"], source, sink, patterns)
     transform, columns = read_transform(top, source)
     expectations = read_expectations(top, columns)
-    data_columns = [column for column in columns if column not in source.lineage]
+    data_columns = {column: kind for column, kind in columns.items() if column not in source.lineage}
     output_columns = check_patterns(name, patterns, data_columns, source, sink, required=set(source.schema.required))
     sink_kind(sink).check_output(sink, output_columns, stream=name)
     if sink.table is None and patterns.fan_out:

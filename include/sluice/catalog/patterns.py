@@ -31,6 +31,7 @@ from sluice.model.schema import Schema
 from sluice.model.section import Section
 from sluice.model.sinks import SinkSpec
 from sluice.model.sources import SourceSpec
+from sluice.model.sql import Columns, Shape, SqlError, check_expression, parse_sql
 
 _MEASURE = re.compile(r"^\s*(count|sum|min|max|avg|approx_count_distinct)\s*\(\s*(\*|[A-Za-z_][A-Za-z0-9_]*)\s*\)\s*$")
 _IDENTIFIER = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
@@ -133,9 +134,13 @@ def parse_aggregate(section: Section) -> AggregateSpec | None:
     measures = []
     for name, expression in measures_section.raw.items():
         measures_section.allowed.add(name)
-        match = _MEASURE.match(expression) if isinstance(expression, str) else None
         if not isinstance(name, str) or not _IDENTIFIER.match(name):
             raise measures_section.error(str(name), f"a measure name must match {_IDENTIFIER.pattern}")
+        try:
+            parse_sql(expression, what="the measure", shape=Shape.GROUP)
+        except SqlError as exc:
+            raise measures_section.error(name, str(exc)) from None
+        match = _MEASURE.match(expression)
         if match is None:
             raise measures_section.error(name, f"expected function(column) with function one of count, sum, min, "
                                                f"max, avg, approx_count_distinct, got {expression!r}")
@@ -155,8 +160,6 @@ def parse_fan_out(owner: Section, key: str) -> tuple[FanOutSpec, ...]:
     for section in owner.items(key):
         path = section.folder("path")
         where = section.get("where", str, required=True)
-        if ";" in where:
-            raise section.error("where", "a predicate is one SQL expression; ';' is not allowed")
         outputs.append(FanOutSpec(path=path, where=where, columns=section.names("columns"),
                                   partition_by=section.names("partition_by")))
         section.done()
@@ -165,10 +168,11 @@ def parse_fan_out(owner: Section, key: str) -> tuple[FanOutSpec, ...]:
 
 # -- validation ------------------------------------------------------------------------------------------------------
 
-def check_patterns(stream: str, patterns: Patterns, columns: list[str], source: SourceSpec, sink: SinkSpec,
+def check_patterns(stream: str, patterns: Patterns, columns: Columns, source: SourceSpec, sink: SinkSpec,
                    required: set[str]) -> list[str]:
-    """Validate the patterns against the columns the row transform produces; return the stream's output columns
-    (without Sluice's metadata columns). ``required`` holds the columns declared ``not null``."""
+    """Validate the patterns against the columns (with their types, where known) the row transform produces; return
+    the stream's output columns (without Sluice's metadata columns). ``required`` holds the columns declared
+    ``not null``."""
     check = _Columns(stream, list(columns))
     check.watermark_and_dedupe(patterns, source)
     if patterns.join is not None:
@@ -176,7 +180,13 @@ def check_patterns(stream: str, patterns: Patterns, columns: list[str], source: 
     check.lookups(patterns.lookup)
     output = check.aggregate(patterns.aggregate, joined=patterns.join is not None)
     _check_output_mode(patterns, sink, output, required, check.refuse)
+    # A measure may reuse an input column's name with another type: the output's types are known without one.
+    output_types = {name: None if patterns.aggregate else columns.get(name) for name in output}
     for index, fan_out in enumerate(patterns.fan_out):
+        try:
+            check_expression(fan_out.where, output_types, what="the condition")
+        except SqlError as exc:
+            raise check.refuse(f"fan_out[{index}].where", str(exc)) from None
         check.need(fan_out.columns, output, f"fan_out[{index}].columns", "column(s)")
         kept = list(fan_out.columns) or output
         check.need(fan_out.partition_by, kept, f"fan_out[{index}].partition_by", "column(s)")

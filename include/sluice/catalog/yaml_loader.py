@@ -5,7 +5,9 @@ and it builds an alias as a shared object whose size, as the catalog is walked, 
 "billion laughs" document. This loader composes the document into YAML nodes first (aliases stay references there),
 checks the nodes, and constructs Python objects only from a document that passed, so memory stays proportional to the
 file. Anchors still work for what they are for: one ``alerts: &defaults {...}`` reused by many streams, and merge
-keys (``<<: *defaults``) whose explicit keys override the merged ones.
+keys (``<<: *defaults``) whose explicit keys override the merged ones. Before any node is built, the parser's events
+are counted: a document of more values than :data:`YAML_MAX_EVENTS` is refused in a fraction of a second, however
+close to the size limit it is.
 
 Every refusal is a :class:`CatalogError` naming the stream (for a value inside a ``streams`` entry that has a name)
 and the dotted field.
@@ -16,35 +18,84 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import yaml
+from yaml.composer import Composer
+from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.resolver import Resolver
 
 from sluice.errors import CatalogError
-from sluice.limits import YAML_MAX_ALIAS_NODES, YAML_MAX_DEPTH, YAML_MAX_INT_CHARS
+from sluice.limits import YAML_MAX_ALIAS_NODES, YAML_MAX_DEPTH, YAML_MAX_EVENTS, YAML_MAX_INT_CHARS
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _INT_TAG = "tag:yaml.org,2002:int"
 _STR_TAG = "tag:yaml.org,2002:str"
 
 
+class _NamedText:
+    """The text as libyaml reads a file, in chunks and without a copy, with the name PyYAML's messages quote."""
+
+    def __init__(self, text: str, name: str) -> None:
+        self.text = text
+        self.name = name
+        self.position = 0
+
+    def read(self, size: int = -1) -> str:
+        end = len(self.text) if size < 0 else self.position + size
+        chunk = self.text[self.position:end]
+        self.position += len(chunk)
+        return chunk
+
+
+if yaml.__with_libyaml__:
+    from yaml._yaml import CParser
+
+    # libyaml's parser, ten times as fast, with PyYAML's composer: that one recurses in Python, so that absurd
+    # nesting ends in a RecursionError caught below, where libyaml's own composer would recurse in C.
+    class _Loader(Composer, CParser, SafeConstructor, Resolver):
+        def __init__(self, text: str, source: str) -> None:
+            CParser.__init__(self, _NamedText(text, source))
+            Composer.__init__(self)
+            SafeConstructor.__init__(self)
+            Resolver.__init__(self)
+else:  # pragma: no cover - PyYAML without libyaml
+    class _Loader(yaml.SafeLoader):  # type: ignore[no-redef]
+        def __init__(self, text: str, source: str) -> None:
+            super().__init__(text)
+            self.name = source
+
+
 def load_yaml(text: str, *, source: str) -> object:
     """The Python value of a one-document YAML text, after the checks above. ``source`` names it in messages."""
-    # The pure-Python loader: its composer hits Python's recursion limit on absurd nesting, which is caught here,
-    # where libyaml's bindings recurse in C.
-    loader = yaml.SafeLoader(text)
-    loader.name = source  # for PyYAML's own messages, which quote the text's name and line
+    loader = _Loader(text, source)
     try:
+        _count_events(_Loader(text, source), source)
         node = loader.get_single_node()
         if node is None:
             return None
         _Checker(source, node).check()
         return loader.construct_document(node)
     except yaml.YAMLError as exc:
-        raise CatalogError(f"catalog {source} is not valid YAML: {exc}") from exc
+        raise CatalogError(f"catalog {source} is not valid YAML: {_one_line(exc)}") from exc
     except RecursionError:
         raise CatalogError(f"catalog {source} nests values too deeply to be read (at most {YAML_MAX_DEPTH} "
                            "levels)") from None
     finally:
         loader.dispose()
+
+
+def _count_events(parser: _Loader, source: str) -> None:
+    """Refuse a document of more than :data:`YAML_MAX_EVENTS` parser events before any of its nodes is built: a flow
+    list of millions of one-letter items fits in the size limit, and its nodes would take gigabytes."""
+    events = 0
+    try:
+        while parser.check_event():
+            parser.get_event()
+            events += 1
+            if events > YAML_MAX_EVENTS:
+                raise CatalogError(f"catalog {source} holds more than {YAML_MAX_EVENTS:,} YAML values; a catalog of a "
+                                   "thousand streams holds about 100,000")
+    finally:
+        parser.dispose()
 
 
 @dataclass(frozen=True)
@@ -140,7 +191,7 @@ class _Checker:
             raise where.error(f"a key must be a plain name, not a {kind} ({self.line(key)})")
         if key.tag == _MERGE_TAG:
             return "<<"
-        if key.style is None:
+        if not key.style:  # plain: None from PyYAML's parser, "" from libyaml's
             key.tag = _STR_TAG
         return str(key.value)
 
@@ -178,3 +229,8 @@ def _stream_entries(root: Node) -> dict[int, str]:
                         and isinstance(entry_value, ScalarNode)):
                     entries[id(entry)] = entry_value.value
     return entries
+
+
+def _one_line(error: yaml.YAMLError) -> str:
+    """PyYAML's message (what, where, why on lines of their own) as the one line a refusal prints."""
+    return "; ".join(line.strip() for line in str(error).splitlines() if line.strip())

@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from sluice.limits import TYPE_MAX_CHARS, TYPE_MAX_DEPTH
+
 SIMPLE_TYPES = {
     "string": "STRING", "int": "INT", "integer": "INT", "bigint": "BIGINT", "long": "BIGINT", "smallint": "SMALLINT",
     "short": "SMALLINT", "tinyint": "TINYINT", "byte": "TINYINT", "double": "DOUBLE", "float": "FLOAT",
@@ -25,6 +27,10 @@ SIMPLE_TYPES = {
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TOKEN = re.compile(r"\s*(?:(?P<word>[A-Za-z_][A-Za-z0-9_]*)|(?P<number>\d+)|(?P<quoted>`(?:[^`]|``)*`)"
                     r"|(?P<symbol>[<>(),:]))")
+
+
+# How much of the type a message shows on each side of the place it points at.
+_SHOWN = 80
 
 
 class TypeSyntaxError(ValueError):
@@ -111,9 +117,16 @@ class _Parser:
     def __init__(self, text: str) -> None:
         self.text = text
         self.position = 0
+        self.depth = 0
 
     def fail(self, message: str) -> TypeSyntaxError:
-        shown = f"{self.text[:self.position]}⟨here⟩{self.text[self.position:]}".strip()
+        before, after = self.text[:self.position], self.text[self.position:]
+        # A long type is shown around the place only, so that the message stays one readable line.
+        if len(before) > _SHOWN:
+            before = "..." + before[-_SHOWN:]
+        if len(after) > _SHOWN:
+            after = after[:_SHOWN] + "..."
+        shown = f"{before}⟨here⟩{after}".strip()
         return TypeSyntaxError(f"{message} at position {self.position}: {shown}")
 
     def peek(self) -> tuple[str, str] | None:
@@ -141,6 +154,15 @@ class _Parser:
         return not self.text[self.position:].strip()
 
     def type(self) -> DataType:
+        self.depth += 1
+        try:
+            if self.depth > TYPE_MAX_DEPTH:
+                raise self.fail(f"types nest more than {TYPE_MAX_DEPTH} levels deep")
+            return self.nested_type()
+        finally:
+            self.depth -= 1
+
+    def nested_type(self) -> DataType:
         found = self.peek()
         if found is None or found[0] != "word":
             raise self.fail("expected a type")
@@ -229,6 +251,8 @@ class _Parser:
 
 def parse(text: str) -> tuple[DataType, bool]:
     """A column's type and whether it is nullable (``... not null``)."""
+    if len(text) > TYPE_MAX_CHARS:
+        raise TypeSyntaxError(f"a type of {len(text):,} characters; at most {TYPE_MAX_CHARS:,}")
     parser = _Parser(text)
     data_type = parser.type()
     nullable = parser.not_null()
