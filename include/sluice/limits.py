@@ -56,3 +56,13 @@ REPAIR_COPY_MARKERS = (".backup-", ".reset-", ".quarantine-")
 
 # Kafka offsets per micro-batch (maxOffsetsPerTrigger, minOffsetsPerTrigger): Spark reads them as a 64-bit long.
 KAFKA_MAX_OFFSETS_PER_TRIGGER = 10**15
+
+# -- what Sluice reads back ------------------------------------------------------------------------------------------
+
+# The largest batch id a checkpoint file name may carry: Spark's batch ids are longs. A longer name is not Spark's.
+MAX_BATCH_ID = 2**63 - 1
+# The largest checkpoint file Sluice reads. Spark's ``metadata``, ``offsets/N`` and ``commits/N`` are a few KiB (a
+# Kafka topic of 10,000 partitions writes about 300 KiB of offsets); a compacted file-source log holds a line of about
+# 200 bytes per file the stream ever read (a million files: about 200 MiB).
+CHECKPOINT_FILE_MAX_BYTES = 16 * 1024 * 1024
+SOURCE_LOG_MAX_BYTES = 1024 * 1024 * 1024

@@ -15,9 +15,11 @@ summary.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shutil
+import stat
 import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
@@ -48,6 +50,15 @@ class Changed(StoreError):
 
 class NoConditionalWrites(StoreError):
     """The store cannot create-if-absent or replace-if-unchanged, so it cannot hold a lock safely."""
+
+
+class NotReadable(StoreError):
+    """A bounded read found something other than a regular file of at most its limit (a link, a FIFO, a device, a
+    file too large); the message names the file, ``reason`` says what it is."""
+
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(f"{where}: {reason}")
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -151,6 +162,19 @@ class Folder(ABC):
         """A file's first ``size`` bytes (all of a smaller one); :class:`FileNotFoundError` when it is not there."""
         return self.read_bytes(name)[:size]
 
+    @abstractmethod
+    def read_bounded(self, name: str, limit: int) -> bytes:
+        """A file that someone else may have planted (a checkpoint's): a regular file of at most ``limit`` bytes, not
+        through a link, never an open that blocks (a FIFO, a device), else :class:`NotReadable`;
+        :class:`FileNotFoundError` when it is not there, :class:`IsADirectoryError` for a folder."""
+
+    def read_bounded_text(self, name: str, limit: int) -> str:
+        """:meth:`read_bounded` as UTF-8; :class:`NotReadable` when it is not."""
+        try:
+            return self.read_bounded(name, limit).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise NotReadable(self.where(name), f"not UTF-8 text (byte {exc.start})") from None
+
     def where(self, name: str) -> str:
         """How a message names a file of the folder."""
         return f"{self.uri.rstrip('/')}/{name}"
@@ -213,6 +237,27 @@ class LocalFolder(Folder):
     def read_head(self, name: str, size: int) -> bytes:
         with open(self.path / name, "rb") as handle:
             return handle.read(size)
+
+    def read_bounded(self, name: str, limit: int) -> bytes:
+        where = self.where(name)
+        try:
+            # O_NONBLOCK: opening a FIFO with no writer would wait for one forever.
+            descriptor = os.open(self.path / name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise NotReadable(where, "a symbolic link, not a file; Sluice reads no checkpoint file through a "
+                                         "link") from None
+            raise
+        with os.fdopen(descriptor, "rb") as handle:
+            mode = os.fstat(descriptor).st_mode
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError(errno.EISDIR, "a folder", where)
+            if not stat.S_ISREG(mode):
+                raise NotReadable(where, f"not a regular file (a {_file_kind(mode)})")
+            data = handle.read(limit + 1)  # not the size fstat told: the file may grow while it is read
+        if len(data) > limit:
+            raise NotReadable(where, f"larger than {limit} bytes, more than such a file ever holds")
+        return data
 
     def write_bytes(self, name: str, data: bytes) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -346,6 +391,19 @@ class ObjectFolder(Folder):
             raise FileNotFoundError(self.where(name))
         return versioned[0]
 
+    def read_bounded(self, name: str, limit: int) -> bytes:
+        import obstore
+        from obstore.exceptions import NotFoundError
+
+        try:
+            result = obstore.get(self.store, self._key(name))
+        except (NotFoundError, FileNotFoundError):
+            raise FileNotFoundError(self.where(name)) from None
+        # The size comes with the response's headers, before its body is read.
+        if int(result.meta["size"]) > limit:
+            raise NotReadable(self.where(name), f"larger than {limit} bytes, more than such a file ever holds")
+        return bytes(result.bytes())
+
     def read_head(self, name: str, size: int) -> bytes:
         import obstore
 
@@ -420,6 +478,12 @@ class ObjectFolder(Folder):
 
         return sum(int(meta["size"]) for page in obstore.list(self.store, f"{self.prefix}/" if self.prefix else None)
                    for meta in page)
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+             (stat.S_ISSOCK, "socket"))
+    return next((kind for test, kind in kinds if test(mode)), "special file")
 
 
 def _token(meta: Mapping[str, Any]) -> str:
