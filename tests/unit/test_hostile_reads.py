@@ -27,6 +27,7 @@ from sluice.operations import streams_view
 from sluice.operations.health import HealthReport, check_stream
 from sluice.paths import Roots
 from sluice.storage.checkpoint import CheckpointReader, batch_id, gaps, log_file_batch
+from sluice.storage.store import LocalFolder
 from tests.helpers import events_stream, roots_in, write_catalog
 
 MARKUP = '"><img src=x onerror=alert(1)>'
@@ -267,6 +268,21 @@ def test_the_health_command_escapes_a_landing_file_name(world: tuple[Catalog, Ro
         health_cli.main(["--stream", "clicks"])
     assert "LANDING_SYMLINK" in out.getvalue() and "\x1b" not in out.getvalue() and "\x07" not in out.getvalue()
     assert "x\\x1b]0;owned\\x07\\x1b[2J.json" in out.getvalue()
+
+
+# -- writes ---------------------------------------------------------------------------------------------------------
+
+
+def test_a_write_never_goes_through_a_link_planted_at_its_temporary_name(tmp_path: Path) -> None:
+    place = LocalFolder(tmp_path / "checkpoint")
+    place.path.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    for name in (f".metadata.{os.getpid()}.tmp", ".metadata.tmp", "metadata.tmp"):
+        (place.path / name).symlink_to(victim)
+    place.write_bytes("metadata", b'{"id": "q"}\n')
+    assert victim.read_text() == "keep me" and place.read_text("metadata") == '{"id": "q"}\n'
+    assert oct((place.path / "metadata").stat().st_mode & 0o777) == oct(0o644)
 
 
 # -- the catalog the page reads -------------------------------------------------------------------------------------

@@ -261,9 +261,7 @@ class LocalFolder(Folder):
 
     def write_bytes(self, name: str, data: bytes) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
-        temporary = self.path / f".{name}.{os.getpid()}.tmp"
-        temporary.write_bytes(data)
-        os.replace(temporary, self.path / name)
+        write_atomically(self.path / name, data)
 
     def delete(self, name: str) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -478,6 +476,28 @@ class ObjectFolder(Folder):
 
         return sum(int(meta["size"]) for page in obstore.list(self.store, f"{self.prefix}/" if self.prefix else None)
                    for meta in page)
+
+
+def write_atomically(path: str | os.PathLike[str], data: bytes, *, mode: int | None = None) -> None:
+    """Write a local file whole: into a new temporary file of its folder (a name no one can predict, created with
+    O_EXCL, so never through a link planted in its place), then renamed over it. ``mode`` defaults to the replaced
+    file's, else 0644."""
+    target = Path(path)
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        if mode is None:  # mkstemp's 0600 would hide the file from the other users of a shared folder (Spark)
+            try:
+                mode = stat.S_IMODE(os.stat(target).st_mode)
+            except FileNotFoundError:
+                mode = 0o644
+        os.fchmod(descriptor, mode)
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
 
 
 def _file_kind(mode: int) -> str:
