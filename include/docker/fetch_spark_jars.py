@@ -21,6 +21,7 @@ import argparse
 import hashlib
 import os
 import sys
+import tempfile
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -124,9 +125,16 @@ def download(artifact: Artifact, target: Path, *, repository: str = MAVEN_CENTRA
         raise SystemExit(f"{url}: SHA-1 {actual} does not match the published {expected}")
     target.mkdir(parents=True, exist_ok=True)
     path = target / artifact.filename
-    partial = path.with_name(f".{path.name}.part")
-    partial.write_bytes(data)
-    os.replace(partial, path)
+    # A name no one can predict, created with O_EXCL: never written through a link planted beside the jars.
+    descriptor, partial = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=target)
+    try:
+        os.fchmod(descriptor, 0o644)  # jars others read: Spark's user in the image
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+        os.replace(partial, path)
+    except BaseException:
+        os.unlink(partial)
+        raise
     return path
 
 

@@ -445,6 +445,19 @@ def test_the_object_store_connectors_are_hadoops_own_and_match_pysparks_hadoop(t
         script.check_hadoop(args["HADOOP_VERSION"], tmp_path)
 
 
+def test_fetch_script_never_writes_through_a_link_planted_at_a_temporary_name(tmp_path: Path) -> None:
+    script = load_fetch_script()
+    jar = script.Artifact("org.example", "thing", "1.0")
+    body = b"PK\x03\x04 jar bytes"
+    published = {jar.url(): body, jar.url() + ".sha1": hashlib.sha1(body).hexdigest().encode()}
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep me")
+    (tmp_path / "jars").mkdir()
+    (tmp_path / "jars" / f".{jar.filename}.part").symlink_to(victim)
+    assert script.download(jar, tmp_path / "jars", fetch=published.__getitem__).read_bytes() == body
+    assert victim.read_bytes() == b"keep me"
+
+
 def test_fetch_script_verifies_checksums_and_installed_versions(tmp_path: Path) -> None:
     script = load_fetch_script()
     jar = script.Artifact("org.example", "thing", "1.0")
