@@ -91,6 +91,11 @@ def link_outside(path: Path) -> None:
     path.symlink_to(outside)
 
 
+def link_loop(path: Path) -> None:
+    path.unlink()
+    path.symlink_to(path.name)
+
+
 def huge_number(path: Path) -> None:
     path.write_text('v1\n{}\n{"logOffset":' + "9" * 5000 + "}\n")
 
@@ -108,6 +113,7 @@ def too_large(path: Path) -> None:
     ("offsets/1", fifo, "OFFSETS_CORRUPT", "not a regular file (a FIFO)"),
     ("offsets/1", link_outside, "OFFSETS_CORRUPT", "a symbolic link"),
     ("offsets/1", too_large, "OFFSETS_CORRUPT", f"larger than {CHECKPOINT_FILE_MAX_BYTES} bytes"),
+    ("offsets/1", link_loop, "OFFSETS_CORRUPT", "a symbolic link"),
     ("offsets/1", huge_number, "OFFSETS_CORRUPT", "not JSON that Spark writes"),
     ("offsets/1", deep_json, "OFFSETS_CORRUPT", "not JSON that Spark writes"),
     ("metadata", fifo, "METADATA_CORRUPT", "not a regular file (a FIFO)"),

@@ -216,9 +216,14 @@ class LocalFolder(Folder):
             return []
         found = []
         for entry in scanned:
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 info = entry.stat()
-                found.append(Entry(entry.name, info.st_size, info.st_mtime, entry.is_dir()))
+            except FileNotFoundError:
+                continue
+            except OSError:  # a link in a loop, or to where this user cannot look: listed, for a read to refuse
+                found.append(Entry(entry.name, 0, 0.0))
+                continue
+            found.append(Entry(entry.name, info.st_size, info.st_mtime, entry.is_dir()))
         return sorted(found, key=lambda entry: entry.name)
 
     def is_dir(self) -> bool:
@@ -227,7 +232,7 @@ class LocalFolder(Folder):
     def stat(self, name: str) -> Entry | None:
         try:
             info = (self.path / name).stat()
-        except (FileNotFoundError, NotADirectoryError):
+        except OSError:  # not there, or a link in a loop
             return None
         return Entry(name, info.st_size, info.st_mtime, (self.path / name).is_dir())
 
