@@ -56,6 +56,11 @@ class LagStatus(str, Enum):
     def rank(self) -> int:
         return list(LagStatus).index(self)
 
+    @classmethod
+    def read(cls, value: object) -> LagStatus | None:
+        """The status a stored value names; None for anything else (a row of the lag history is data)."""
+        return next((status for status in cls if status.value == value), None)
+
 
 @dataclass
 class LagObservation:
@@ -124,10 +129,10 @@ class LagReport:
         """A report as :meth:`to_dict` wrote it; :class:`ValueError` naming the first bad field."""
         if not isinstance(data, Mapping):
             raise ValueError(f"expected a JSON object, found {type(data).__name__}")
-        status = data.get("status")
-        if status not in LagStatus._value2member_map_:
-            raise ValueError(f"status: {str(status)[:40]!r} is no lag status")
-        return cls(LagObservation.from_dict(data), LagStatus(status), _strings(data, "reasons"))
+        status = LagStatus.read(data.get("status"))
+        if status is None:
+            raise ValueError(f"status: {str(data.get('status'))[:40]!r} is no lag status")
+        return cls(LagObservation.from_dict(data), status, _strings(data, "reasons"))
 
     def describe(self) -> str:
         return f"stream '{self.stream}' is {self.status.value}" + (f": {'; '.join(self.reasons)}" if self.reasons

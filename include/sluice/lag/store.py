@@ -150,13 +150,14 @@ class LagStore:
                              "WHERE stream = ? AND channel = ?", (stream, channel)).fetchone()
         if row is None:
             return None
-        stream_name, channel_name, status, since, notified_at = row
-        if status not in LagStatus._value2member_map_ or not all(
-                isinstance(value, (int, float)) and math.isfinite(value) for value in (since, notified_at)):
+        stream_name, channel_name, stored_status, since, notified_at = row
+        status = LagStatus.read(stored_status)
+        if status is None or not all(isinstance(value, (int, float)) and math.isfinite(value)
+                                     for value in (since, notified_at)):
             log.warning("lag history %s: the alert state of stream %s on %s is not one Sluice writes; it is ignored",
                         self.path, printable(stream), printable(channel))
             return None
-        return AlertState(stream_name, channel_name, LagStatus(status), float(since), float(notified_at))
+        return AlertState(stream_name, channel_name, status, float(since), float(notified_at))
 
     def save_alert_state(self, state: AlertState) -> None:
         with self._connect() as db:
