@@ -20,7 +20,7 @@ from pyspark.sql import SparkSession
 
 from sluice.catalog import load_catalog
 from sluice.constants import BACKFILL_MARKER, DeltaEngine, RunStatus
-from sluice.errors import SluiceError
+from sluice.errors import SluiceError, printable
 from sluice.operations.backfill import parse_request
 from sluice.paths import Roots
 from sluice.storage.lock import LockHeld
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     except SluiceError as exc:
         emit(json.dumps({"stream": args.stream, "status": RunStatus.REFUSED, "error": str(exc), "retryable": False}),
              args.summary_file)
-        print(f"sluice: {exc}", file=sys.stderr)
+        print(f"sluice: {printable(str(exc))}", file=sys.stderr)
         return 2
     spark = configure_sluice(SparkSession.builder.appName(f"sluice-backfill:{request.stream}")).getOrCreate()
     try:

@@ -190,6 +190,7 @@ class FaultCode(Word):
     LOCKED = "LOCKED"
     STATE_MISSING = "STATE_MISSING"
     LANDING_SYMLINK = "LANDING_SYMLINK"
+    ODD_LOG_FILE = "ODD_LOG_FILE"
 
 
 # Each code's usual severity and its meaning, for the README (fault_code_table).
@@ -218,6 +219,9 @@ FAULT_CODES: dict[FaultCode, tuple[Severity, str]] = {
     FaultCode.STATE_MISSING: (Severity.FAIL, "a stateful stream lost its `state/` folder"),
     FaultCode.LANDING_SYMLINK: (Severity.FAIL, "the landing zone holds a symbolic link, which Spark would follow to "
                                                "read any host file"),
+    FaultCode.ODD_LOG_FILE: (Severity.WARN, "a file of `offsets/`, `commits/` or `sources/<i>/` is named as no batch "
+                                            "Spark writes (past 2^63-1, or not ASCII digits): Spark and Sluice skip "
+                                            "it; remove it"),
 }
 
 

@@ -2,6 +2,27 @@
 
 from __future__ import annotations
 
+import re
+
+# What a terminal would act on rather than show: C0 and C1 controls (ESC starts an ANSI sequence, and C1's CSI is
+# one on its own), DEL, the bidirectional overrides that reorder what follows, and the lone surrogates that stand
+# for a file name's bytes that are not UTF-8.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """``text`` (a file name, a message that holds one) as a terminal or a log shows it safely: every control or
+    reordering character escaped as Python writes it (``\\x1b``, ``\\u202e``); a byte of a name that is not UTF-8
+    as ``\\xff``. Everything else, non-ASCII letters included, stays as it is."""
+    return _UNPRINTABLE.sub(_escaped, text)
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if 0xDC80 <= code <= 0xDCFF:  # os.fsdecode's surrogateescape: the byte it could not decode
+        return f"\\x{code - 0xDC00:02x}"
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
 
 class SluiceError(Exception):
     """Base class of every error Sluice raises on purpose."""

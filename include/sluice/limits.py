@@ -70,3 +70,13 @@ SQL_MAX_DEPTH = 24
 # A declared type (``struct<...>``): its length and how deeply it nests (a JSON document's schema nests about 10).
 TYPE_MAX_CHARS = 100_000
 TYPE_MAX_DEPTH = 32
+
+# -- what Sluice reads back ------------------------------------------------------------------------------------------
+
+# The largest batch id a checkpoint file name may carry: Spark's batch ids are longs. A longer name is not Spark's.
+MAX_BATCH_ID = 2**63 - 1
+# The largest checkpoint file Sluice reads. Spark's ``metadata``, ``offsets/N`` and ``commits/N`` are a few KiB (a
+# Kafka topic of 10,000 partitions writes about 300 KiB of offsets); a compacted file-source log holds a line of about
+# 200 bytes per file the stream ever read (a million files: about 200 MiB).
+CHECKPOINT_FILE_MAX_BYTES = 16 * 1024 * 1024
+SOURCE_LOG_MAX_BYTES = 1024 * 1024 * 1024

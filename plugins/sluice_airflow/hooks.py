@@ -26,7 +26,6 @@ import os
 import signal
 import stat
 import subprocess
-import tempfile
 import time
 import zipfile
 from importlib.util import find_spec
@@ -73,15 +72,9 @@ def project_archive(folder: str | os.PathLike[str] | None = None) -> str:
     target = home / f"sluice-code-{digest}.zip"
     if _holds(target, digest):
         return str(target)
-    descriptor, temporary = tempfile.mkstemp(prefix=".sluice-code-", suffix=".tmp", dir=home)
-    try:
-        with os.fdopen(descriptor, "wb") as out:
-            out.write(content)
-        os.replace(temporary, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
+    from sluice.storage.store import write_atomically
+
+    write_atomically(target, content, mode=0o600)
     if not _holds(target, digest):
         raise CodeArchiveError(f"the code archive {target} changed while it was written; it is not shipped")
     return str(target)

@@ -605,11 +605,16 @@ class BackfillPlanOperator(SluiceOperator):
     ui_color = "#e8dff5"
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from sluice.errors import SluiceError, printable
         from sluice.operations.backfill import plan_backfill
 
         catalog = self.stream_catalog()
         request = _backfill_request(context, catalog)
-        plan = plan_backfill(request, catalog.get(request.stream), self.resolved_roots())
+        try:
+            plan = plan_backfill(request, catalog.get(request.stream), self.resolved_roots())
+        except SluiceError as exc:  # what the landing zone or the checkpoint holds: a retry finds the same
+            raise AirflowFailException(f"backfill refused, nothing was read or written: {printable(str(exc))}") \
+                from None
         result = plan.to_dict(sample=100)
         self.log.info("Backfill of %s from %s to %s (%s, by %s): %d file(s), %d bytes; %d left to the live stream; "
                       "%d already held; %d row(s) to replace", request.stream, request.start, request.end,

@@ -20,7 +20,7 @@ from airflow.api_fastapi.core_api.security import get_user
 from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse
 
-from sluice.catalog import load_catalog
+from sluice.catalog import cached_catalog
 from sluice.model.stream import StreamSpec
 from sluice.operations import streams_view
 from sluice.paths import Roots
@@ -39,14 +39,14 @@ def _visible(user: Any, streams: list[StreamSpec]) -> list[str]:
 
 @app.get("/api/streams")
 def list_streams(user: User) -> dict[str, Any]:
-    catalog = load_catalog()
+    catalog = cached_catalog()
     visible = _visible(user, list(catalog))
     return {"streams": streams_view.overview(catalog, Roots.from_env(), visible)}
 
 
 @app.get("/api/streams/{name}")
 def stream_history(name: str, user: User, days: Annotated[float, Query(gt=0, le=366)] = 30) -> dict[str, Any]:
-    catalog = load_catalog()
+    catalog = cached_catalog()
     if name not in catalog.streams or not _visible(user, [catalog.streams[name]]):
         raise HTTPException(status_code=404, detail=f"no stream {name!r} that you may see")
     return streams_view.detail(catalog.get(name), Roots.from_env(), days=days)

@@ -35,6 +35,7 @@ from sluice.constants import (
     RunStatus,
     SchemaEvolution,
 )
+from sluice.limits import SOURCE_LOG_MAX_BYTES
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.operations.backfill import BackfillError, BackfillPlan, BackfillRequest, plan_backfill
 from sluice.paths import Roots, join
@@ -148,7 +149,9 @@ def _frozen_plan(own: Folder, request: BackfillRequest, stream: StreamSpec, root
     """The plan of this run id: made and written on the first attempt, read back on a retry, so that a retry
     reads the same files and its batches line up with the ones already committed."""
     if own.exists("plan.json"):
-        plan = BackfillPlan.from_dict(json.loads(own.read_text("plan.json")))
+        # Bounded like a source log, which lists files as the plan does: a FIFO or a giant planted there must not
+        # hang or exhaust the driver.
+        plan = BackfillPlan.from_dict(json.loads(own.read_bounded_text("plan.json", SOURCE_LOG_MAX_BYTES)))
         if plan.request != request.to_dict():
             raise BackfillError("run_id", f"backfill run {request.run_id!r} already ran with other params "
                                           f"({plan.request}); start a new run")

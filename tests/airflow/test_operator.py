@@ -219,6 +219,29 @@ def test_the_backfill_plan_reads_the_roots_it_is_given(tmp_path: Path, monkeypat
     assert (result["pending_files"], result["file_count"]) == (1, 0)
 
 
+def test_a_backfill_plan_refused_by_what_the_landing_zone_holds_is_not_retried(tmp_path: Path) -> None:
+    """A link in the landing zone, or a file name that is not UTF-8, is there on the next try too: the task fails
+    for good, with the refusal, instead of retrying it with a traceback."""
+    from airflow.sdk import DAG
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from sluice_airflow.operators import BackfillPlanOperator
+    from tests.helpers import events_stream, write_catalog
+
+    catalog = write_catalog(tmp_path, events_stream())
+    landing = tmp_path / "landing" / "events"
+    landing.mkdir(parents=True)
+    (landing / "planted\x1b[2J.json").symlink_to("/etc/hostname")
+    with DAG("plan_refused", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")):
+        plan = BackfillPlanOperator(task_id="plan", catalog=str(catalog), landing_root=str(tmp_path / "landing"),
+                                    lake_root=str(tmp_path / "lake"), checkpoint_root=str(tmp_path / "cp"))
+    params = {"stream": "events", "start": "2026-11-18T00:00:00Z", "end": "2026-11-25T00:00:00Z",
+              "select_by": "file_time"}
+    with pytest.raises(AirflowFailException, match=r"backfill refused.*symbolic link") as refused:
+        plan.execute({"params": params, "run_id": "manual__1"})  # type: ignore[arg-type]
+    assert "\x1b" not in str(refused.value) and "planted\\x1b[2J.json" in str(refused.value)
+
+
 @pytest.mark.parametrize("on_s3", ["roots", "catalog paths"])
 def test_the_health_check_reads_s3_with_the_storage_connection(
         tmp_path: Path, s3: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],

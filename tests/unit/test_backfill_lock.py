@@ -45,3 +45,20 @@ def test_glob_matches_exactly_the_planned_files() -> None:
     assert hadoop_glob(["s3a://bucket/b.json", "s3a://bucket/a.json"]) == "s3a://bucket/{a.json,b.json}"
     with pytest.raises(BackfillError, match="more than one store"):
         hadoop_glob(["s3a://bucket/l/b.json", "s3a://bucket2/l/a.json"])
+
+
+def test_a_frozen_plan_that_is_no_regular_file_is_refused_without_hanging(tmp_path: Path) -> None:
+    import os
+
+    from sluice.catalog import load_catalog
+    from sluice.operations.backfill import parse_request
+    from sluice.storage.store import LocalFolder, NotReadable
+    from sluice_spark.backfill import _frozen_plan
+    from tests.unit.test_hostile_reads import returns
+
+    catalog = load_catalog()
+    request = parse_request({"stream": "events_bronze", "start": "2026-11-01T00:00:00Z",
+                             "end": "2026-11-02T00:00:00Z"}, catalog, run_id="r")
+    os.mkfifo(tmp_path / "plan.json")
+    with pytest.raises(NotReadable, match=r"plan\.json: not a regular file"):
+        returns(lambda: _frozen_plan(LocalFolder(tmp_path), request, catalog.get("events_bronze"), None))

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sluice.catalog import Catalog, load_catalog
-from sluice.operations.backfill import BackfillError, parse_request
+from sluice.operations.backfill import BackfillError, parse_request, plan_backfill
+from tests.helpers import events_stream, roots_in, write_catalog
 
 UTC = dt.timezone.utc
 
@@ -81,3 +85,42 @@ def test_a_stateful_stream_is_not_backfilled() -> None:
     split = events_stream("split", fan_out=[{"path": "bronze/purchases", "where": "event_type = 'purchase'"}])
     with pytest.raises(BackfillError, match="fans out"):
         ask(parse_catalog({"version": 1, "streams": [split]}), stream="split")
+
+
+@pytest.mark.parametrize(("params", "field"), [
+    ({"start": "0001-01-01T00:00:00+01:00"}, "start"),  # year 0 once in UTC
+    ({"start": "0001-01-01T00:00:00Z", "end": "0001-01-02T00:00:00Z"}, "start"),  # a clock skew before it is year 0
+    ({"start": "0001-01-01T00:00:00", "end": "0001-01-02T00:00:00", "timezone": "Asia/Tokyo"}, "start"),
+    ({"end": "9999-12-31T23:59:59-01:00"}, "end"),  # year 10000 once in UTC
+    ({"start": "9999-12-30T00:00:00Z", "end": "9999-12-31T23:00:00Z"}, "start"),
+    ({"start": "9999-12-31T00:00:00", "end": "9999-12-31T23:00:00", "timezone": "America/New_York"}, "start"),
+])
+def test_times_at_the_edges_of_the_calendar_are_refused_with_the_field(catalog: Catalog, params: dict[str, Any],
+                                                                       field: str) -> None:
+    with pytest.raises(BackfillError) as refused:
+        ask(catalog, **params)
+    assert refused.value.field == field and "outside the times a backfill takes" in str(refused.value)
+
+
+def test_a_file_name_that_is_not_utf8_is_refused_with_the_field(tmp_path: Path) -> None:
+    """A file the live stream will never read (behind its maxFileAge horizon) is the backfill's, and its name has no
+    UTF-8 spelling for Spark, the plan's JSON or the tables' file column."""
+    catalog = load_catalog(write_catalog(tmp_path, events_stream()))
+    stream, roots = catalog.get("events"), roots_in(tmp_path)
+    now = time.time()
+    checkpoint = Path(stream.checkpoint_path(roots))
+    for log, text in (("offsets", 'v1\n{}\n{"logOffset":0}\n'), ("commits", "v1\n{}\n"),
+                      ("sources/0", f'v1\n{{"path":"file:///new.json","timestamp":{int(now * 1000)},"batchId":0}}\n')):
+        (checkpoint / log).mkdir(parents=True)
+        (checkpoint / log / "0").write_text(text)
+    landing = Path(roots.landing, "events")
+    landing.mkdir(parents=True)
+    old = os.path.join(os.fsencode(landing), b"old-\xff\x1b[2J.json")
+    Path(os.fsdecode(old)).write_text('{"event_id": "1"}\n')
+    os.utime(old, (now - 20 * 86400, now - 20 * 86400))
+    request = parse_request({"stream": "events", "start": dt.datetime.fromtimestamp(now - 25 * 86400, UTC).isoformat(),
+                             "end": dt.datetime.fromtimestamp(now, UTC).isoformat(), "select_by": "file_time"},
+                            catalog, run_id="r")
+    with pytest.raises(BackfillError) as refused:
+        plan_backfill(request, stream, roots)
+    assert refused.value.field == "source.path" and "old-\\xff\\x1b[2J.json" in str(refused.value)

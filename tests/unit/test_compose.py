@@ -375,6 +375,9 @@ def test_image_pins_match_requirements() -> None:
         assert "-r /opt/sluice/requirements.txt" in text, f"{path.name} must install requirements.txt"
 
 
+# --- hardening ------------------------------------------------------------------------------------------------
+
+
 def test_every_published_port_binds_the_loopback_unless_env_says_otherwise() -> None:
     published = {name: published_ports(service) for name, service in services().items() if service.get("ports")}
     assert {"airflow-apiserver", "spark-master", "kafka"} <= set(published)

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from sluice.storage.checkpoint import CheckpointReader, ensure_query_id, read_query_id
+from sluice.limits import CHECKPOINT_FILE_MAX_BYTES
+from sluice.storage.checkpoint import CheckpointError, CheckpointReader, ensure_query_id, read_query_id
 from sluice.storage.lock import LOCK_FILE, LockHeld, LockInfo
 from sluice.storage.object_lock import ObjectLock, lock_for, read_lock_at, require_conditional_writes
 from sluice.storage.store import (
@@ -20,6 +21,7 @@ from sluice.storage.store import (
     Folder,
     LocalFolder,
     NoConditionalWrites,
+    NotReadable,
     StoreError,
     folder,
 )
@@ -288,3 +290,18 @@ def test_s3a_and_s3_are_one_store_in_the_overlap_checks() -> None:
     from sluice.paths import resolved_key
 
     assert resolved_key("s3://b/lake", "t1") == resolved_key("s3a://b/lake", "t1"), "s3a:// and s3:// are one store"
+
+
+def test_a_bounded_read_refuses_more_than_its_limit_on_disk_and_on_s3(tmp_path: Path, s3: str) -> None:
+    """A checkpoint file is read whole only up to a cap: a planted object of gigabytes is refused from its size,
+    before its body is read."""
+    for place in both(tmp_path, s3):
+        place.child("offsets").write_bytes("0", b"v1\n{}\n" + b"x" * 100)
+        assert place.child("offsets").read_bounded("0", 200).startswith(b"v1\n")
+        with pytest.raises(NotReadable, match="offsets/0: larger than 50 bytes"):
+            place.child("offsets").read_bounded("0", 50)
+        with pytest.raises(FileNotFoundError):
+            place.read_bounded("nothing", 50)
+        place.child("offsets").write_bytes("1", b"v1\n" + b"{}" * (CHECKPOINT_FILE_MAX_BYTES // 2))
+        with pytest.raises(CheckpointError, match="offsets/1: larger than"):
+            CheckpointReader(place).read_offsets(1)

@@ -86,3 +86,14 @@ def test_a_zip_that_would_not_import_is_left_as_it_was(tmp_path: Path, source: s
         add_bytecode(path, probe=("pkg",))
 
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["pyspark.zip"]
+
+
+def test_the_rewrite_never_goes_through_a_link_planted_at_a_temporary_name(tmp_path: Path) -> None:
+    import os
+
+    path = small_zip(tmp_path, **{"pyspark/__init__.py": "", "pyspark/worker.py": "x = 1\n"})
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    (tmp_path / f".pyspark.zip.{os.getpid()}.tmp").symlink_to(victim)
+    add_bytecode(path, probe=("pyspark.worker",))
+    assert victim.read_text() == "keep me" and has_bytecode(path)

@@ -7,7 +7,7 @@ not share are :mod:`sluice.catalog.streams`. What one stream declares is :mod:`s
 
 from __future__ import annotations
 
-from sluice.catalog.loader import DEFAULT_CATALOG, load_catalog, parse_catalog, parse_stream
+from sluice.catalog.loader import DEFAULT_CATALOG, cached_catalog, load_catalog, parse_catalog, parse_stream
 from sluice.catalog.streams import Catalog
 
-__all__ = ["DEFAULT_CATALOG", "Catalog", "load_catalog", "parse_catalog", "parse_stream"]
+__all__ = ["DEFAULT_CATALOG", "Catalog", "cached_catalog", "load_catalog", "parse_catalog", "parse_stream"]

@@ -301,3 +301,26 @@ def load_catalog(path: str | os.PathLike[str] | None = None) -> Catalog:
     except UnicodeDecodeError as exc:
         raise CatalogError(f"catalog {catalog_path} is not UTF-8: {exc}") from exc
     return parse_catalog(load_yaml(text, source=str(catalog_path)), source_file=str(catalog_path))
+
+
+# The catalog a long-lived reader last loaded, by the identity of its file (see cached_catalog).
+_last_loaded: tuple[tuple[str, int, int, int], Catalog] | None = None
+
+
+def cached_catalog(path: str | os.PathLike[str] | None = None) -> Catalog:
+    """:func:`load_catalog` for a server that needs the catalog on every request (the Streams page): parsed again
+    only when the file's identity changes (its path, size, modification time in ns and inode; an editor's save or an
+    atomic replace changes them), else the catalog parsed before."""
+    global _last_loaded
+    catalog_path = Path(path or os.environ.get("SLUICE_CATALOG") or DEFAULT_CATALOG)
+    try:
+        info = os.stat(catalog_path)
+    except OSError:
+        return load_catalog(catalog_path)  # which says why it cannot be read
+    identity = (str(catalog_path), info.st_size, info.st_mtime_ns, info.st_ino)
+    last = _last_loaded
+    if last is not None and last[0] == identity:
+        return last[1]
+    catalog = load_catalog(catalog_path)
+    _last_loaded = (identity, catalog)
+    return catalog

@@ -28,6 +28,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from sluice.storage.store import write_atomically
+
 PAGES = ("/", "/search", "/product/espresso-grinder", "/product/pour-over-kettle", "/product/beans-ethiopia",
          "/cart", "/checkout")
 CURRENCIES = ("EUR", "USD", "GBP")
@@ -86,9 +88,7 @@ def encode_kafka_message(record: EventRecord) -> tuple[bytes, bytes]:
 
 def _write_atomically(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    temporary.write_text(text, encoding="utf-8")
-    os.replace(temporary, path)
+    write_atomically(path, text.encode("utf-8"))
 
 
 def _iso(moment: datetime) -> str:

@@ -7,7 +7,7 @@ import json
 import sys
 
 from sluice.catalog import load_catalog
-from sluice.errors import SluiceError
+from sluice.errors import SluiceError, printable
 from sluice.operations.health import Health, check_stream
 from sluice.paths import Roots
 
@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
         catalog = load_catalog(args.catalog)
         streams = [catalog.get(name) for name in args.stream] if args.stream else list(catalog)
     except SluiceError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {printable(str(exc))}", file=sys.stderr)
         return 2
     roots = Roots.from_env()
     failed = False

@@ -8,7 +8,7 @@ import json
 import sys
 
 from sluice.catalog import load_catalog
-from sluice.errors import SluiceError
+from sluice.errors import SluiceError, printable
 from sluice.operations.maintenance import maintain
 from sluice.paths import Roots
 
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         report = maintain(catalog, roots, args.stream, vacuum_retention_hours=args.vacuum_retention_hours,
                           dry_run=args.dry_run)
     except SluiceError as exc:
-        print(f"refused: {exc}", file=sys.stderr)
+        print(f"refused: {printable(str(exc))}", file=sys.stderr)
         return 1
     print(json.dumps(report, indent=2, default=str))
     return 0

@@ -8,7 +8,7 @@ import json
 import sys
 
 from sluice.catalog import load_catalog
-from sluice.errors import SluiceError
+from sluice.errors import SluiceError, printable
 from sluice.operations import repair
 from sluice.operations.repair import ACTIONS, run_action
 from sluice.paths import Roots
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
         stream = load_catalog(args.catalog).get(args.stream)
         result = run_action(args.action, stream, Roots.from_env(), version=args.version)
     except SluiceError as exc:
-        print(f"refused: {exc}", file=sys.stderr)
+        print(f"refused: {printable(str(exc))}", file=sys.stderr)
         return 1
     print(json.dumps(result, indent=2, default=str))
     return 0

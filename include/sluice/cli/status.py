@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 
 from sluice.catalog import load_catalog
-from sluice.errors import SluiceError
+from sluice.errors import SluiceError, printable
 from sluice.lag.observe import LagReport, check, error_report
 from sluice.lag.store import LagStore, recorded_history
 from sluice.operations.health import check_stream
@@ -51,9 +51,10 @@ def row(report: LagReport, health: str, history: Sequence[LagReport]) -> tuple[s
     backlog = observation.backlog
     last = "never" if observation.last_batch_id is None else \
         f"#{observation.last_batch_id} {_ago(observation.seconds_since_last_commit)} ago"
-    return (report.stream, report.status.value, "-" if backlog.files is None else str(backlog.files),
-            _size(backlog.bytes), "-" if backlog.records is None else str(backlog.records),
-            _ago(observation.lag_seconds), last, health, _trend(history, report))
+    cells = (report.stream, report.status.value, "-" if backlog.files is None else str(backlog.files),
+             _size(backlog.bytes), "-" if backlog.records is None else str(backlog.records),
+             _ago(observation.lag_seconds), last, health, _trend(history, report))
+    return tuple(map(printable, cells))
 
 
 def table(rows: Sequence[Sequence[str]]) -> str:
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         roots = Roots.from_env()
         store = LagStore.for_roots(roots) if args.record else None
     except SluiceError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {printable(str(exc))}", file=sys.stderr)
         return 2
     now = time.time()
     rows, reasons = [], []
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({**report.to_dict(), "health": health}, default=str))
         else:
             rows.append(row(report, health, history))
-            reasons += [f"{stream.name}: {reason}" for reason in report.reasons]
+            reasons += [printable(f"{stream.name}: {reason}") for reason in report.reasons]
     if not args.json:
         print(table(rows))
         if args.reasons:

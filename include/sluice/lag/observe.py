@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -54,6 +55,11 @@ class LagStatus(str, Enum):
     @property
     def rank(self) -> int:
         return list(LagStatus).index(self)
+
+    @classmethod
+    def read(cls, value: object) -> LagStatus | None:
+        """The status a stored value names; None for anything else (a row of the lag history is data)."""
+        return next((status for status in cls if status.value == value), None)
 
 
 @dataclass
@@ -89,10 +95,17 @@ class LagObservation:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LagObservation:
-        names = {name for name in cls.__dataclass_fields__ if name != "backlog"}
-        backlog_names = set(Backlog.__dataclass_fields__)
-        return cls(backlog=Backlog(**{k: v for k, v in data["backlog"].items() if k in backlog_names}),
-                   **{k: v for k, v in data.items() if k in names})
+        """An observation as :meth:`to_dict` wrote it; :class:`ValueError` naming the first field of another type
+        (the lag history is a file that others can write: a row must not become markup or a crash)."""
+        backlog = _typed(data, "backlog", dict)
+        values = {name: _typed(data, name, kind, optional=name not in _REQUIRED) for name, kind in _FIELDS.items()}
+        counts = {name: _typed(backlog, name, kind, optional=True, where="backlog.")
+                  for name, kind in _BACKLOG_FIELDS.items()}
+        partitions = _typed(backlog, "partitions", dict, optional=True, where="backlog.") or {}
+        if not all(isinstance(key, str) and _is(value, int) for key, value in partitions.items()):
+            raise ValueError("backlog.partitions: expected partition names and integer counts")
+        return cls(backlog=Backlog(**counts, partitions=dict(partitions), new_partitions=_strings(
+            backlog, "new_partitions", where="backlog."), notes=_strings(backlog, "notes", where="backlog.")), **values)
 
 
 @dataclass
@@ -113,11 +126,49 @@ class LagReport:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LagReport:
-        return cls(LagObservation.from_dict(data), LagStatus(data["status"]), list(data.get("reasons", [])))
+        """A report as :meth:`to_dict` wrote it; :class:`ValueError` naming the first bad field."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"expected a JSON object, found {type(data).__name__}")
+        status = LagStatus.read(data.get("status"))
+        if status is None:
+            raise ValueError(f"status: {str(data.get('status'))[:40]!r} is no lag status")
+        return cls(LagObservation.from_dict(data), status, _strings(data, "reasons"))
 
     def describe(self) -> str:
         return f"stream '{self.stream}' is {self.status.value}" + (f": {'; '.join(self.reasons)}" if self.reasons
                                                                      else "")
+
+
+# The types of a recorded observation's fields: a number is an int or a float, never a bool (JSON's true is not 1).
+_FIELDS: dict[str, type | tuple[type, ...]] = {"stream": str, "source_type": str, "observed_at": (int, float),
+                                                "last_batch_id": int, "last_commit_at": (int, float),
+                                                "newest_event_time": str}
+_REQUIRED = {"stream", "source_type", "observed_at"}
+_BACKLOG_FIELDS: dict[str, type | tuple[type, ...]] = {"files": int, "bytes": int, "records": int, "versions": int,
+                                                        "oldest_unread_at": (int, float)}
+
+
+def _is(value: Any, kind: type | tuple[type, ...]) -> bool:
+    return isinstance(value, kind) and not isinstance(value, bool) and (
+        not isinstance(value, float) or math.isfinite(value))
+
+
+def _typed(data: Mapping[str, Any], name: str, kind: type | tuple[type, ...], *, optional: bool = False,
+           where: str = "") -> Any:
+    value = data.get(name)
+    if value is None and optional:
+        return None
+    if not _is(value, kind):
+        raise ValueError(f"{where}{name}: expected {getattr(kind, '__name__', 'a number')}, found "
+                         f"{type(value).__name__}")
+    return value
+
+
+def _strings(data: Mapping[str, Any], name: str, *, where: str = "") -> list[str]:
+    values = data.get(name) or []
+    if not isinstance(values, list) or not all(isinstance(value, str) for value in values):
+        raise ValueError(f"{where}{name}: expected a list of strings")
+    return list(values)
 
 
 def _rounded(value: float | None) -> float | None:

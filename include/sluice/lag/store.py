@@ -9,6 +9,8 @@ reads the last observations back; the status view and the monitor show the trend
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import sqlite3
 from collections.abc import Iterator
@@ -16,11 +18,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from sluice.errors import printable
 from sluice.lag.observe import LagObservation, LagReport, LagStatus, check
 from sluice.model.stream import StreamSpec
 from sluice.paths import Roots
 from sluice.storage.store import is_local
 
+log = logging.getLogger(__name__)
 # The Streams page charts 30 days.
 DEFAULT_RETENTION_DAYS = 31.0
 _SCHEMA = """
@@ -112,9 +116,17 @@ class LagStore:
     def history(self, stream: str, *, limit: int = 50) -> list[LagReport]:
         """The stream's last observations, oldest first."""
         with self._connect() as db:
-            rows = db.execute("SELECT report FROM observations WHERE stream = ? ORDER BY observed_at DESC LIMIT ?",
-                              (stream, limit)).fetchall()
-        return [LagReport.from_dict(json.loads(row[0])) for row in reversed(rows)]
+            rows = db.execute("SELECT rowid, report FROM observations WHERE stream = ? ORDER BY observed_at DESC "
+                              "LIMIT ?", (stream, limit)).fetchall()
+        reports = []
+        for rowid, text in reversed(rows):
+            try:
+                reports.append(_report(stream, text))
+            except (TypeError, ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+                # One bad row must not take the stream's status, and the page of every stream, with it.
+                log.warning("lag history %s: row %s of stream %s skipped: %s", self.path, rowid, printable(stream),
+                            printable(str(exc))[:200])
+        return reports
 
     def observations(self, stream: str, *, limit: int = 50) -> list[LagObservation]:
         return [report.observation for report in self.history(stream, limit=limit)]
@@ -136,12 +148,31 @@ class LagStore:
         with self._connect() as db:
             row = db.execute("SELECT stream, channel, status, since, notified_at FROM alert_channel_state "
                              "WHERE stream = ? AND channel = ?", (stream, channel)).fetchone()
-        return None if row is None else AlertState(row[0], row[1], LagStatus(row[2]), row[3], row[4])
+        if row is None:
+            return None
+        stream_name, channel_name, stored_status, since, notified_at = row
+        status = LagStatus.read(stored_status)
+        if status is None or not all(isinstance(value, (int, float)) and math.isfinite(value)
+                                     for value in (since, notified_at)):
+            log.warning("lag history %s: the alert state of stream %s on %s is not one Sluice writes; it is ignored",
+                        self.path, printable(stream), printable(channel))
+            return None
+        return AlertState(stream_name, channel_name, status, float(since), float(notified_at))
 
     def save_alert_state(self, state: AlertState) -> None:
         with self._connect() as db:
             db.execute("INSERT OR REPLACE INTO alert_channel_state VALUES (?, ?, ?, ?, ?)",
                        (state.stream, state.channel, state.status.value, state.since, state.notified_at))
+
+
+def _report(stream: str, text: object) -> LagReport:
+    """A row's report, checked field by field (:meth:`LagReport.from_dict`), and of the stream it is filed under."""
+    if not isinstance(text, str):
+        raise TypeError(f"report: expected JSON text, found {type(text).__name__}")
+    report = LagReport.from_dict(json.loads(text))
+    if report.stream != stream:
+        raise ValueError(f"stream: the report is of {report.stream!r}")
+    return report
 
 
 def recorded_history(roots: Roots, stream: str, *, limit: int) -> list[LagReport]:

@@ -33,8 +33,9 @@ from typing import Any
 from sluice.arguments import option_args
 from sluice.catalog import Catalog
 from sluice.constants import SOURCE_FILE_COLUMN, BackfillMode
-from sluice.errors import SluiceError
+from sluice.errors import SluiceError, printable
 from sluice.kinds import sink_kind, source_kind
+from sluice.limits import BACKFILL_MAX_RANGE_DAYS
 from sluice.model.predicates import DATAFUSION, RowFilter, render
 from sluice.model.stream import StreamSpec
 from sluice.paths import Roots
@@ -51,6 +52,10 @@ MAX_FILES_PER_TRIGGER = 100_000
 # Characters a Hadoop glob alternation cannot hold, even escaped (commas can be escaped).
 _GLOB_UNSAFE = ("{", "}", "[", "]", "*", "?", "\\")
 _RUN_KEY = re.compile(r"[^A-Za-z0-9._-]+")
+# The times a backfill takes: the calendar's, less a margin that every duration a plan adds or takes (the clock skew,
+# the range, a time zone's offset) stays within, so that no arithmetic on them overflows.
+EARLIEST = datetime(1, 1, 1, tzinfo=timezone.utc) + timedelta(days=BACKFILL_MAX_RANGE_DAYS + 2)
+LATEST = datetime(9999, 12, 31, tzinfo=timezone.utc) - timedelta(days=BACKFILL_MAX_RANGE_DAYS + 2)
 DEAD_LETTER_SOURCE_COLUMN = "source_file"
 
 
@@ -116,10 +121,24 @@ def _parse_time(name: str, value: object, zone: Any) -> datetime:
                                       "to the IANA zone it is in")
         # pendulum resolves local times across daylight-saving changes: a skipped hour moves forward, a repeated
         # hour takes its first occurrence.
-        moment = pendulum.datetime(moment.year, moment.month, moment.day, moment.hour, moment.minute,
-                                   moment.second, moment.microsecond, tz=zone)
-    # A plain datetime in UTC: pendulum's subclasses would turn differences into its own Interval type.
-    return datetime.fromtimestamp(moment.timestamp(), timezone.utc)
+        try:
+            moment = pendulum.datetime(moment.year, moment.month, moment.day, moment.hour, moment.minute,
+                                       moment.second, moment.microsecond, tz=zone)
+        except (ValueError, OverflowError):
+            raise _out_of_range(name, value) from None
+    try:
+        # A plain datetime in UTC: pendulum's subclasses would turn differences into its own Interval type.
+        utc = datetime.fromtimestamp(moment.timestamp(), timezone.utc)
+    except (ValueError, OverflowError, OSError):  # a year 0 or 10000 once in UTC
+        raise _out_of_range(name, value) from None
+    if not EARLIEST <= utc <= LATEST:
+        raise _out_of_range(name, value)
+    return utc
+
+
+def _out_of_range(name: str, value: object) -> BackfillError:
+    return BackfillError(name, f"{value!r} is outside the times a backfill takes, {EARLIEST.isoformat()} to "
+                               f"{LATEST.isoformat()}")
 
 
 def _as_bool(name: str, value: object) -> bool:
@@ -245,6 +264,14 @@ class BackfillPlan:
         return cls(**known)
 
 
+def _utf8(path: str) -> bool:
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:  # the surrogates os.fsdecode makes of bytes that are not UTF-8
+        return False
+    return True
+
+
 def _distinct(path: str, column: str, where: RowFilter | None) -> set[str]:
     sql = f"SELECT DISTINCT {DATAFUSION.identifier(column)} AS v FROM t"
     rows = query(path, sql + (f" WHERE {render(where, DATAFUSION)}" if where else ""))
@@ -281,6 +308,12 @@ def plan_backfill(request: BackfillRequest, stream: StreamSpec, roots: Roots) ->
             plan.pending_bytes += planned.size
             continue
         plan.files.append(planned)
+    undecodable = [f.path for f in plan.files if not _utf8(f.path)]
+    if undecodable:
+        # Spark, the plan's JSON and the tables' file column all spell a file in UTF-8: such a name has no spelling.
+        raise BackfillError("source.path", f"stream '{stream.name}': {len(undecodable)} file(s) of the range have a "
+                                           f"name that is not UTF-8, e.g. {printable(undecodable[0])}; rename them, "
+                                           "or narrow the range")
     unreadable = [f.path for f in plan.files if any(char in f.path for char in _GLOB_UNSAFE)]
     if unreadable:
         # The job reads its files as one Hadoop glob alternation, and Hadoop cannot escape these inside one.

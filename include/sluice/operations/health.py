@@ -12,12 +12,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sluice.constants import FaultCode, Severity
+from sluice.errors import printable
 from sluice.kinds import source_kind
 from sluice.model.findings import Finding
 from sluice.model.stream import StreamSpec
 from sluice.model.transforms import TRANSFORMS
 from sluice.paths import Roots
-from sluice.storage.checkpoint import CheckpointError, CheckpointReader, OffsetEntry, read_query_id
+from sluice.storage.checkpoint import CheckpointError, CheckpointReader, OffsetEntry, gaps, read_query_id
 from sluice.storage.lock import LockFileError
 from sluice.storage.object_lock import read_lock_at
 from sluice.times import iso_utc
@@ -64,7 +65,7 @@ class HealthReport:
     def describe(self) -> str:
         lines = [f"checkpoint health of stream '{self.stream}' ({self.checkpoint}): {self.status.value}"]
         lines += [f"  [{f.severity.value}] {f.code}: {f.message}" for f in self.findings]
-        return "\n".join(lines)
+        return "\n".join(map(printable, lines))
 
 
 def _repair(stream: str, action: str) -> str:
@@ -93,6 +94,10 @@ def check_stream(stream: StreamSpec, roots: Roots, *, now: float | None = None) 
 
     report.findings += source_kind(stream.source).findings(stream, roots)
     offsets, commits = reader.offset_ids(), reader.commit_ids()
+    for odd in reader.odd_log_files():
+        report.add(FaultCode.ODD_LOG_FILE, Health.WARN,
+                   f"{printable(odd)} is named as no batch Spark writes (a plain decimal of at most 2**63-1): Spark "
+                   "and Sluice skip it, but someone put it there. Look at what it is, then remove it", file=odd)
     query_id = _check_metadata(report, reader, stream, has_batches=bool(offsets or commits))
     report.facts.update(query_id=query_id, batches_retained=len(offsets), latest_offsets_batch=offsets[-1] if offsets
                         else None, last_batch_id=commits[-1] if commits else None)
@@ -173,11 +178,12 @@ def _check_logs(report: HealthReport, reader: CheckpointReader, stream: StreamSp
                    "commits exist for batches that have no offsets file; the checkpoint was edited or restored "
                    "partially. Restore it from a backup", batches=missing_offsets or commits[-1:])
     for log_name, ids in (("offsets", offsets), ("commits", commits)):
-        gaps = sorted(set(range(ids[0], ids[-1] + 1)) - set(ids)) if ids else []
-        if gaps:
-            report.add(FaultCode.GAP, Health.FAIL, f"{log_name}/ is missing batch(es) {gaps[:20]} between {ids[0]} and "
-                       f"{ids[-1]}; Spark cannot replay across a gap. Restore the checkpoint from a backup",
-                       log=log_name, missing=gaps[:100])
+        missing, count = gaps(ids)
+        if missing:
+            report.add(FaultCode.GAP, Health.FAIL, f"{log_name}/ is missing {count} batch(es), {missing[:20]}"
+                       f"{' and more' if count > 20 else ''}, between {ids[0]} and {ids[-1]}; Spark cannot replay "
+                       "across a gap. Restore the checkpoint from a backup", log=log_name, missing=missing,
+                       missing_count=count)
     if offsets and (not commits or offsets[-1] > commits[-1]):
         uncommitted = [b for b in offsets if not commits or b > commits[-1]]
         severity = Health.WARN if len(uncommitted) == 1 else Health.FAIL

@@ -23,6 +23,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -58,7 +59,10 @@ def add_bytecode(path: Path, probe: tuple[str, ...] = ("pyspark.worker", "pyspar
     """Rewrite the zip at ``path`` with bytecode beside each module's source, in one atomic replacement once a fresh
     interpreter has imported the ``probe`` modules from the new zip, from their bytecode; the number of modules
     compiled. Raises ``SyntaxError`` or ``OSError`` (the zip is then left as it was)."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # A name no one can predict, created with O_EXCL: a link planted beside the zip is never written through.
+    descriptor, created = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(descriptor)
+    temporary = Path(created)
     try:
         with zipfile.ZipFile(path) as source:
             entries = source.infolist()

@@ -30,7 +30,7 @@ from sluice.errors import SluiceError
 from sluice.model.stream import StreamSpec
 from sluice.paths import Roots
 from sluice.storage import runlog
-from sluice.storage.checkpoint import CheckpointError, CheckpointReader, log_file_batch, read_query_id
+from sluice.storage.checkpoint import CheckpointError, CheckpointReader, batch_id, log_file_batch, read_query_id
 from sluice.storage.lock import LOCK_FILE, LockHeld
 from sluice.storage.object_lock import lock_for
 from sluice.storage.store import Folder, folder
@@ -310,10 +310,10 @@ def _cut_checkpoint(checkpoint: Folder, batch: int, log_offsets: dict[int, int],
             continue
         if batch < 0:
             move(f"sources/{source.name}")
-        elif source.name.isdigit() and int(source.name) in log_offsets:
+        elif (index := batch_id(source.name)) is not None and index in log_offsets:
             for entry in checkpoint.child("sources", source.name).entries():
                 logged = log_file_batch(entry.name, with_checksums=True)
-                if not entry.is_dir and logged is not None and logged > log_offsets[int(source.name)]:
+                if not entry.is_dir and logged is not None and logged > log_offsets[index]:
                     move(f"sources/{source.name}/{entry.name}")
     state = checkpoint.child("state")
     if state.is_dir() and batch < 0:

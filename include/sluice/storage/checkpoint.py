@@ -10,6 +10,7 @@ checkpoint, writes it. Spark then adopts that id, and the Delta sink uses it as 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -19,7 +20,8 @@ from typing import Any, NamedTuple
 from urllib.parse import unquote, urlsplit
 
 from sluice.errors import SluiceError
-from sluice.storage.store import AlreadyExists, Folder, folder
+from sluice.limits import CHECKPOINT_FILE_MAX_BYTES, MAX_BATCH_ID, SOURCE_LOG_MAX_BYTES
+from sluice.storage.store import AlreadyExists, Folder, NotReadable, folder
 
 
 class CheckpointError(SluiceError):
@@ -38,9 +40,11 @@ def read_query_id(checkpoint: Location) -> str | None:
     root = _folder(checkpoint)
     metadata = root.where("metadata")
     try:
-        text = root.read_text("metadata").strip()
+        text = root.read_bounded_text("metadata", CHECKPOINT_FILE_MAX_BYTES).strip()
     except (FileNotFoundError, IsADirectoryError):
         return None
+    except (OSError, NotReadable) as exc:
+        raise _unreadable(f"checkpoint metadata {metadata}", exc) from None
     try:
         query_id = json.loads(text.splitlines()[0])["id"] if text else None
     except (json.JSONDecodeError, KeyError, TypeError, IndexError):
@@ -87,14 +91,23 @@ def local_file_path(uri: str) -> str:
     return unquote(parts.path)
 
 
+# JSON that parses, but not as Python reads a number of more than 4,300 digits or arrays nested 1,000 deep.
+_NOT_SPARKS_JSON = "not JSON that Spark writes (a number too long, or values nested too deeply)"
+
+
+def _unreadable(path: str, exc: OSError | NotReadable) -> CheckpointError:
+    """A file of the checkpoint that cannot be read, as one line that names it."""
+    return CheckpointError(f"{path}: {exc.reason if isinstance(exc, NotReadable) else f'cannot read ({exc})'}")
+
+
 def _log_entries(log: Folder, name: str) -> list[dict[str, Any]]:
     """The JSON entries of a Spark metadata log file (its first line is the version), parsed in one call: a
     compacted source log holds every file the stream ever read."""
     path = log.where(name)
     try:
-        lines = [line for line in log.read_text(name).split("\n")[1:] if line.strip()]
-    except OSError as exc:
-        raise CheckpointError(f"{path}: cannot read ({exc})") from exc
+        lines = [line for line in log.read_bounded_text(name, SOURCE_LOG_MAX_BYTES).split("\n")[1:] if line.strip()]
+    except (OSError, NotReadable) as exc:
+        raise _unreadable(path, exc) from None
     try:
         entries = json.loads("[" + ",".join(lines) + "]")
     except json.JSONDecodeError:
@@ -104,31 +117,63 @@ def _log_entries(log: Folder, name: str) -> list[dict[str, Any]]:
             except json.JSONDecodeError as exc:
                 raise CheckpointError(f"{path}: line {number} is not JSON ({exc.msg})") from exc
         raise CheckpointError(f"{path}: the entries are not JSON objects") from None
+    except (ValueError, RecursionError):
+        raise CheckpointError(f"{path}: {_NOT_SPARKS_JSON}") from None
     if not all(isinstance(entry, dict) for entry in entries):
         raise CheckpointError(f"{path}: the entries are not JSON objects")
     return entries
 
 
-_LOG_FILE = re.compile(r"^(\.)?(\d+)(\.compact)?(\.crc)?$")
+# ASCII digits only (``\d`` takes any script's), and no more than a long holds: a name of a million digits must
+# cost nothing to skip.
+_LOG_FILE = re.compile(r"(\.)?([0-9]{1,19})(\.compact)?(\.crc)?")
+
+
+def batch_id(text: str) -> int | None:
+    """A batch id written as Spark writes one (plain ASCII decimal, at most 2**63-1); None for anything else."""
+    if not 0 < len(text) <= 19 or not text.isascii() or not text.isdigit():
+        return None
+    value = int(text)
+    return value if value <= MAX_BATCH_ID else None
 
 
 def log_file_batch(name: str, *, with_checksums: bool = False) -> int | None:
     """The batch id of a Spark metadata log file name (``N``, ``N.compact``; ``.N.crc`` and ``.N.compact.crc``
     too when ``with_checksums``); None for anything else (Spark's ``.N.<uuid>.tmp`` files included)."""
-    match = _LOG_FILE.match(name)
+    match = _LOG_FILE.fullmatch(name)
     if match is None or bool(match.group(1)) != bool(match.group(4)):
         return None
     if match.group(4) and not with_checksums:
         return None
-    return int(match.group(2))
+    return batch_id(match.group(2))
+
+
+def _odd_name(name: str) -> bool:
+    """A name that reads as a batch number but is none Spark writes (past 2**63-1, other scripts' digits): Spark
+    skips it, and so does Sluice, but someone put it there."""
+    number = name.removesuffix(".compact")
+    return number.isdigit() and batch_id(number) is None
 
 
 def _batch_ids(log: Folder) -> list[int]:
-    """Batch ids of a Spark metadata log folder (``offsets``, ``commits``): numeric names only.
+    """Batch ids of a Spark metadata log folder (``offsets``, ``commits``): plain decimal names only.
 
     ``.crc`` files, Spark's ``.<id>.<uuid>.tmp`` files and anything else are ignored.
     """
-    return sorted(int(entry.name) for entry in log.entries() if entry.name.isdigit() and not entry.is_dir)
+    return sorted(found for entry in log.entries()
+                  if not entry.is_dir and (found := batch_id(entry.name)) is not None)
+
+
+def gaps(ids: list[int], *, limit: int = 100) -> tuple[list[int], int]:
+    """The ids missing between the first and the last of sorted ``ids``: the first ``limit`` of them, and how many
+    there are. From neighbours, never a range over the span: two files named 0 and 2**62 must cost nothing."""
+    missing: list[int] = []
+    count = 0
+    for before, after in itertools.pairwise(ids):
+        if after - before > 1:
+            count += after - before - 1
+            missing.extend(range(before + 1, min(after, before + 1 + limit - len(missing))))
+    return missing, count
 
 
 @dataclass(frozen=True)
@@ -169,6 +214,14 @@ class CheckpointReader:
     def commit_ids(self) -> list[int]:
         return _batch_ids(self.folder.child("commits"))
 
+    def odd_log_files(self) -> list[str]:
+        """The files of ``offsets/``, ``commits/`` and ``sources/<i>/`` whose names read as batch numbers Spark
+        never writes (see :func:`_odd_name`), as messages name them."""
+        logs = [("offsets",), ("commits",)] + [("sources", entry.name) for entry in self.folder.child("sources")
+                                               .entries() if entry.is_dir]
+        return [self.where(*log, entry.name) for log in logs for entry in self.folder.child(*log).entries()
+                if _odd_name(entry.name)]
+
     def committed_source_offset(self, source: int = 0) -> Any:
         """The offset of ``source`` in ``offsets/<last committed batch>``: where the next run starts. None when
         nothing was committed."""
@@ -182,9 +235,10 @@ class CheckpointReader:
         """Parse ``offsets/<batch_id>``; a torn or unreadable file raises :class:`CheckpointError`."""
         path = self.where("offsets", str(batch_id))
         try:
-            lines = self.folder.child("offsets").read_text(str(batch_id)).split("\n")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise CheckpointError(f"{path}: cannot read ({exc})") from exc
+            text = self.folder.child("offsets").read_bounded_text(str(batch_id), CHECKPOINT_FILE_MAX_BYTES)
+            lines = text.split("\n")
+        except (OSError, NotReadable) as exc:
+            raise _unreadable(path, exc) from None
         if lines and lines[-1] == "":
             lines.pop()
         if len(lines) < 2 or not lines[0].startswith("v"):
@@ -195,6 +249,8 @@ class CheckpointReader:
         except json.JSONDecodeError as exc:
             raise CheckpointError(f"{path}: line {exc.lineno + 1 if exc.lineno else '?'} is not JSON ({exc.msg})") \
                 from exc
+        except (ValueError, RecursionError):
+            raise CheckpointError(f"{path}: {_NOT_SPARKS_JSON}") from None
         if not isinstance(metadata, dict):
             raise CheckpointError(f"{path}: the metadata line is not a JSON object")
         return OffsetEntry(batch_id, metadata, sources)
@@ -202,10 +258,13 @@ class CheckpointReader:
     def read_commit(self, batch_id: int) -> dict[str, Any]:
         path = self.where("commits", str(batch_id))
         try:
-            lines = self.folder.child("commits").read_text(str(batch_id)).split("\n")
+            lines = self.folder.child("commits").read_bounded_text(str(batch_id), CHECKPOINT_FILE_MAX_BYTES).split(
+                "\n")
             return json.loads(lines[1]) if len(lines) > 1 and lines[1].strip() else {}
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CheckpointError(f"{path}: cannot parse ({exc})") from exc
+        except (OSError, NotReadable) as exc:
+            raise _unreadable(path, exc) from None
+        except json.JSONDecodeError as exc:
+            raise CheckpointError(f"{path}: cannot parse ({exc})") from None
 
     def commit_time(self, batch_id: int) -> float:
         """When ``commits/<batch_id>`` was written (seconds since the epoch)."""
@@ -220,15 +279,17 @@ class CheckpointReader:
                       if (batch := log_file_batch(entry.name)) is not None)
 
     def missing_file_source_batches(self, source: int, through: int) -> list[int]:
-        """The batches of file source ``source``'s log that Spark needs to resume at log offset ``through`` and that
-        are not there: the newest ``.compact`` file at or before it (which holds every earlier batch) and each batch
-        after that, or every batch from 0 when nothing was compacted. Spark fails such a run with
+        """The first 100 batches of file source ``source``'s log that Spark needs to resume at log offset ``through``
+        and that are not there: the newest ``.compact`` file at or before it (which holds every earlier batch) and each
+        batch after that, or every batch from 0 when nothing was compacted. Spark fails such a run with
         "batch N doesn't exist"."""
         names = {entry.name for entry in self.folder.child("sources", str(source)).entries()}
         present = {batch for name in names if (batch := log_file_batch(name)) is not None}
         compacts = [batch for batch in present if batch <= through and f"{batch}.compact" in names]
         first = max(compacts, default=0)
-        return [batch for batch in range(first, through + 1) if batch not in present]
+        # Between first and through by neighbours: ``through`` comes from a file, and may be 2**63-1.
+        missing, _ = gaps([first - 1, *sorted(batch for batch in present if first <= batch <= through), through + 1])
+        return missing
 
     def file_source_entries(self, source: int = 0) -> dict[str, int]:
         """Every file the file source has recorded, as local path -> modification time (ms)."""

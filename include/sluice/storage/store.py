@@ -15,9 +15,11 @@ summary.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shutil
+import stat
 import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
@@ -48,6 +50,15 @@ class Changed(StoreError):
 
 class NoConditionalWrites(StoreError):
     """The store cannot create-if-absent or replace-if-unchanged, so it cannot hold a lock safely."""
+
+
+class NotReadable(StoreError):
+    """A bounded read found something other than a regular file of at most its limit (a link, a FIFO, a device, a
+    file too large); the message names the file, ``reason`` says what it is."""
+
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(f"{where}: {reason}")
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -151,6 +162,19 @@ class Folder(ABC):
         """A file's first ``size`` bytes (all of a smaller one); :class:`FileNotFoundError` when it is not there."""
         return self.read_bytes(name)[:size]
 
+    @abstractmethod
+    def read_bounded(self, name: str, limit: int) -> bytes:
+        """A file that someone else may have planted (a checkpoint's): a regular file of at most ``limit`` bytes, not
+        through a link, never an open that blocks (a FIFO, a device), else :class:`NotReadable`;
+        :class:`FileNotFoundError` when it is not there, :class:`IsADirectoryError` for a folder."""
+
+    def read_bounded_text(self, name: str, limit: int) -> str:
+        """:meth:`read_bounded` as UTF-8; :class:`NotReadable` when it is not."""
+        try:
+            return self.read_bounded(name, limit).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise NotReadable(self.where(name), f"not UTF-8 text (byte {exc.start})") from None
+
     def where(self, name: str) -> str:
         """How a message names a file of the folder."""
         return f"{self.uri.rstrip('/')}/{name}"
@@ -192,9 +216,14 @@ class LocalFolder(Folder):
             return []
         found = []
         for entry in scanned:
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 info = entry.stat()
-                found.append(Entry(entry.name, info.st_size, info.st_mtime, entry.is_dir()))
+            except FileNotFoundError:
+                continue
+            except OSError:  # a link in a loop, or to where this user cannot look: listed, for a read to refuse
+                found.append(Entry(entry.name, 0, 0.0))
+                continue
+            found.append(Entry(entry.name, info.st_size, info.st_mtime, entry.is_dir()))
         return sorted(found, key=lambda entry: entry.name)
 
     def is_dir(self) -> bool:
@@ -203,7 +232,7 @@ class LocalFolder(Folder):
     def stat(self, name: str) -> Entry | None:
         try:
             info = (self.path / name).stat()
-        except (FileNotFoundError, NotADirectoryError):
+        except OSError:  # not there, or a link in a loop
             return None
         return Entry(name, info.st_size, info.st_mtime, (self.path / name).is_dir())
 
@@ -214,11 +243,30 @@ class LocalFolder(Folder):
         with open(self.path / name, "rb") as handle:
             return handle.read(size)
 
+    def read_bounded(self, name: str, limit: int) -> bytes:
+        where = self.where(name)
+        try:
+            # O_NONBLOCK: opening a FIFO with no writer would wait for one forever.
+            descriptor = os.open(self.path / name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise NotReadable(where, "a symbolic link, not a file; Sluice reads no checkpoint file through a "
+                                         "link") from None
+            raise
+        with os.fdopen(descriptor, "rb") as handle:
+            mode = os.fstat(descriptor).st_mode
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError(errno.EISDIR, "a folder", where)
+            if not stat.S_ISREG(mode):
+                raise NotReadable(where, f"not a regular file (a {_file_kind(mode)})")
+            data = handle.read(limit + 1)  # not the size fstat told: the file may grow while it is read
+        if len(data) > limit:
+            raise NotReadable(where, f"larger than {limit} bytes, more than such a file ever holds")
+        return data
+
     def write_bytes(self, name: str, data: bytes) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
-        temporary = self.path / f".{name}.{os.getpid()}.tmp"
-        temporary.write_bytes(data)
-        os.replace(temporary, self.path / name)
+        write_atomically(self.path / name, data)
 
     def delete(self, name: str) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -346,6 +394,19 @@ class ObjectFolder(Folder):
             raise FileNotFoundError(self.where(name))
         return versioned[0]
 
+    def read_bounded(self, name: str, limit: int) -> bytes:
+        import obstore
+        from obstore.exceptions import NotFoundError
+
+        try:
+            result = obstore.get(self.store, self._key(name))
+        except (NotFoundError, FileNotFoundError):
+            raise FileNotFoundError(self.where(name)) from None
+        # The size comes with the response's headers, before its body is read.
+        if int(result.meta["size"]) > limit:
+            raise NotReadable(self.where(name), f"larger than {limit} bytes, more than such a file ever holds")
+        return bytes(result.bytes())
+
     def read_head(self, name: str, size: int) -> bytes:
         import obstore
 
@@ -420,6 +481,34 @@ class ObjectFolder(Folder):
 
         return sum(int(meta["size"]) for page in obstore.list(self.store, f"{self.prefix}/" if self.prefix else None)
                    for meta in page)
+
+
+def write_atomically(path: str | os.PathLike[str], data: bytes, *, mode: int | None = None) -> None:
+    """Write a local file whole: into a new temporary file of its folder (a name no one can predict, created with
+    O_EXCL, so never through a link planted in its place), then renamed over it. ``mode`` defaults to the replaced
+    file's, else 0644."""
+    target = Path(path)
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        if mode is None:  # mkstemp's 0600 would hide the file from the other users of a shared folder (Spark)
+            try:
+                mode = stat.S_IMODE(os.stat(target).st_mode)
+            except FileNotFoundError:
+                mode = 0o644
+        os.fchmod(descriptor, mode)
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+             (stat.S_ISSOCK, "socket"))
+    return next((kind for test, kind in kinds if test(mode)), "special file")
 
 
 def _token(meta: Mapping[str, Any]) -> str:
