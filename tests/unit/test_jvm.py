@@ -240,10 +240,15 @@ def test_a_small_run_is_measured_by_the_lag_probe(tmp_path: Path, monkeypatch: p
     assert not jvm.small_run(events, roots, engine=DeltaEngine.JVM), "the JVM's Delta writer was never measured"
     automatic = catalog.select(["automatic"])
     monkeypatch.setenv("SPARK_HOME", str(tmp_path / "spark"))
+    monkeypatch.setenv("SLUICE_JARS_DIR", str(tmp_path / "resolved"))  # nothing resolved with Maven yet
     (tmp_path / "spark" / "jars").mkdir(parents=True)
     assert jvm.small_run(automatic, roots), "auto is rs without delta-spark's jars"
     assert not jvm.small_run(automatic, roots, own_jars=True), "auto may find delta-spark in the task's own jars"
     assert jvm.small_run(automatic, roots, engine=DeltaEngine.RS, own_jars=True)
+    (tmp_path / "resolved" / "spark").mkdir(parents=True)
+    (tmp_path / "resolved" / "spark" / "delta-spark_2.13-4.4.0.jar").write_bytes(b"jar")
+    assert not jvm.small_run(automatic, roots), "auto is the JVM's writer where `make venv` resolved delta-spark"
+    (tmp_path / "resolved" / "spark" / "delta-spark_2.13-4.4.0.jar").unlink()
     (tmp_path / "spark" / "jars" / "delta-spark_2.13-4.4.1.jar").write_bytes(b"jar")
     assert not jvm.small_run(automatic, roots), "auto is the JVM's writer where delta-spark's jars are"
     assert jvm.small_run(automatic, roots, engine=DeltaEngine.RS)
