@@ -75,11 +75,14 @@ WHERE = --airflow-home "$(AIRFLOW_HOME)" --data-root "$(SLUICE_DATA_ROOT)"
 # `make run WARM=1`: warm mode. A warm server (one resident Spark driver) starts first, and the stream runs go to it
 # instead of a spark-submit each (README, "Cost").
 WARM =
+# `make run KAFKA=1`: a local Kafka broker (KRaft, 127.0.0.1) starts first; the demo producer also sends its events to
+# the topic demo.events, and the stream events_kafka_bronze (include/sluice/streams_kafka.yaml) ingests them.
+KAFKA =
 
 .PHONY: run
-run: $(AIRFLOW_HOME)/airflow.db  ## Airflow on 127.0.0.1:8080 (HOST=, PORT=, WARM=1), the DAGs on schedule, a producer
+run: $(AIRFLOW_HOME)/airflow.db  ## Airflow on 127.0.0.1:8080 (HOST=, PORT=, WARM=1, KAFKA=1), the DAGs on schedule, a producer
 	@$(BIN)/python -m sluice.cli.devserver run --host "$(HOST)" --port "$(PORT)" --stop-timeout "$(STOP_TIMEOUT)" \
-		$(if $(filter 1 true yes,$(WARM)),--warm) $(WHERE)
+		$(if $(filter 1 true yes,$(WARM)),--warm) $(if $(filter 1 true yes,$(KAFKA)),--kafka) $(WHERE)
 
 .PHONY: stop
 stop:  ## stop exactly what `make run` started: Airflow, its task and Spark processes, the producer

@@ -51,9 +51,14 @@ SCHEDULING_COMPONENTS = (
 API_COMPONENTS = (("api-server", ("airflow", "api-server")),)
 # `make run WARM=1`: warm mode's server (one resident Spark driver, spark_apps/warm_server.py), its command built at
 # start from the deployment's catalog and roots.
-SESSIONS = {"scheduling": SCHEDULING_COMPONENTS, "api-server": API_COMPONENTS, "warm": ()}
+SESSIONS = {"scheduling": SCHEDULING_COMPONENTS, "api-server": API_COMPONENTS, "warm": (), "kafka": ()}
 WARM_PORT = 15041
 WARM_READY_TIMEOUT = 300
+# `make run KAFKA=1`: a Kafka broker (python -m sluice kafka-broker) under the data root, the topic the demo producer
+# also sends its events to, and the catalog of the bundled streams plus include/sluice/streams_kafka.yaml's.
+KAFKA_TOPIC = "demo.events"
+KAFKA_READY_TIMEOUT = 120
+KAFKA_CATALOG_NAME = "catalog-kafka.yaml"
 
 
 def say(message: str = "", *, error: bool = False) -> None:
@@ -402,9 +407,47 @@ def wait_for_warm(leader: subprocess.Popen[bytes], port: int) -> bool:
     return True
 
 
-def run(address: Address, airflow_home: str, data_root: str, stop_timeout: float, *, warm: bool = False) -> int:
+def kafka_folder() -> str:
+    return os.path.join(os.environ["SLUICE_DATA_ROOT"], "kafka")
+
+
+def wait_for_kafka(leader: subprocess.Popen[bytes], folder: str) -> bool:
+    """Waits until the broker answers a client (its ready file), so that the first runs find their topic."""
+    from sluice.cli.kafka_broker import READY_NAME
+
+    deadline = time.monotonic() + KAFKA_READY_TIMEOUT
+    while not os.path.exists(os.path.join(folder, READY_NAME)):
+        if leader.poll() is not None or time.monotonic() >= deadline:
+            say(f"make run: the Kafka broker did not start; its log: {folder}/broker.log", error=True)
+            return False
+        time.sleep(0.5)
+    return True
+
+
+def kafka_environment(folder: str, airflow_home: str) -> dict[str, str]:
+    """Airflow's connection ``sluice_kafka`` to the started broker, the catalog with the Kafka stream, and the topic
+    the demo producer sends to. The broker's password reaches the processes' environment only."""
+    import yaml
+
+    from sluice.catalog import DEFAULT_CATALOG
+    from sluice.cli.kafka_broker import LocalKafkaBroker
+
+    def streams(path: Path) -> list[object]:
+        return list(yaml.safe_load(path.read_text(encoding="utf-8"))["streams"])
+
+    catalog = Path(airflow_home) / KAFKA_CATALOG_NAME
+    base = Path(os.environ.get("SLUICE_CATALOG") or DEFAULT_CATALOG)
+    combined = {"version": 1, "streams": [*streams(base), *streams(DEFAULT_CATALOG.parent / "streams_kafka.yaml")]}
+    catalog.write_text(yaml.safe_dump(combined, sort_keys=False), encoding="utf-8")
+    return {"AIRFLOW_CONN_SLUICE_KAFKA": LocalKafkaBroker(folder).address().airflow_connection(),
+            "SLUICE_CATALOG": str(catalog), "SLUICE_DEMO_KAFKA_TOPIC": KAFKA_TOPIC}
+
+
+def run(address: Address, airflow_home: str, data_root: str, stop_timeout: float, *, warm: bool = False,
+        kafka: bool = False) -> int:
     """`make run`: Airflow's components and the demo producer until a signal, `make stop`, or their end; with
-    ``warm``, first a warm server that the stream runs go to."""
+    ``warm``, first a warm server that the stream runs go to; with ``kafka``, first a Kafka broker that the producer
+    also feeds and a bundled Kafka stream reads."""
     record = Path(airflow_home) / RECORD_NAME
     stopper = Stopper(record, airflow_home, stop_timeout)
     if stopper.running():
@@ -444,10 +487,22 @@ def run(address: Address, airflow_home: str, data_root: str, stop_timeout: float
             if not wait_for_warm(server, WARM_PORT):
                 stopper.stop_all(quiet=True)
                 return 1
+        kafka_line = ""
+        if kafka:
+            say(f"Starting a Kafka broker (KRaft, SASL/PLAIN) on 127.0.0.1 for the stream events_kafka_bronze, its "
+                f"data in {kafka_folder()}")
+            broker = spawn_session("kafka")
+            kafka_line = f"kafka {broker.pid} {started_at(broker.pid)}\n"
+            record.write_text(f"{warm_line}{kafka_line}")
+            if not wait_for_kafka(broker, kafka_folder()):
+                stopper.stop_all(quiet=True)
+                return 1
+            os.environ.update(kafka_environment(kafka_folder(), airflow_home))
         say(f"Starting Airflow (scheduler, dag-processor, triggerer, api-server on {address.host} port {address.port})")
-        say(f"and the demo producer: a round of events every 60 s into {data_root}/landing")
+        say(f"and the demo producer: a round of events every 60 s into {data_root}/landing"
+            + (f" and the topic {KAFKA_TOPIC}" if kafka else ""))
         scheduling = spawn_session("scheduling")
-        record.write_text(f"scheduling {scheduling.pid} {started_at(scheduling.pid)}\n{warm_line}")
+        record.write_text(f"scheduling {scheduling.pid} {started_at(scheduling.pid)}\n{warm_line}{kafka_line}")
         api = spawn_session("api-server")
         with record.open("a") as lines:
             lines.write(f"api-server {api.pid} {started_at(api.pid)}\n")
@@ -514,7 +569,9 @@ def session(name: str) -> int:
     lock = threading.Lock()
     children: list[subprocess.Popen[bytes]] = []
     threads = []
-    components = [("warm", tuple(warm_command(WARM_PORT)))] if name == "warm" else SESSIONS[name]
+    components = ([("warm", tuple(warm_command(WARM_PORT)))] if name == "warm"
+                  else [("kafka", (sys.executable, "-m", "sluice", "kafka-broker", "--folder", kafka_folder()))]
+                  if name == "kafka" else SESSIONS[name])
     environment = {**os.environ, **warm_jvm_environment()} if name == "warm" else None
     for component, command in components:
         child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -530,6 +587,12 @@ def session(name: str) -> int:
             producer = [sys.executable, "-m", "sluice", "demo-producer", "--landing-root", landing, "--loop",
                         "--interval", "60"]
             children.append(subprocess.Popen(producer, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT))
+            topic = os.environ.get("SLUICE_DEMO_KAFKA_TOPIC")
+            if topic:  # `make run KAFKA=1`: the same events to the local broker's topic, for events_kafka_bronze
+                to_kafka = [sys.executable, "-m", "sluice", "demo-producer", "--topic", topic, "--kafka-connection",
+                            "sluice_kafka", "--loop", "--interval", "60"]
+                children.append(subprocess.Popen(to_kafka, stdin=subprocess.DEVNULL, stdout=log,
+                                                 stderr=subprocess.STDOUT))
     for child in children:
         child.wait()
     for thread in threads:
@@ -629,6 +692,8 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="the address of the UI and the REST API")
     serve.add_argument("--port", type=port_number, default=8080, help="their port")
     serve.add_argument("--warm", action="store_true", help="warm mode: the stream runs go to a resident Spark driver")
+    serve.add_argument("--kafka", action="store_true",
+                       help="a local Kafka broker, fed by the producer and read by the stream events_kafka_bronze")
     commands.add_parser("stop", parents=[where, stopping], help="stop exactly what `run` started")
     tidy = commands.add_parser("clean", parents=[where], help="delete the data, the Airflow home and the caches")
     tidy.add_argument("--checkout", default=os.getcwd(), help="the checkout that everything deleted must be inside")
@@ -646,7 +711,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser().error(f"{name} is required when the environment does not set it")
     if options.command == "run":
         return run(Address(options.host, options.port), options.airflow_home, options.data_root, options.stop_timeout,
-                   warm=options.warm)
+                   warm=options.warm, kafka=options.kafka)
     record = Path(options.airflow_home) / RECORD_NAME
     if options.command == "stop":
         return 0 if Stopper(record, options.airflow_home, options.stop_timeout).stop_all() else 1

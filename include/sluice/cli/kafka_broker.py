@@ -36,7 +36,8 @@ HOST = "127.0.0.1"
 CLIENT_USER = "sluice"
 _PROPERTIES = "server.properties"
 _SECRETS = "credentials.json"
-_STARTED = "Kafka Server started"
+# Written into the folder once the broker answers a client, removed when it stops: what `make run KAFKA=1` waits for.
+READY_NAME = "ready"
 
 
 def free_port(host: str = HOST) -> int:
@@ -248,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"sluice: Kafka broker on {address.bootstrap} (SASL/PLAIN user {address.username}; the password is in "
           f"{args.folder / _SECRETS})", flush=True)
+    ready = args.folder / READY_NAME
+    ready.write_text(address.bootstrap + "\n", encoding="utf-8")
     stopped = False
 
     def stop(*_: Any) -> None:
@@ -261,5 +264,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        ready.unlink(missing_ok=True)
         broker.stop()
     return 0
