@@ -285,6 +285,48 @@ def test_make_run_warm_sends_the_runs_to_a_warm_server_and_make_stop_stops_it(af
         run.close()
 
 
+def test_make_run_kafka_feeds_a_local_broker_that_a_stream_ingests_and_make_stop_stops_it(
+        after_make_demo: dict[str, str], tmp_path: Path) -> None:
+    """`make run KAFKA=1`: a broker from the jars `make venv` resolved, on loopback only; the demo producer sends to
+    its topic; a triggered run of the bundled Kafka stream ingests those events into Delta; `make stop` stops the
+    broker with the rest."""
+    env = after_make_demo
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    run = MakeRun(tmp_path / "make-run.log", env, f"PORT={port}", "KAFKA=1")
+    try:
+        run.wait_until_up(f"{base}/api/v2/monitor/health")
+        assert "Starting a Kafka broker" in run.output()
+        producer_log = Path(env["AIRFLOW_HOME"]) / "producer.log"
+        wait_for(lambda: producer_log.exists() and '"topic": "demo.events"' in producer_log.read_text(),
+                 "the demo producer's first round into demo.events", 180)
+        _, login = http(f"{base}/auth/token")
+        token = login["access_token"]
+        dag = "ingest_events_kafka_bronze"
+        wait_for(lambda: http(f"{base}/api/v2/dags/{dag}", token=token)[0] == 200, f"the DAG {dag}", 180)
+        status, started = http(f"{base}/api/v2/dags/{dag}/dagRuns", token=token,
+                               body={"logical_date": None})  # type: ignore[dict-item]
+        assert status == 200, started
+        run_id = started["dag_run_id"]
+
+        def finished() -> str | None:
+            _, body = http(f"{base}/api/v2/dags/{dag}/dagRuns/{run_id}", token=token)
+            return body["state"] if body["state"] in ("success", "failed") else None
+
+        assert wait_for(finished, f"the DAG run {run_id}", 300) == "success", run.output()[-4000:]
+        _, xcom = http(f"{base}/api/v2/dags/{dag}/dagRuns/{run_id}/taskInstances/run_stream/xcomEntries/"
+                       "return_value", token=token)
+        summary = xcom["value"] if isinstance(xcom["value"], dict) else json.loads(xcom["value"])
+        [stream] = summary["streams"]
+        assert stream["status"] == "succeeded" and stream["output_rows"] > 0, stream
+        sockets = listening(run.note_processes())
+        assert {ip for ip, _ in sockets} <= {"127.0.0.1", "::1"}, f"make run KAFKA=1 listens beyond loopback: {sockets}"
+        stop_and_check_nothing_is_left(run, env, port)
+        assert not (Path(env["SLUICE_DATA_ROOT"]) / "kafka" / "ready").exists(), "the broker stopped"
+    finally:
+        run.close()
+
+
 def test_make_run_on_another_address_asks_for_the_generated_password(after_make_demo: dict[str, str],
                                                                     tmp_path: Path) -> None:
     env = after_make_demo
