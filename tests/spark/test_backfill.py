@@ -17,7 +17,9 @@ from deltalake import DeltaTable
 
 from sluice.catalog import Catalog, load_catalog
 from sluice.cli.demo_producer import DemoProducer
+from sluice.constants import DeltaEngine
 from sluice.operations.backfill import parse_request
+from sluice.operations.jars import spark_jars
 from sluice.paths import Roots
 from sluice_spark.backfill import run_backfill
 from sluice_spark.runner import run_streams
@@ -96,7 +98,13 @@ def checkpoint_digest(checkpoint: Path) -> dict[str, str]:
             for p in sorted(checkpoint.rglob("*")) if p.is_file()}
 
 
-def test_replace_repairs_the_range_only_and_twice_is_the_same(spark: Any, world: tuple[Catalog, Roots, Path]) -> None:
+@pytest.mark.parametrize("engine", ["rs", "jvm"])
+def test_replace_repairs_the_range_only_and_twice_is_the_same(spark: Any, world: tuple[Catalog, Roots, Path],
+                                                              engine: str) -> None:
+    """The replace backfill on each engine, over a table the rs engine wrote: one commit swaps the range."""
+    if engine == "jvm" and not spark_jars():
+        pytest.skip("needs the JVM jars (delta-spark): `make venv` with Maven")
+    backfill_engine = DeltaEngine(engine)
     catalog, roots, folder = world
     landing = folder / "landing" / "events"
     sink = catalog.get("events").sink_path(roots)
@@ -107,14 +115,15 @@ def test_replace_repairs_the_range_only_and_twice_is_the_same(spark: Any, world:
     DeltaTable(sink).update(updates={"amount": "amount + 1000"}, predicate="amount IS NOT NULL")
     corrupted = rows(roots)
 
-    dry = run_backfill(spark, catalog, request(catalog, "dry", dry_run=True), roots)
+    dry = run_backfill(spark, catalog, request(catalog, "dry", dry_run=True), roots, engine=backfill_engine)
     version = DeltaTable(sink).version()
     assert dry.ok and dry.delta_version_after == version and rows(roots) == corrupted, "a dry run writes nothing"
     wanted_in_range = [row[:4] for row in expected_events(landing, between=(START, END))[0]]
     assert dry.rows_written == len(wanted_in_range) and dry.rows_replaced == len(wanted_in_range)
     assert dry.files == 2 and dry.pending_files == 0, "the file written before the range holds none of it"
 
-    summary = run_backfill(spark, catalog, request(catalog, "first", reason="amounts were corrupted"), roots)
+    summary = run_backfill(spark, catalog, request(catalog, "first", reason="amounts were corrupted"), roots,
+                           engine=backfill_engine)
 
     assert summary.ok and summary.batches == 1
     assert summary.delta_version_after == version + 1, "the range is swapped in one commit"
@@ -123,9 +132,11 @@ def test_replace_repairs_the_range_only_and_twice_is_the_same(spark: Any, world:
     assert sorted((r for r in after if in_range(r, times)), key=repr) == sorted(wanted_in_range, key=repr)
     assert [r for r in after if not in_range(r, times)] == [r for r in corrupted if not in_range(r, times)]
     commit = DeltaTable(sink).history(1)[0]
-    assert (commit["sluice.backfill.runId"], commit["sluice.backfill.reason"]) == ("first", "amounts were corrupted")
+    # delta-rs keeps the commit's properties as fields; delta-spark as its userMetadata (JSON).
+    info = commit if engine == "rs" else json.loads(commit["userMetadata"])
+    assert (info["sluice.backfill.runId"], info["sluice.backfill.reason"]) == ("first", "amounts were corrupted")
 
-    again = run_backfill(spark, catalog, request(catalog, "second"), roots)
+    again = run_backfill(spark, catalog, request(catalog, "second"), roots, engine=backfill_engine)
     assert again.ok and rows(roots) == after, "the same backfill again gives the same table"
     assert checkpoint_digest(live) == live_before, "the live checkpoint is byte-for-byte unchanged"
 

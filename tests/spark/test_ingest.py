@@ -16,6 +16,7 @@ from deltalake import DeltaTable
 from sluice.catalog import load_catalog
 from sluice.cli.demo_producer import DemoProducer
 from sluice.errors import SluiceError
+from sluice.operations.jars import spark_jars
 from sluice.storage.delta import DeltaSchemaMismatch, read_table
 from sluice_spark.runner import run_streams
 from tests.helpers import events_stream, expected_events, roots_in, table_rows, write_catalog
@@ -59,13 +60,19 @@ def events_catalog(tmp_path: Path) -> Any:
     return load_catalog(write_catalog(tmp_path, events_stream()))
 
 
-@pytest.mark.parametrize(("driver_bytes", "write_path"), [("0", None), (str(64 << 20), "driver")],
-                         ids=["executors", "driver"])
-def test_stream_equals_batch_oracle_and_reconciles(spark: Any, tmp_path: Path, events_catalog: Any,
-                                                   driver_bytes: str, write_path: str | None,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("engine", "driver_bytes", "write_path"),
+                         [("rs", "0", None), ("rs", str(64 << 20), "driver"), ("jvm", "0", None)],
+                         ids=["executors", "driver", "jvm"])
+def test_stream_equals_batch_oracle_and_reconciles(spark: Any, tmp_path: Path, engine: str, driver_bytes: str,
+                                                   write_path: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
     """Both write paths of the rs engine: a run's batches written by the executors' Python data source, or (a small
-    run) collected to the driver and appended there."""
+    run) collected to the driver and appended there; and delta-spark's writer (the jvm engine), which creates the
+    table with its first batch."""
+    if engine == "jvm" and not spark_jars():
+        pytest.skip("needs the JVM jars (delta-spark): `make venv` with Maven")
+    definition = events_stream()
+    definition["sink"]["engine"] = engine
+    events_catalog = load_catalog(write_catalog(tmp_path, definition))
     monkeypatch.setenv("SLUICE_DRIVER_WRITE_MAX_BYTES", driver_bytes)
     roots = roots_in(tmp_path)
     produced = DemoProducer(roots.landing, seed=11, malformed_rate=0.05).produce(files=3, lines=150, now=NOW)
@@ -80,8 +87,10 @@ def test_stream_equals_batch_oracle_and_reconciles(spark: Any, tmp_path: Path, e
     assert table == spark_batch_oracle(spark, Path(roots.landing)) == expected_good
     assert stream.input_rows == produced.event_lines == stream.output_rows + stream.dead_letter_rows
     assert (stream.output_rows, stream.dead_letter_rows) == (len(expected_good), expected_bad)
-    assert stream.delta_version_before == 0 and stream.delta_version_after == stream.batches
-    assert stream.engine == "rs" and stream.query_id
+    first = 0 if engine == "rs" else None  # the rs engine creates the table before the first batch
+    assert stream.delta_version_before == first
+    assert stream.delta_version_after == stream.batches - (engine == "jvm")
+    assert stream.engine == engine and stream.query_id
 
 
 def test_dead_letter_rows_keep_raw_record_reason_and_source(spark: Any, tmp_path: Path) -> None:
