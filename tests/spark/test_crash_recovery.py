@@ -218,9 +218,7 @@ def test_a_run_retried_after_a_sigkill_keeps_one_row_in_the_run_log(tmp_path: Pa
 @pytest.mark.parametrize(
     ("engine", "fault"),
     [
-        ("rs", "before_commit:1"),  # batch 1 read from the topic and collected, nothing of it committed
         ("rs", "after_commit:1"),  # batch 1 in both tables, Spark's commits/1 not written: a replay, skipped
-        ("jvm", "before_commit:1"),  # delta-spark about to write batch 1
         ("jvm", "between_commits:1"),  # batch 1 in bronze, not yet in the dead-letter table
     ],
 )
