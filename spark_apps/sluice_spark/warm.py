@@ -146,6 +146,7 @@ class WarmServer(socketserver.ThreadingTCPServer):
         as LOCKED while the cancelled run stops its queries. A run whose client is still there is not waited for: its
         lock refuses this run, as it would a cold one."""
         deadline = time.monotonic() + STOP_DEADLINE_SECONDS
+        announced: set[str] = set()
         while not cancel.is_set() and time.monotonic() < deadline:
             with self._runs_lock:
                 others = [run for run in self._runs.values() if run.name != name and run.streams & set(streams)]
@@ -154,8 +155,10 @@ class WarmServer(socketserver.ThreadingTCPServer):
                 return
             for run in stopping:
                 run.cancel.set()  # its own connection sets it too, at its next look
-            log.info("%s: waiting for %s, cancelled, to release the lock of %s", name,
-                     ", ".join(run.name for run in stopping), ", ".join(sorted(stopping[0].streams & set(streams))))
+                if run.name not in announced:
+                    announced.add(run.name)
+                    log.info("%s: waiting for %s, cancelled, to release the lock of %s", name, run.name,
+                             ", ".join(sorted(run.streams & set(streams))))
             stopping[0].ended.wait(CLIENT_CHECK_SECONDS * 5)
 
     def refusal(self, request: WarmRequest) -> str | None:

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -118,3 +122,32 @@ def test_the_ui_kill_setting_and_addresses_reach_spark_submit(monkeypatch: pytes
     assert not any(part.startswith(("spark.driver.bindAddress", "spark.driver.host")) for part in command)
     assert "SPARK_LOCAL_IP" not in (cluster._env or {})
 
+
+
+def test_the_warm_server_of_make_run_proves_itself_and_listens_on_loopback_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`make run WARM=1`'s own session (the devserver's warm session, as `make run` spawns it): it is ready when it
+    answers a signed ping, and then nothing of it listens beyond loopback."""
+    from sluice.cli.devserver import WARM_PORT, spawn_session, wait_for_warm, warm_environment
+
+    roots = roots_in(tmp_path)
+    for variable, root in (("SLUICE_LANDING_ROOT", roots.landing), ("SLUICE_LAKE_ROOT", roots.lake),
+                           ("SLUICE_CHECKPOINT_ROOT", roots.checkpoints)):
+        monkeypatch.setenv(variable, root)
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    server_env, _ = warm_environment(WARM_PORT)
+    leader = spawn_session("warm", server_env)
+    try:
+        assert wait_for_warm(leader, WARM_PORT, server_env["SLUICE_WARM_TOKEN"]), "the warm server never answered"
+        sockets = listening(leader.pid)
+    finally:
+        os.killpg(leader.pid, signal.SIGTERM)
+        try:
+            leader.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(leader.pid, signal.SIGKILL)
+            leader.wait()
+    assert ("127.0.0.1", WARM_PORT, "python") in {(ip, port, name[:6]) for ip, port, name in sockets}
+    exposed = [entry for entry in sockets if not is_loopback(entry[0])]
+    assert not exposed, f"listening beyond loopback: {exposed}"

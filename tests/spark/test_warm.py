@@ -239,3 +239,4 @@ def test_a_killed_client_stops_its_run_and_a_killed_server_loses_nothing(tmp_pat
         assert_exact(catalog, roots)
     finally:
         server.stop()
+
