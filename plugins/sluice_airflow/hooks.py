@@ -37,6 +37,7 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowNotFoundException
 
 from sluice.constants import BACKFILL_MARKER, SUMMARY_MARKER
+from sluice.errors import SluiceError
 from sluice.operations.loopback import driver_conf, driver_env
 from sluice.summary import RunSummary, find_marked_json, find_summary_line
 
@@ -244,10 +245,14 @@ class SluiceSparkSubmitHook(SparkSubmitHook):
     def _build_spark_submit_command(self, application: str) -> list[str]:
         # A local driver listens on loopback only and no UI kills (sluice.operations.loopback); the task's own
         # settings win.
+        try:
+            local_env = driver_env(self.master)
+        except SluiceError as exc:
+            raise AirflowFailException(str(exc)) from None
         self._conf = {**driver_conf(self.master), **self._conf}
         command = super()._build_spark_submit_command(application)
         # Read by the provider's submit() after the command is built, for the Popen environment only.
-        self._env = {**driver_env(self.master), **(self._env or {}), **self._secret_env}
+        self._env = {**local_env, **(self._env or {}), **self._secret_env}
         return command
 
     def _resolve_connection(self) -> dict[str, Any]:

@@ -98,6 +98,8 @@ def test_a_local_run_listens_on_loopback_only_and_its_ui_cannot_kill(tmp_path: P
 def test_the_ui_kill_setting_and_addresses_reach_spark_submit(monkeypatch: pytest.MonkeyPatch) -> None:
     """The command and environment the hook gives spark-submit: loopback for a local master, the cluster's own
     addresses for a cluster master, and the task's own settings always win."""
+    from airflow.sdk.exceptions import AirflowFailException
+
     from sluice_airflow.hooks import SluiceSparkSubmitHook
 
     monkeypatch.delenv("AIRFLOW_CONN_SLUICE_SPARK", raising=False)
@@ -114,6 +116,10 @@ def test_the_ui_kill_setting_and_addresses_reach_spark_submit(monkeypatch: pytes
     command = own._build_spark_submit_command("app.py")
     assert "spark.driver.host=10.1.2.3" in command and "spark.driver.host=127.0.0.1" not in command
     assert own._env is not None and own._env["SPARK_LOCAL_IP"] == "0.0.0.0"
+
+    monkeypatch.setenv("SLUICE_SPARK_UI_ADDRESS", "every address")
+    with pytest.raises(AirflowFailException, match=r"SLUICE_SPARK_UI_ADDRESS: .* is an IP address .*'every address'"):
+        SluiceSparkSubmitHook(conn_id="sluice_spark")._build_spark_submit_command("app.py")
 
     monkeypatch.setenv("AIRFLOW_CONN_SLUICE_SPARK", '{"conn_type": "spark", "host": "spark://10.0.0.1", "port": 7077}')
     cluster = SluiceSparkSubmitHook(conn_id="sluice_spark")

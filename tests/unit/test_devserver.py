@@ -269,3 +269,14 @@ def test_the_warm_server_of_make_run_listens_on_loopback_only(monkeypatch: pytes
         assert command[command.index(setting) - 1] == "--conf"
     assert command[command.index("--host") + 1] == "127.0.0.1"
     assert warm_jvm_environment()["SPARK_LOCAL_IP"] == "127.0.0.1"
+
+
+def test_a_ui_address_that_is_not_one_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sluice.errors import SluiceError
+
+    for bad in ("every address", "localhost", "127.0.0.1:4040"):
+        monkeypatch.setenv("SLUICE_SPARK_UI_ADDRESS", bad)
+        with pytest.raises(SluiceError, match=r"SLUICE_SPARK_UI_ADDRESS: .* is an IP address"):
+            warm_jvm_environment()
+    monkeypatch.setenv("SLUICE_SPARK_UI_ADDRESS", "0.0.0.0")
+    assert warm_jvm_environment()["SPARK_LOCAL_IP"] == "0.0.0.0"

@@ -442,6 +442,15 @@ def run(address: Address, airflow_home: str, data_root: str, stop_timeout: float
     if warm and port_taken("127.0.0.1", WARM_PORT):
         say(f"make run: another program listens on the warm server's port {WARM_PORT}", error=True)
         return 1
+    if warm:
+        from sluice.errors import SluiceError
+        from sluice.operations.loopback import driver_env
+
+        try:
+            driver_env(WARM_MASTER)  # the warm session reads it again; a bad setting is said here, once
+        except SluiceError as exc:
+            say(f"make run: {exc}", error=True)
+            return 1
     for signum in STOP_SIGNALS:
         signal.signal(signum, interrupt)
     try:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from sluice.catalog import DEFAULT_CATALOG
 from sluice.cli.demo_producer import DemoProducer
+from sluice.errors import SluiceError
 from sluice.operations.jvm import build_archive, run_group, spark_submit, submit_env
 from sluice.operations.loopback import driver_env, submit_args
 from sluice.paths import Roots
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         archive = build_archive(train, force=args.force)
-    except (RuntimeError, OSError) as exc:
+    except (RuntimeError, OSError, SluiceError) as exc:
         print(f"sluice: no driver archive: {exc}", file=sys.stderr)
         return 1
     print(archive)

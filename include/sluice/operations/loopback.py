@@ -17,6 +17,8 @@ import ipaddress
 import os
 from collections.abc import Mapping
 
+from sluice.errors import SluiceError
+
 LOOPBACK = "127.0.0.1"
 UI_ADDRESS_ENV = "SLUICE_SPARK_UI_ADDRESS"
 # Spark's own variable: the address its web UI binds to (WebUI reads only the environment for it).
@@ -40,10 +42,16 @@ def driver_conf(master: str | None) -> dict[str, str]:
 
 def driver_env(master: str | None, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment a driver on ``master`` gets: its UI's address on a local master (``SLUICE_SPARK_UI_ADDRESS``,
-    loopback by default)."""
+    loopback by default). Raises :class:`SluiceError` for a value that is not an IP address."""
     if not is_local(master):
         return {}
-    return {SPARK_LOCAL_IP: (os.environ if environ is None else environ).get(UI_ADDRESS_ENV) or LOOPBACK}
+    address = (os.environ if environ is None else environ).get(UI_ADDRESS_ENV) or LOOPBACK
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        raise SluiceError(f"{UI_ADDRESS_ENV}: the address the Spark UI listens on is an IP address (127.0.0.1, "
+                          f"0.0.0.0, ...), got {address!r}") from None
+    return {SPARK_LOCAL_IP: address}
 
 
 def submit_args(master: str | None, given: Mapping[str, str] | None = None) -> list[str]:
