@@ -23,7 +23,7 @@ from sluice.catalog import load_catalog
 from sluice.connections.kafka import airflow_environment
 from sluice.errors import SluiceError
 from sluice.paths import Roots
-from sluice.warm import DEFAULT_PORT, TOKEN_ENV, require_token
+from sluice.warm import DEFAULT_PORT, REQUEST_DEADLINE_SECONDS, TOKEN_ENV, require_token
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -34,6 +34,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--checkpoint-root", required=True)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")
+    parser.add_argument("--request-deadline", type=float, default=REQUEST_DEADLINE_SECONDS,
+                        help="seconds a connection has to prove itself and send its request (default: %(default)g)")
     return parser.parse_args(argv)
 
 
@@ -58,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spark = configure_sluice(SparkSession.builder.appName("sluice-warm")).getOrCreate()
     try:
-        serve(spark, host=args.host, port=args.port, token=token, catalog=os.path.abspath(args.catalog), roots=roots)
+        serve(spark, host=args.host, port=args.port, token=token, catalog=os.path.abspath(args.catalog), roots=roots,
+              request_deadline=args.request_deadline)
     finally:
         with contextlib.suppress(Exception):  # a SIGTERM to the whole process group stops the JVM as well
             spark.stop()

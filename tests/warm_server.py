@@ -21,10 +21,11 @@ SERVER = Path(__file__).resolve().parents[1] / "spark_apps" / "warm_server.py"
 class Server:
     """A warm server in its own process group, its output in a file."""
 
-    def __init__(self, folder: Path, catalog: Path, roots: Roots, *env: tuple[str, str]) -> None:
+    def __init__(self, folder: Path, catalog: Path, roots: Roots, *env: tuple[str, str],
+                 args: tuple[str, ...] = ()) -> None:
         self.token = secrets.token_urlsafe(32)
         self.log = folder / f"server-{time.monotonic_ns()}.log"
-        command = spark_submit(str(SERVER), "--catalog", str(catalog), *roots.as_args(), "--port", "0")
+        command = spark_submit(str(SERVER), "--catalog", str(catalog), *roots.as_args(), "--port", "0", *args)
         environ = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
                    TOKEN_ENV: self.token, **dict(env)}
         self.process = subprocess.Popen(command, env=environ, stdout=self.log.open("w"), stderr=subprocess.STDOUT,

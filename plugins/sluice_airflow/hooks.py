@@ -11,6 +11,8 @@
   ``env_vars`` into ``--conf spark.yarn.appMasterEnv.*`` / ``spark.kubernetes.driverEnv.*`` arguments on YARN and
   Kubernetes masters, visible in ``ps`` and the task log; secrets (Kafka credentials) go to the process environment
   only, which reaches the driver because Sluice runs it in client mode.
+- Nothing a local driver opens listens beyond loopback, and no Spark UI can kill (:mod:`sluice.operations.loopback`):
+  a cluster master keeps the addresses its executors connect back to.
 - ``ship_project_code()``: on a cluster master, the project's packages go to the executors as a ``--py-files``
   zip that the hook builds in a private folder and checks before it is shipped (:func:`project_archive`).
 """
@@ -36,6 +38,9 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowNotFoundException
 
 from sluice.constants import BACKFILL_MARKER, SUMMARY_MARKER
+from sluice.errors import SluiceError
+from sluice.operations.jars import join_jars, spark_conf
+from sluice.operations.loopback import driver_conf, driver_env
 from sluice.summary import RunSummary, find_marked_json, find_summary_line
 
 DEFAULT_LOCAL_MASTER = "local[*]"
@@ -183,8 +188,6 @@ class SluiceSparkSubmitHook(SparkSubmitHook):
     """Submits a Sluice runner and keeps what it reports."""
 
     def __init__(self, *args: Any, secret_env: dict[str, str] | None = None, **kwargs: Any) -> None:
-        from sluice.operations.jars import join_jars, spark_conf
-
         self.summary_lines: list[str] = []
         self._secret_env = dict(secret_env or {})
         # The jars `make venv` resolved (delta-spark, the Kafka connector, s3a) and the Delta session settings they
@@ -241,10 +244,16 @@ class SluiceSparkSubmitHook(SparkSubmitHook):
         return self.backfill_summary
 
     def _build_spark_submit_command(self, application: str) -> list[str]:
+        # A local driver listens on loopback only and no UI kills (sluice.operations.loopback); the task's own
+        # settings win.
+        try:
+            local_env = driver_env(self.master)
+        except SluiceError as exc:
+            raise AirflowFailException(str(exc)) from None
+        self._conf = {**driver_conf(self.master), **self._conf}
         command = super()._build_spark_submit_command(application)
-        if self._secret_env:
-            # Read by the provider's submit() after the command is built, for the Popen environment only.
-            self._env = {**(self._env or {}), **self._secret_env}
+        # Read by the provider's submit() after the command is built, for the Popen environment only.
+        self._env = {**local_env, **(self._env or {}), **self._secret_env}
         return command
 
     def _resolve_connection(self) -> dict[str, Any]:

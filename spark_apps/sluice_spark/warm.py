@@ -25,7 +25,8 @@ import socketserver
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +39,20 @@ from sluice.constants import DeltaEngine
 from sluice.errors import SluiceError
 from sluice.paths import Roots
 from sluice.summary import PhaseClock, RunSummary
-from sluice.warm import MAX_REQUEST_BYTES, WarmRefused, WarmRequest, answer, keep_alive
+from sluice.warm import (
+    MAX_UNAUTHENTICATED,
+    REQUEST_DEADLINE_SECONDS,
+    Channel,
+    WarmRefused,
+    WarmRequest,
+    keep_alive,
+    server_handshake,
+)
 from sluice_spark.runner import run_or_refuse, scrubbed
 
 log = logging.getLogger(__name__)
 # How often a run's connection is checked for its client having gone away, in seconds.
 CLIENT_CHECK_SECONDS = 0.2
-REQUEST_TIMEOUT_SECONDS = 30.0
 SEND_TIMEOUT_SECONDS = 60.0
 # Seconds a cancelled run's queries get to stop (a batch in flight finishes or is interrupted) before the server
 # exits so that their locks are freed.
@@ -61,20 +69,44 @@ def same_place(mine: str, theirs: str) -> bool:
     return normal(mine) == normal(theirs)
 
 
+@dataclass
+class _Run:
+    """A run in flight: its streams, its cancel, and whether its client has gone (polled from another request)."""
+
+    name: str
+    streams: frozenset[str]
+    cancel: threading.Event
+    client_gone: Callable[[], bool]
+    ended: threading.Event = field(default_factory=threading.Event)
+
+
 class WarmServer(socketserver.ThreadingTCPServer):
     """Serves :class:`~sluice.warm.WarmRequest` s for one catalog and one set of roots."""
 
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, spark: SparkSession, *, host: str, port: int, token: str, catalog: str, roots: Roots) -> None:
+    def __init__(self, spark: SparkSession, *, host: str, port: int, token: str, catalog: str, roots: Roots,
+                 request_deadline: float = REQUEST_DEADLINE_SECONDS) -> None:
         super().__init__((host, port), _Connection)
         self.spark, self.token, self.catalog, self.roots = spark, token, catalog, roots
+        self.request_deadline = request_deadline
         self.app_id = spark.sparkContext.applicationId
-        self._runs: dict[str, threading.Event] = {}
+        self._runs: dict[str, _Run] = {}
         self._runs_lock = threading.Lock()
         self._counter = 0
         self._sessions: dict[tuple[str, ...], SparkSession] = {}
+        # Taken at accept, before a thread is started, and given back once the client proved itself (or left): a
+        # flood of connections that never do costs this many threads at most, each for one deadline at most.
+        self.unauthenticated = threading.BoundedSemaphore(MAX_UNAUTHENTICATED)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.unauthenticated.acquire(blocking=False):
+            log.warning("closed a connection from %s: %d others have not proven themselves yet", client_address[0],
+                        MAX_UNAUTHENTICATED)
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
 
     def session_for(self, streams: tuple[str, ...]) -> SparkSession:
         """The session that runs these streams, made once and kept: each new session registers a streaming query
@@ -87,16 +119,18 @@ class WarmServer(socketserver.ThreadingTCPServer):
             return self._sessions[key]
 
     @contextlib.contextmanager
-    def registered(self, cancel: threading.Event) -> Iterator[str]:
+    def registered(self, streams: tuple[str, ...], cancel: threading.Event,
+                   client_gone: Callable[[], bool]) -> Iterator[str]:
         with self._runs_lock:
             self._counter += 1
-            name = f"warm-run-{self._counter}"
-            self._runs[name] = cancel
+            run = _Run(f"warm-run-{self._counter}", frozenset(streams), cancel, client_gone)
+            self._runs[run.name] = run
         try:
-            yield name
+            yield run.name
         finally:
             with self._runs_lock:
-                del self._runs[name]
+                del self._runs[run.name]
+            run.ended.set()
 
     def active_runs(self) -> int:
         with self._runs_lock:
@@ -104,8 +138,29 @@ class WarmServer(socketserver.ThreadingTCPServer):
 
     def cancel_all(self) -> None:
         with self._runs_lock:
-            for cancel in self._runs.values():
-                cancel.set()
+            for run in self._runs.values():
+                run.cancel.set()
+
+    def await_cancelled(self, name: str, streams: tuple[str, ...], cancel: threading.Event) -> None:
+        """Wait until the runs of these streams whose clients went away have ended, and so released the streams'
+        locks: a run that starts right after a killed one (a retry, the next scheduled run) would otherwise be refused
+        as LOCKED while the cancelled run stops its queries. A run whose client is still there is not waited for: its
+        lock refuses this run, as it would a cold one."""
+        deadline = time.monotonic() + STOP_DEADLINE_SECONDS
+        announced: set[str] = set()
+        while not cancel.is_set() and time.monotonic() < deadline:
+            with self._runs_lock:
+                others = [run for run in self._runs.values() if run.name != name and run.streams & set(streams)]
+            stopping = [run for run in others if run.cancel.is_set() or run.client_gone()]
+            if not stopping:
+                return
+            for run in stopping:
+                run.cancel.set()  # its own connection sets it too, at its next look
+                if run.name not in announced:
+                    announced.add(run.name)
+                    log.info("%s: waiting for %s, cancelled, to release the lock of %s", name, run.name,
+                             ", ".join(sorted(run.streams & set(streams))))
+            stopping[0].ended.wait(CLIENT_CHECK_SECONDS * 5)
 
     def refusal(self, request: WarmRequest) -> str | None:
         """Why this server cannot run ``request`` for its client: it serves another catalog or other roots."""
@@ -118,9 +173,11 @@ class WarmServer(socketserver.ThreadingTCPServer):
                 return f"roots.{name}: this server serves {mine}, the client has {theirs}"
         return None
 
-    def run(self, request: WarmRequest, cancel: threading.Event) -> RunSummary:
-        """The request's run, on its streams' own session; a catalog or lock refusal becomes a failed summary."""
+    def run(self, name: str, request: WarmRequest, cancel: threading.Event) -> RunSummary:
+        """The request's run, on its streams' own session, once the cancelled runs of its streams have ended; a
+        catalog or lock refusal becomes a failed summary."""
         clock = PhaseClock()
+        self.await_cancelled(name, request.streams, cancel)
         spark = self.session_for(request.streams)
         catalog = load_catalog(self.catalog)  # read per run: an edited catalog takes effect at the next run
         streams = catalog.select(list(request.streams))
@@ -152,15 +209,20 @@ class _RunLog(logging.Handler):
 
 class _Connection(socketserver.StreamRequestHandler):
     server: WarmServer
+    channel: Channel | None = None
 
     def handle(self) -> None:
-        keep_alive(self.connection)
-        self.connection.settimeout(REQUEST_TIMEOUT_SECONDS)
+        deadline = time.monotonic() + self.server.request_deadline
         try:
-            line = self.rfile.readline(MAX_REQUEST_BYTES + 1)
-            if not line:  # a port probe (`make run` waiting for the server, a healthcheck) closes without a word
+            try:
+                keep_alive(self.connection)
+                accepted = server_handshake(self.connection, self.server.token, deadline)
+            finally:
+                self.server.unauthenticated.release()
+            if accepted is None:  # a port probe (a healthcheck) closes without a word
                 return
-            request = WarmRequest.parse(line, self.server.token)
+            self.channel, body = accepted
+            request = WarmRequest.parse(body)
             if request.command == "ping":
                 self.send(pong={"app_id": self.server.app_id, "catalog": self.server.catalog,
                                 "roots": self.server.roots.__dict__, "active_runs": self.server.active_runs(),
@@ -169,8 +231,8 @@ class _Connection(socketserver.StreamRequestHandler):
             refusal = self.server.refusal(request)
             if refusal:
                 raise WarmRefused(refusal)
-        except (WarmRefused, OSError) as exc:
-            log.warning("refused a request from %s: %s", self.client_address[0], exc)
+        except (WarmRefused, OSError) as exc:  # TimeoutError included: the client missed the request's deadline
+            log.warning("refused a request from %s: %s", self.client_address[0], exc or type(exc).__name__)
             with contextlib.suppress(OSError):
                 self.send(refused=str(exc))
             return
@@ -179,7 +241,9 @@ class _Connection(socketserver.StreamRequestHandler):
         self.serve_run(request)
 
     def send(self, **message: Any) -> None:
-        self.wfile.write(answer(**message))
+        """An answer, sealed with the connection's key; before the handshake, a plain line (only refusals)."""
+        self.wfile.write(self.channel.seal(message) if self.channel is not None
+                         else (json.dumps(message) + "\n").encode("utf-8"))
         self.wfile.flush()
 
     def serve_run(self, request: WarmRequest) -> None:
@@ -189,14 +253,14 @@ class _Connection(socketserver.StreamRequestHandler):
         def target() -> None:
             log.info("%s: running %s", threading.current_thread().name, ", ".join(request.streams))
             try:
-                result["summary"] = self.server.run(request, cancel)
+                result["summary"] = self.server.run(threading.current_thread().name, request, cancel)
             except SluiceError as exc:  # the catalog refused the request (an unknown stream, a bad root)
                 result["refused"] = str(exc)
             except Exception as exc:  # the server failed (py4j, a stopped SparkContext): the client may retry
                 log.exception("run of %s failed", list(request.streams))
                 result["error"] = scrub_secrets(f"{type(exc).__name__}: {exc}")[:2000]
 
-        with self.server.registered(cancel) as name:
+        with self.server.registered(request.streams, cancel, self._client_gone) as name:
             thread = threading.Thread(target=target, name=name, daemon=True)
             handler = _RunLog(thread, request.streams)
             root = logging.getLogger()
@@ -326,10 +390,12 @@ def _exit_with_the_jvm(server: WarmServer, jvm_pid: int) -> None:
     os._exit(1)
 
 
-def serve(spark: SparkSession, *, host: str, port: int, token: str, catalog: str, roots: Roots) -> None:
+def serve(spark: SparkSession, *, host: str, port: int, token: str, catalog: str, roots: Roots,
+          request_deadline: float = REQUEST_DEADLINE_SECONDS) -> None:
     """Serve until SIGTERM or SIGINT; then cancel the runs in flight, wait for them, and return."""
     warm_up(spark)
-    server = WarmServer(spark, host=host, port=port, token=token, catalog=catalog, roots=roots)
+    server = WarmServer(spark, host=host, port=port, token=token, catalog=catalog, roots=roots,
+                        request_deadline=request_deadline)
 
     def stopping(signum: int) -> None:
         log.info("signal %d: cancelling %d run(s) and stopping", signum, server.active_runs())

@@ -16,6 +16,7 @@ the rows a :class:`~sluice.model.predicates.RowFilter` selects). Each commit car
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -398,6 +399,38 @@ def _typed(new: Any, name: str, kind: str, *, declared: bool = False) -> Any:
     return F.when(F.schema_of_variant(value).rlike(_FITS[kind]), F.try_variant_get(value, "$", kind))
 
 
+class BatchStopped(Exception):
+    """A batch's Spark job was cancelled because its query is stopping (a warm run whose client went away)."""
+
+
+# Spark's words when it cancels a stopping query's jobs, and the interruptions it counts as a stop (the end of
+# StreamExecution.PROXY_ERROR).
+_STOPPED_JOB = re.compile(r"\[SPARK_JOB_CANCELLED\][^\n]*")
+_INTERRUPTED = re.compile(r"java\.lang\.InterruptedException|java\.io\.InterruptedIOException|"
+                          r"java\.nio\.channels\.ClosedByInterruptException")
+
+
+@contextlib.contextmanager
+def briefly_stopped() -> Iterator[None]:
+    """Raise a stopping query's cancelled job as one short line. A foreachBatch error goes back to the JVM as its
+    Python traceback, chained Py4J errors and their Java stack traces included (tens of KB), and Spark first matches
+    it against a regex that recurses once per character (StreamExecution.PROXY_ERROR, ``(.|\\r\\n|\\r|\\n)*``): the
+    stream thread's stack overflows, and the thread dies with a StackOverflowError instead of stopping. One line that
+    names Spark's exception, the cancel and the query's run id (its job group) is what Spark's check reads as a stop.
+    """
+    try:
+        yield
+    except Exception as exc:
+        text = str(exc)
+        stopped, interrupted = _STOPPED_JOB.search(text), _INTERRUPTED.search(text)
+        if stopped is not None:
+            raise BatchStopped(f"org.apache.spark.SparkException: {stopped.group(0)}") from None
+        if interrupted is not None and "py4j" in type(exc).__module__:
+            raise BatchStopped("py4j.protocol.Py4JJavaError: An error occurred while calling the JVM: "
+                               f"{interrupted.group(0)}") from None
+        raise
+
+
 class BatchRouter:
     """The ``foreachBatch`` function that writes each micro-batch into its tables, table by table, once.
 
@@ -509,6 +542,10 @@ class BatchRouter:
                                 .otherwise(F.col(RESCUED_COLUMN)))
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        with briefly_stopped():
+            self._write(batch, batch_id)
+
+    def _write(self, batch: DataFrame, batch_id: int) -> None:
         if self.collect:
             self._write_collected(batch, batch_id)
             return

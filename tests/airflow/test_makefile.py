@@ -29,6 +29,8 @@ from typing import Any
 import psutil
 import pytest
 
+from sluice.operations.loopback import is_loopback
+
 pytestmark = pytest.mark.airflow
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -279,6 +281,10 @@ def test_make_run_warm_sends_the_runs_to_a_warm_server_and_make_stop_stops_it(af
         summary = xcom["value"] if isinstance(xcom["value"], dict) else json.loads(xcom["value"])
         ready = next(line for line in run.output().splitlines() if "SLUICE_WARM_READY" in line)
         assert summary["app_id"] == ready.split()[-1], "the run went to a Spark application of its own, not warm"
+        # The warm server's driver (its UI, RPC and block manager) as much as Airflow: loopback only.
+        sockets = listening(run.note_processes())
+        assert ("127.0.0.1", 15041) in sockets
+        assert all(is_loopback(ip) for ip, _ in sockets), f"make run WARM=1 listens beyond loopback: {sockets}"
         stop_and_check_nothing_is_left(run, env, port)
         assert port_is_free(15041), "the warm server's port is still taken after make stop"
     finally:

@@ -11,6 +11,7 @@ import datetime as dt
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -28,7 +29,7 @@ from sluice.paths import Roots
 from sluice.storage import runlog
 from sluice.storage.delta import read_table
 from sluice.storage.lock import read_lock
-from sluice.warm import WarmAddress, WarmRefused, WarmServerGone, ping, run
+from sluice.warm import MAX_UNAUTHENTICATED, WarmAddress, WarmRefused, WarmServerGone, hello, ping, run
 from sluice_spark.runner import CANCELLED
 from tests.helpers import events_stream, expected_events, roots_in, write_catalog
 from tests.spark.test_ingest import bronze
@@ -39,6 +40,8 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 PROJECT = Path(__file__).resolve().parents[2]
 NOW = dt.datetime(2026, 11, 23, 8, 0, tzinfo=dt.timezone.utc)
 CLIENT = [sys.executable, "-m", "sluice", "warm", "run", "--stream", "events"]
+# The world server's deadline for a connection to prove itself and send its request: short, for the trickle test.
+REQUEST_DEADLINE = 3.0
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +51,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Pa
     clicks["source"] = {**clicks["source"], "path": "clicks/events"}
     catalog = write_catalog(folder, events_stream(trigger={"max_files_per_trigger": 1}), clicks)
     roots = roots_in(folder)
-    server = Server(folder, catalog, roots)
+    server = Server(folder, catalog, roots, args=("--request-deadline", str(REQUEST_DEADLINE)))
     try:
         yield server, catalog, roots
     finally:
@@ -136,6 +139,53 @@ def test_the_server_refuses_what_it_cannot_run(world: tuple[Server, Path, Roots]
         ping(WarmAddress("127.0.0.1", 1, server.token))
 
 
+def closed_by_the_server(connection: socket.socket, timeout: float) -> bool:
+    """Whether the server closes ``connection`` within ``timeout`` seconds (after a refusal, if it sends one)."""
+    connection.settimeout(timeout)
+    try:
+        while connection.recv(4096):
+            pass
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        pass
+    return True
+
+
+def test_a_client_that_trickles_bytes_is_cut_off_at_the_request_deadline(world: tuple[Server, Path, Roots]) -> None:
+    """A byte every 0.2 s resets no timeout: the connection has one deadline for its handshake and request."""
+    server, _, _ = world
+    _, opening = hello()
+    with socket.create_connection((server.address.host, server.address.port), timeout=10) as trickler:
+        sent = 0
+        for byte in opening[:-1] * 10:  # about 26 s of bytes at this pace, never a whole line
+            try:
+                trickler.sendall(bytes([byte]))
+            except OSError:
+                break
+            sent += 1
+            if closed_by_the_server(trickler, 0.2):
+                break
+        else:
+            pytest.fail("the server kept a trickling client past its deadline")
+    assert sent < len(opening) * 10
+    assert ping(server.address)["active_runs"] == 0
+
+
+def test_connections_that_do_not_prove_themselves_are_capped(world: tuple[Server, Path, Roots]) -> None:
+    server, _, _ = world
+    address = (server.address.host, server.address.port)
+    # Each holds one of the slots until the deadline.
+    silent = [socket.create_connection(address, timeout=10) for _ in range(MAX_UNAUTHENTICATED)]
+    try:
+        with socket.create_connection(address, timeout=10) as extra:
+            assert closed_by_the_server(extra, REQUEST_DEADLINE / 2), "a connection past the cap was kept"
+    finally:
+        for connection in silent:
+            connection.close()
+    assert ping(server.address)["active_runs"] == 0  # the slots are free again
+
+
 def test_a_killed_client_stops_its_run_and_a_killed_server_loses_nothing(tmp_path: Path) -> None:
     catalog = write_catalog(tmp_path, events_stream(trigger={"max_files_per_trigger": 1}))
     roots = roots_in(tmp_path)
@@ -160,18 +210,17 @@ def test_a_killed_client_stops_its_run_and_a_killed_server_loses_nothing(tmp_pat
         # The run stops its query (which waits for the batch in flight) before the batch may go on: released earlier,
         # batch 1 would commit and batch 2 start before the run's next look at the cancel.
         server.wait_for_line("query events: the run was cancelled")
-        (faults / "before_commit.release").touch()
-        server.wait_for_line(": done")
-        stream = load_catalog(catalog).get("events")
-        assert read_lock(stream.checkpoint_path(roots)) is None
-        # The run log says the run did not finish, and why: a stopped query is no success.
-        [cancelled] = runlog.runs(roots.lake, "events")
-        assert cancelled["status"] == RunStatus.FAILED and cancelled["error"] == CANCELLED
-        assert ping(server.address)["active_runs"] == 0
 
-        # The next run takes the stream up again, and the server dies after batch 2's Delta commits.
+        # The next run comes while the cancelled one still holds the stream's lock: it waits for it, not refused as
+        # LOCKED. It takes the stream up again, and the server dies after batch 2's Delta commits.
         client = subprocess.Popen(CLIENT, env=server.client_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   text=True)
+        server.wait_for_line("warm-run-2: waiting for warm-run-1, cancelled, to release the lock of events")
+        (faults / "before_commit.release").touch()
+        server.wait_for_line("warm-run-1: done")
+        # The run log says the cancelled run did not finish, and why: a stopped query is no success.
+        [cancelled] = runlog.runs(roots.lake, "events")
+        assert cancelled["status"] == RunStatus.FAILED and cancelled["error"] == CANCELLED
         while not (faults / "after_commit.reached").exists():
             assert client.poll() is None and time.monotonic() < deadline, server.output()[-3000:]
             time.sleep(0.05)
@@ -190,3 +239,4 @@ def test_a_killed_client_stops_its_run_and_a_killed_server_loses_nothing(tmp_pat
         assert_exact(catalog, roots)
     finally:
         server.stop()
+

@@ -3,6 +3,12 @@ the recorded sessions in a fake process table, and the rules of what `make clean
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +28,9 @@ from sluice.cli.devserver import (
     refusal,
     run_environment,
     unpaused_dags,
+    wait_for_warm,
+    warm_command,
+    warm_jvm_environment,
 )
 
 
@@ -218,3 +227,56 @@ def test_bad_arguments_are_refused(arguments: list[str], capsys: pytest.CaptureF
         main([*arguments, "--airflow-home", "/h", "--data-root", "/d"])
     assert exit_.value.code == 2
     assert "expected" in capsys.readouterr().err or arguments == ["launch"]
+
+
+@pytest.fixture
+def impostor() -> Iterator[int]:
+    """Something else on a port: it accepts every connection and answers as a warm server's ping might."""
+    listening = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        listening.settimeout(0.1)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                connection, _ = listening.accept()
+                with connection:
+                    connection.sendall(b'{"pong": {"app_id": "local-forged"}}\n')
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    yield listening.getsockname()[1]
+    stop.set()
+    thread.join(timeout=10)
+    listening.close()
+
+
+def test_make_run_waits_for_the_warm_server_to_prove_itself_not_for_an_open_port(
+        impostor: int, capsys: pytest.CaptureFixture[str]) -> None:
+    leader = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        assert wait_for_warm(leader, impostor, "t" * 32) is False
+    finally:
+        leader.kill()
+        leader.wait()
+    assert "could not prove that it holds the warm server's token" in capsys.readouterr().err
+
+
+def test_the_warm_server_of_make_run_listens_on_loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SLUICE_SPARK_UI_ADDRESS", raising=False)
+    command = warm_command(15041)
+    for setting in ("spark.driver.bindAddress=127.0.0.1", "spark.driver.host=127.0.0.1", "spark.ui.killEnabled=false"):
+        assert command[command.index(setting) - 1] == "--conf"
+    assert command[command.index("--host") + 1] == "127.0.0.1"
+    assert warm_jvm_environment()["SPARK_LOCAL_IP"] == "127.0.0.1"
+
+
+def test_a_ui_address_that_is_not_one_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sluice.errors import SluiceError
+
+    for bad in ("every address", "localhost", "127.0.0.1:4040"):
+        monkeypatch.setenv("SLUICE_SPARK_UI_ADDRESS", bad)
+        with pytest.raises(SluiceError, match=r"SLUICE_SPARK_UI_ADDRESS: .* is an IP address"):
+            warm_jvm_environment()
+    monkeypatch.setenv("SLUICE_SPARK_UI_ADDRESS", "0.0.0.0")
+    assert warm_jvm_environment()["SPARK_LOCAL_IP"] == "0.0.0.0"

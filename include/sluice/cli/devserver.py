@@ -53,6 +53,7 @@ API_COMPONENTS = (("api-server", ("airflow", "api-server")),)
 # start from the deployment's catalog and roots.
 SESSIONS = {"scheduling": SCHEDULING_COMPONENTS, "api-server": API_COMPONENTS, "warm": (), "kafka": ()}
 WARM_PORT = 15041
+WARM_MASTER = "local[*]"
 WARM_READY_TIMEOUT = 300
 # `make run KAFKA=1`: a Kafka broker (python -m sluice kafka-broker) under the data root, the topic the demo producer
 # also sends its events to, and the catalog of the bundled streams plus include/sluice/streams_kafka.yaml's.
@@ -378,33 +379,47 @@ def warm_environment(port: int) -> tuple[dict[str, str], dict[str, str]]:
 def warm_command(port: int) -> list[str]:
     """spark-submit of the warm server, on the catalog and roots the DAGs use."""
     from sluice.catalog import DEFAULT_CATALOG
-    from sluice.operations.jars import submit_args
+    from sluice.operations.jars import submit_args as jar_args
+    from sluice.operations.loopback import submit_args
     from sluice.paths import Roots
 
     server = Path(__file__).resolve().parents[3] / "spark_apps" / "warm_server.py"
     catalog = os.environ.get("SLUICE_CATALOG") or str(DEFAULT_CATALOG)
-    return ["spark-submit", "--master", "local[*]", *submit_args(), str(server), "--catalog", catalog,
-            *Roots.from_env().as_args(),
-            "--host", "127.0.0.1", "--port", str(port)]
+    return ["spark-submit", "--master", WARM_MASTER, *submit_args(WARM_MASTER), *jar_args(), str(server),
+            "--catalog", catalog, *Roots.from_env().as_args(), "--host", "127.0.0.1", "--port", str(port)]
 
 
 def warm_jvm_environment() -> dict[str, str]:
     """The warm server's driver JVM gets the class archive (:mod:`sluice.operations.jvm`); a resident driver keeps
-    the full JIT."""
+    the full JIT. Its UI listens on loopback (:mod:`sluice.operations.loopback`)."""
     from sluice.operations.jvm import driver_java_options, submit_env
+    from sluice.operations.loopback import driver_env
 
-    return submit_env(driver_java_options(small=False))
+    return {**driver_env(WARM_MASTER), **submit_env(driver_java_options(small=False))}
 
 
-def wait_for_warm(leader: subprocess.Popen[bytes], port: int) -> bool:
-    """Waits until the warm server listens (it warms up first), so that no scheduled run finds it missing."""
+def wait_for_warm(leader: subprocess.Popen[bytes], port: int, token: str) -> bool:
+    """Waits until the warm server answers a ping (it warms up first, then listens), so that no scheduled run finds
+    it missing. Not just an open port: the ping's handshake makes the server prove that it holds this run's token, so
+    a program that took the port meanwhile is found out here, before Airflow sends it any run."""
+    from sluice.warm import WarmAddress, WarmRefused, WarmServerGone, ping
+
+    address = WarmAddress("127.0.0.1", port, token)
     deadline = time.monotonic() + WARM_READY_TIMEOUT
-    while not port_taken("127.0.0.1", port):
+    while True:
+        try:
+            ping(address)
+            return True
+        except WarmRefused:
+            say(f"make run: another program listens on the warm server's port {port}: it could not prove that it "
+                "holds the warm server's token", error=True)
+            return False
+        except WarmServerGone:
+            pass
         if leader.poll() is not None or time.monotonic() >= deadline:
-            say(f"make run: the warm server did not start listening on port {port}", error=True)
+            say(f"make run: the warm server did not answer on port {port}", error=True)
             return False
         time.sleep(0.5)
-    return True
 
 
 def kafka_folder() -> str:
@@ -471,6 +486,15 @@ def run(address: Address, airflow_home: str, data_root: str, stop_timeout: float
     if warm and port_taken("127.0.0.1", WARM_PORT):
         say(f"make run: another program listens on the warm server's port {WARM_PORT}", error=True)
         return 1
+    if warm:
+        from sluice.errors import SluiceError
+        from sluice.operations.loopback import driver_env
+
+        try:
+            driver_env(WARM_MASTER)  # the warm session reads it again; a bad setting is said here, once
+        except SluiceError as exc:
+            say(f"make run: {exc}", error=True)
+            return 1
     for signum in STOP_SIGNALS:
         signal.signal(signum, interrupt)
     try:
@@ -484,7 +508,7 @@ def run(address: Address, airflow_home: str, data_root: str, stop_timeout: float
             server = spawn_session("warm", server_env)
             warm_line = f"warm {server.pid} {started_at(server.pid)}\n"
             record.write_text(warm_line)
-            if not wait_for_warm(server, WARM_PORT):
+            if not wait_for_warm(server, WARM_PORT, server_env["SLUICE_WARM_TOKEN"]):
                 stopper.stop_all(quiet=True)
                 return 1
         kafka_line = ""

@@ -18,10 +18,13 @@ from pathlib import Path
 
 from sluice.catalog import DEFAULT_CATALOG
 from sluice.cli.demo_producer import DemoProducer
+from sluice.errors import SluiceError
 from sluice.operations.jvm import build_archive, run_group, spark_submit, submit_env
+from sluice.operations.loopback import driver_env, submit_args
 from sluice.paths import Roots
 
 TRAINING_STREAMS = ("events_bronze", "orders_bronze")
+TRAINING_MASTER = "local[2]"
 
 
 def stream_runner() -> Path:
@@ -37,10 +40,11 @@ def train(options: list[str], timeout: float) -> str:
     with tempfile.TemporaryDirectory(prefix="sluice-jvm-training-") as folder:
         roots = Roots(landing=f"{folder}/landing", lake=f"{folder}/lake", checkpoints=f"{folder}/checkpoints")
         DemoProducer(roots.landing, seed=11).produce(files=2, lines=300)
-        env = {**os.environ, **submit_env(options), "PYSPARK_PYTHON": sys.executable,
+        env = {**os.environ, **submit_env(options), **driver_env(TRAINING_MASTER), "PYSPARK_PYTHON": sys.executable,
                "PYSPARK_DRIVER_PYTHON": sys.executable}
         done = run_group(
-            [spark_submit(), "--master", "local[2]", "--conf", "spark.ui.enabled=false", str(stream_runner()),
+            [spark_submit(), "--master", TRAINING_MASTER, *submit_args(TRAINING_MASTER), "--conf",
+             "spark.ui.enabled=false", str(stream_runner()),
              "--catalog", str(DEFAULT_CATALOG), *(f"--stream={name}" for name in TRAINING_STREAMS), *roots.as_args()],
             env=env, timeout=timeout, cwd=folder)
         if done.returncode != 0:
@@ -54,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         archive = build_archive(train, force=args.force)
-    except (RuntimeError, OSError) as exc:
+    except (RuntimeError, OSError, SluiceError) as exc:
         print(f"sluice: no driver archive: {exc}", file=sys.stderr)
         return 1
     print(archive)
