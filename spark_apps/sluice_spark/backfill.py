@@ -56,6 +56,7 @@ from sluice_spark.runner import (
     is_permanent_failure,
     maps_case,
     sink_targets,
+    tables_to_create,
     with_added_columns,
     write_run_log,
 )
@@ -223,8 +224,7 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
     targets = sink_targets(stream, roots, data_columns)
     resolved = resolve_engine(spark, engine or stream.sink.engine, stream.locations(roots))
     if not request.dry_run:  # as for a run (see sluice_spark.runner.prepare_stream)
-        create_tables(stream, routed, targets if resolved is DeltaEngine.RS
-                      else [target for target in targets if table_version(target.path) is not None])
+        create_tables(stream, routed, tables_to_create(targets, resolved))
     column = plan.event_time_column
     in_range = (F.col(column) >= F.lit(request.start)) & (F.col(column) < F.lit(request.end)) if column \
         else F.lit(True)

@@ -252,6 +252,16 @@ def sink_targets(stream: StreamSpec, roots: Roots, data_columns: list[str]) -> l
     return targets
 
 
+def tables_to_create(targets: list[TableTarget], engine: DeltaEngine) -> list[TableTarget]:
+    """The targets :func:`create_tables` prepares before a run: all of them on the rs engine. The jvm engine creates
+    an appended table on its first write, but needs the table of a merge (delta-spark merges only into a table), and
+    an existing table gains the stream's new columns here all the same (delta-spark would refuse the append, or a
+    merge would drop them)."""
+    if engine is DeltaEngine.RS:
+        return targets
+    return [target for target in targets if target.mode is SinkMode.MERGE or table_version(target.path) is not None]
+
+
 def create_tables(stream: StreamSpec, routed: DataFrame, targets: list[TableTarget]) -> None:
     """Create the targets' Delta tables with delta-rs from the routed frame's schema (the jvm engine creates its
     own on first write); an existing table must have the same schema."""
@@ -293,10 +303,7 @@ def prepare_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, run
     routed, data_columns = build_routed_frame(spark, stream, roots, engine=resolved)
     targets = sink_targets(stream, roots, data_columns)
     kinds.sink(stream).check(spark, stream)
-    # The jvm engine creates its tables on their first write; an existing one gains the stream's new columns here
-    # all the same (delta-spark would refuse the append, or a merge would drop them).
-    create_tables(stream, routed, targets if resolved is DeltaEngine.RS
-                  else [target for target in targets if table_version(target.path) is not None])
+    create_tables(stream, routed, tables_to_create(targets, resolved))
     collect = collects_on_driver(stream, roots, resolved, targets)
     sink, dead = sink_and_dead_letter(targets)
     summary = StreamRunSummary(

@@ -10,6 +10,7 @@ import yaml
 
 from sluice.catalog import DEFAULT_CATALOG
 from sluice.cli.demo_producer import DemoProducer
+from sluice.storage.delta import commit_properties
 from tests.helpers import expected_events
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark]
@@ -229,7 +230,8 @@ def test_backfill_dag_with_conf_runs_the_real_spark_job(
     assert plan["file_count"] == 1 and summary["status"] == "succeeded"
     assert summary["rows_written"] == len(good) and summary["delta_version_after"] == version + 1
     assert table_rows(sink, ["event_id"]) == sorted((row[0],) for row in good)
-    assert DeltaTable(sink).history(1)[0]["sluice.backfill.reason"] == "clicks were deleted by mistake"
+    assert commit_properties(DeltaTable(sink).history(1)[0])["sluice.backfill.reason"] == \
+        "clicks were deleted by mistake"
 
 
 def test_maintenance_dag_compacts_the_streams_it_is_given(airflow_db: Path, tmp_path: Path,

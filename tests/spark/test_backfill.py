@@ -21,6 +21,7 @@ from sluice.constants import DeltaEngine
 from sluice.operations.backfill import parse_request
 from sluice.operations.jars import spark_jars
 from sluice.paths import Roots
+from sluice.storage.delta import commit_properties
 from sluice_spark.backfill import run_backfill
 from sluice_spark.runner import run_streams
 from tests.helpers import (
@@ -132,8 +133,7 @@ def test_replace_repairs_the_range_only_and_twice_is_the_same(spark: Any, world:
     assert sorted((r for r in after if in_range(r, times)), key=repr) == sorted(wanted_in_range, key=repr)
     assert [r for r in after if not in_range(r, times)] == [r for r in corrupted if not in_range(r, times)]
     commit = DeltaTable(sink).history(1)[0]
-    # delta-rs keeps the commit's properties as fields; delta-spark as its userMetadata (JSON).
-    info = commit if engine == "rs" else json.loads(commit["userMetadata"])
+    info = commit_properties(commit)
     assert (info["sluice.backfill.runId"], info["sluice.backfill.reason"]) == ("first", "amounts were corrupted")
 
     again = run_backfill(spark, catalog, request(catalog, "second"), roots, engine=backfill_engine)

@@ -360,6 +360,12 @@ def table_history(path: str, *, limit: int = 50) -> list[dict[str, Any]]:
     return rows
 
 
+def commit_properties(info: dict[str, Any]) -> dict[str, Any]:
+    """The properties Sluice gave a commit (``sluice.*``), whichever engine wrote it: delta-rs keeps them as fields
+    of the commit's info, delta-spark inside its ``userMetadata``."""
+    return {**{key: value for key, value in info.items() if key.startswith("sluice.")}, **_user_metadata(info)}
+
+
 def _user_metadata(info: dict[str, Any]) -> dict[str, Any]:
     raw = info.get("userMetadata")
     if isinstance(raw, str) and raw.startswith("{"):

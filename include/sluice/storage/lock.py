@@ -140,7 +140,8 @@ def _process_state(pid: int) -> tuple[str, int] | None:
         return None
 
 
-def _process_start(pid: int) -> int | None:
+def process_start(pid: int) -> int | None:
+    """Process ``pid``'s start time in clock ticks after boot, as a lock records it; None when unknown."""
     state = _process_state(pid)
     return state[1] if state else None
 
@@ -355,7 +356,7 @@ class StreamLock(HeldLock):
         space = process_space()
         self._info = LockInfo(self.stream, self.run_id, space["host"], pid, now, now, self.expires_after_seconds,
                               self.token, boot_id=space["boot_id"], pid_namespace=space["pid_namespace"],
-                              process_start=_process_start(pid) or 0)
+                              process_start=process_start(pid) or 0)
         temporary = self._write_temporary(self._info)
         try:
             for _ in range(5):

@@ -36,6 +36,7 @@ from sluice.storage.lock import (
     StreamLock,
     _parse,
     process_space,
+    process_start,
     read_lock,
 )
 from sluice.storage.store import AlreadyExists, Changed, Folder, NoConditionalWrites, folder, is_local
@@ -97,9 +98,12 @@ class ObjectLock(HeldLock):
     def acquire(self) -> None:
         require_conditional_writes(self.checkpoint)
         now = time.time()
-        space = process_space()
-        self._info = LockInfo(self.stream, self.run_id, space["host"], os.getpid(), now, now,
-                              self.expires_after_seconds, self.token)
+        space, pid = process_space(), os.getpid()
+        # Where the holder is, so that a run in the same process space sees it is gone (a SIGKILL) at once, as on a
+        # disk; anywhere else only the expiry frees the lock.
+        self._info = LockInfo(self.stream, self.run_id, space["host"], pid, now, now, self.expires_after_seconds,
+                              self.token, boot_id=space["boot_id"], pid_namespace=space["pid_namespace"],
+                              process_start=process_start(pid) or 0)
         for _ in range(5):
             try:
                 self._version = self.checkpoint.create(LOCK_FILE, self._payload())

@@ -224,6 +224,11 @@ class TransactionalTopic:
         from confluent_kafka import Consumer, Producer, TopicPartition
 
         rows = records.toArrow()
+        producer = Producer({**self.config, "transactional.id": f"sluice-{self.query_id}",
+                             "enable.idempotence": True, "acks": "all", "linger.ms": 5})
+        # First: fence a killed run's producer and abort its open transaction. Until then the group's offset that
+        # transaction would commit is pending, and reading it waits for the transaction's timeout.
+        producer.init_transactions(60)
         consumer = Consumer({**self.config, "group.id": self.group, "enable.auto.commit": False,
                              "isolation.level": "read_committed"})
         try:
@@ -232,9 +237,6 @@ class TransactionalTopic:
                 log.info("batch %s is in topic %s already (transaction of query %s); not sent again", batch_id,
                          self.topic, self.query_id)
                 return rows.num_rows
-            producer = Producer({**self.config, "transactional.id": f"sluice-{self.query_id}",
-                                 "enable.idempotence": True, "acks": "all", "linger.ms": 5})
-            producer.init_transactions(60)  # fences a killed run's producer and aborts its open transaction
             producer.begin_transaction()
             values = rows.column("value").to_pylist()
             keys = rows.column("key").to_pylist() if "key" in rows.column_names else [None] * len(values)
