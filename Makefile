@@ -51,7 +51,8 @@ $(STAMP): requirements.txt pyproject.toml include/sluice/operations/pyspark_byte
 	touch $@
 
 $(JARS_STAMP): include/jvm/pom.xml $(STAMP)
-	$(BIN)/python -m sluice jars
+	@# Without Maven it says what needs the jars and writes no stamp, so that a later make (with Maven) resolves them.
+	$(BIN)/python -m sluice jars && { test ! -f $@ || touch $@; }
 
 .PHONY: venv
 venv: $(INSTALLED)  ## create .venv, install the pinned requirements and the JVM jars (done by every target on first use)
