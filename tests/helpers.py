@@ -136,3 +136,16 @@ def spark_submit(*arguments: str, master: str = "local[2]") -> list[str]:
 
     return [str(Path(sys.executable).parent / "spark-submit"), "--master", master, "--conf", "spark.ui.enabled=false",
             "--conf", "spark.sql.shuffle.partitions=2", *submit_args(), *arguments]
+
+
+def load_spark_app(script: str) -> Any:
+    """A Spark entry point of spark_apps/ (``stream_runner.py``...), loaded as a module: it imports pyspark, but
+    starts no JVM. The scripts are no package modules, so they are not importable by name."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "spark_apps" / script
+    spec = importlib.util.spec_from_file_location(script.removesuffix(".py"), path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

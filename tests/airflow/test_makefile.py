@@ -247,12 +247,33 @@ def test_make_run_after_make_demo_runs_the_dags_on_loopback_and_make_stop_stops_
         wait_for(dags_unpaused, f"the bundled DAGs {sorted(expected_dags)} to be registered and unpaused", 180)
         sockets = listening(run.note_processes())
         assert ("127.0.0.1", port) in sockets
-        assert {ip for ip, _ in sockets} <= {"127.0.0.1", "::1"}, f"make run listens beyond loopback: {sockets}"
+        assert all(is_loopback(ip) for ip, _ in sockets), f"make run listens beyond loopback: {sockets}"
 
         stop_and_check_nothing_is_left(run, env, port)
         assert bystander.poll() is None, "make stop killed a process that make run did not start"
     finally:
         run.close()
+
+
+def trigger_and_wait(run: MakeRun, base: str, dag: str, timeout: float) -> dict[str, object]:
+    """Trigger ``dag`` through the REST API, as a user would (the DAG once registered), wait for its run to succeed,
+    and return its run summary (the run task's XCom)."""
+    _, login = http(f"{base}/auth/token")
+    token = login["access_token"]
+    wait_for(lambda: http(f"{base}/api/v2/dags/{dag}", token=token)[0] == 200, f"the DAG {dag}", 180)
+    status, started = http(f"{base}/api/v2/dags/{dag}/dagRuns", token=token,
+                           body={"logical_date": None})  # type: ignore[dict-item]
+    assert status == 200, started
+    run_id = started["dag_run_id"]
+
+    def finished() -> str | None:
+        _, body = http(f"{base}/api/v2/dags/{dag}/dagRuns/{run_id}", token=token)
+        return body["state"] if body["state"] in ("success", "failed") else None
+
+    assert wait_for(finished, f"the DAG run {run_id}", timeout) == "success", run.output()[-4000:]
+    _, xcom = http(f"{base}/api/v2/dags/{dag}/dagRuns/{run_id}/taskInstances/run_stream/xcomEntries/return_value",
+                   token=token)
+    return xcom["value"] if isinstance(xcom["value"], dict) else json.loads(xcom["value"])
 
 
 def test_make_run_warm_sends_the_runs_to_a_warm_server_and_make_stop_stops_it(after_make_demo: dict[str, str],
@@ -264,21 +285,7 @@ def test_make_run_warm_sends_the_runs_to_a_warm_server_and_make_stop_stops_it(af
     try:
         run.wait_until_up(f"{base}/api/v2/monitor/health")
         assert "the stream runs go to it (warm mode)" in run.output()
-        _, login = http(f"{base}/auth/token")
-        token = login["access_token"]
-        status, started = http(f"{base}/api/v2/dags/ingest_events_bronze/dagRuns", token=token,
-                               body={"logical_date": None})  # type: ignore[dict-item]
-        assert status == 200, started
-        run_id = started["dag_run_id"]
-
-        def finished() -> str | None:
-            _, body = http(f"{base}/api/v2/dags/ingest_events_bronze/dagRuns/{run_id}", token=token)
-            return body["state"] if body["state"] in ("success", "failed") else None
-
-        assert wait_for(finished, f"the DAG run {run_id}", 240) == "success", run.output()[-4000:]
-        _, xcom = http(f"{base}/api/v2/dags/ingest_events_bronze/dagRuns/{run_id}/taskInstances/run_stream/"
-                       "xcomEntries/return_value", token=token)
-        summary = xcom["value"] if isinstance(xcom["value"], dict) else json.loads(xcom["value"])
+        summary = trigger_and_wait(run, base, "ingest_events_bronze", 240)
         ready = next(line for line in run.output().splitlines() if "SLUICE_WARM_READY" in line)
         assert summary["app_id"] == ready.split()[-1], "the run went to a Spark application of its own, not warm"
         # The warm server's driver (its UI, RPC and block manager) as much as Airflow: loopback only.
@@ -306,27 +313,11 @@ def test_make_run_kafka_feeds_a_local_broker_that_a_stream_ingests_and_make_stop
         producer_log = Path(env["AIRFLOW_HOME"]) / "producer.log"
         wait_for(lambda: producer_log.exists() and '"topic": "demo.events"' in producer_log.read_text(),
                  "the demo producer's first round into demo.events", 180)
-        _, login = http(f"{base}/auth/token")
-        token = login["access_token"]
-        dag = "ingest_events_kafka_bronze"
-        wait_for(lambda: http(f"{base}/api/v2/dags/{dag}", token=token)[0] == 200, f"the DAG {dag}", 180)
-        status, started = http(f"{base}/api/v2/dags/{dag}/dagRuns", token=token,
-                               body={"logical_date": None})  # type: ignore[dict-item]
-        assert status == 200, started
-        run_id = started["dag_run_id"]
-
-        def finished() -> str | None:
-            _, body = http(f"{base}/api/v2/dags/{dag}/dagRuns/{run_id}", token=token)
-            return body["state"] if body["state"] in ("success", "failed") else None
-
-        assert wait_for(finished, f"the DAG run {run_id}", 300) == "success", run.output()[-4000:]
-        _, xcom = http(f"{base}/api/v2/dags/{dag}/dagRuns/{run_id}/taskInstances/run_stream/xcomEntries/"
-                       "return_value", token=token)
-        summary = xcom["value"] if isinstance(xcom["value"], dict) else json.loads(xcom["value"])
+        summary = trigger_and_wait(run, base, "ingest_events_kafka_bronze", 300)
         [stream] = summary["streams"]
         assert stream["status"] == "succeeded" and stream["output_rows"] > 0, stream
         sockets = listening(run.note_processes())
-        assert {ip for ip, _ in sockets} <= {"127.0.0.1", "::1"}, f"make run KAFKA=1 listens beyond loopback: {sockets}"
+        assert all(is_loopback(ip) for ip, _ in sockets), f"make run KAFKA=1 listens beyond loopback: {sockets}"
         stop_and_check_nothing_is_left(run, env, port)
         assert not (Path(env["SLUICE_DATA_ROOT"]) / "kafka" / "ready").exists(), "the broker stopped"
     finally:

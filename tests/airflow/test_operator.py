@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pendulum
 import pytest
 
 from sluice.summary import RunSummary, StreamRunSummary
+from tests.helpers import load_spark_app
 
 pytestmark = pytest.mark.airflow
 PROJECT = Path(__file__).resolve().parents[2]
@@ -51,20 +50,11 @@ def test_constructor_stores_arguments_unchanged_and_does_no_io() -> None:
     assert (operator.streams, operator.catalog, operator.engine) == (["a", "b"], "/nowhere/catalog.yaml", "rs")
 
 
-def load_runner(script: str) -> Any:
-    """A Spark entry point of spark_apps/, loaded as a module (it imports pyspark, but starts no JVM)."""
-    spec = importlib.util.spec_from_file_location(script.removesuffix(".py"), PROJECT / "spark_apps" / script)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_application_args_carry_everything_the_runner_needs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLUICE_DATA_ROOT", "/srv/sluice")
     monkeypatch.delenv("SLUICE_LAKE_ROOT", raising=False)
     operator = make_operator(streams=["a", "b"], landing_root="/landing", engine="rs")
-    args = load_runner("stream_runner.py").parse_args(
+    args = load_spark_app("stream_runner.py").parse_args(
         operator.application_args(run_id="dag/run/task", summary_file="/tmp/s.json"))
     assert args.catalog.endswith("streams.yaml")
     assert args.streams == ["a", "b"]
@@ -80,14 +70,14 @@ def test_values_that_start_with_a_dash_reach_the_runners_as_values() -> None:
     from tests.helpers import events_stream
 
     operator = make_operator(streams=["a"])
-    args = load_runner("stream_runner.py").parse_args(
+    args = load_spark_app("stream_runner.py").parse_args(
         operator.application_args(run_id="--engine=jvm", summary_file="-s.json"))
     assert (args.run_id, args.summary_file, args.engine) == ("--engine=jvm", "-s.json", None)
 
     catalog = parse_catalog({"streams": [events_stream("events")]})
     request = parse_request({"stream": "events", "start": "2026-11-01T00:00:00Z", "end": "2026-11-02T00:00:00Z",
                              "select_by": "file_time", "reason": "--mode=replace"}, catalog, run_id="-h")
-    backfill = load_runner("backfill_runner.py").parse_args(
+    backfill = load_spark_app("backfill_runner.py").parse_args(
         [*request.to_args(), "--catalog=c.yaml", *Roots("/l", "/k", "/c").as_args()])
     assert (backfill.reason, backfill.run_id, backfill.mode) == ("--mode=replace", "-h", "append")
 

@@ -11,6 +11,7 @@ import pytest
 
 from sluice.connections.secrets import REDACTED, run_secrets, scrub_secrets
 from sluice.summary import RunSummary, StreamRunSummary
+from tests.helpers import load_spark_app
 
 AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 PEM_LINE = "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7"
@@ -57,7 +58,7 @@ def test_every_secret_the_run_was_given_is_scrubbed(given: None) -> None:
 
 def test_the_stream_runner_prints_and_writes_no_secret(given: None, tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    from stream_runner import emit
+    emit = load_spark_app("stream_runner.py").emit
 
     failed = StreamRunSummary(stream="events", status="failed", error=error_quoting_everything())
     summary = RunSummary("app-1", [failed])
@@ -70,7 +71,7 @@ def test_the_stream_runner_prints_and_writes_no_secret(given: None, tmp_path: Pa
 
 def test_the_backfill_runner_prints_and_writes_no_secret(given: None, tmp_path: Path,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    from backfill_runner import emit
+    emit = load_spark_app("backfill_runner.py").emit
 
     emit(json.dumps({"stream": "events", "status": "failed", "error": error_quoting_everything()}),
          str(tmp_path / "summary.json"))
