@@ -40,6 +40,11 @@ _SECRETS = "credentials.json"
 READY_NAME = "ready"
 
 
+def cluster_id(value: uuid.UUID) -> str:
+    """A KRaft cluster id: the UUID's 16 bytes in URL-safe base64, unpadded (Kafka's ``Uuid.toString``)."""
+    return base64.urlsafe_b64encode(value.bytes).decode("ascii").rstrip("=")
+
+
 def free_port(host: str = HOST) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
@@ -154,9 +159,10 @@ class LocalKafkaBroker:
         descriptor = os.open(properties, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(descriptor, "w", encoding="utf-8") as out:
             out.writelines(f"{key}={value}\n" for key, value in settings.items())
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+        identifier = cluster_id(uuid.uuid4())
         formatted = subprocess.run(
-            [self.java, "-cp", self._classpath(), "kafka.tools.StorageTool", "format", "--cluster-id", cluster_id,
+            # --cluster-id=<id> in one argument: a base64 id may start with "-", which would read as an option.
+            [self.java, "-cp", self._classpath(), "kafka.tools.StorageTool", "format", f"--cluster-id={identifier}",
              "--config", str(properties), "--ignore-formatted"],
             capture_output=True, text=True, check=False)
         if formatted.returncode != 0:
