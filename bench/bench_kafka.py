@@ -61,7 +61,7 @@ def produce(address: BrokerAddress, topic: str, records: int, partitions: int) -
 
 
 def plain_spark(spark, address: BrokerAddress, topic: str, out: Path) -> tuple[float, int]:  # type: ignore[no-untyped-def]
-    schema = parse_schema(SCHEMA).ddl(nullable_only=True)
+    schema = parse_schema(SCHEMA, stream="bench_kafka").ddl(nullable_only=True)
     started = time.perf_counter()
     frame = (spark.readStream.format("kafka").options(**address.spark_options())
              .option("subscribe", topic).option("startingOffsets", "earliest").load()
