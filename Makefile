@@ -38,11 +38,12 @@ prerequisites:
 	@command -v java >/dev/null || { echo "Sluice needs Java 17+ on PATH (Spark runs on the JVM)"; exit 1; }
 	@java -version 2>&1 | awk -F'"' '/version/ { split($$2, v, "."); if (v[1] < 17) { print "Sluice needs Java 17+; found " $$2; exit 1 } }'
 
-$(STAMP): requirements.txt pyproject.toml include/sluice/operations/pyspark_bytecode.py
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml include/sluice/operations/pyspark_bytecode.py
 	@$(MAKE) --no-print-directory prerequisites
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements.txt
+	@# requirements-dev.txt: the runtime pins (requirements.txt, all the images install) and the tools of tests, lint, docs.
+	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	@# Bytecode in the PySpark zip that Spark's Python processes load first (README, "Cost"): without it, only slower.
 	$(BIN)/python -m sluice pyspark-bytecode || echo "make: no bytecode in PySpark's zip; Spark's Python processes compile it"
@@ -55,7 +56,7 @@ $(JARS_STAMP): include/jvm/pom.xml $(STAMP)
 	$(BIN)/python -m sluice jars && { test ! -f $@ || touch $@; }
 
 .PHONY: venv
-venv: $(INSTALLED)  ## create .venv, install the pinned requirements and the JVM jars (done by every target on first use)
+venv: $(INSTALLED)  ## create .venv, install the pinned runtime and development requirements and the JVM jars (done by every target on first use)
 
 $(AIRFLOW_HOME)/airflow.db: $(INSTALLED)
 	mkdir -p $(AIRFLOW_HOME)
@@ -122,8 +123,8 @@ test-unit: $(INSTALLED)  ## the unit tier only (no JVM, no Airflow database, no 
 	$(BIN)/python -m pytest -m "not spark and not airflow and not kafka" $(PYTEST_ARGS)
 
 .PHONY: lint
-lint: $(INSTALLED)  ## ruff, mypy and the import layers (import-linter)
-	$(BIN)/ruff check include plugins spark_apps dags tests bench
+lint: $(INSTALLED)  ## ruff (include plugins spark_apps dags tests bench docs .ci), mypy (include plugins spark_apps), import-linter
+	$(BIN)/ruff check include plugins spark_apps dags tests bench docs .ci
 	$(BIN)/mypy include plugins spark_apps
 	$(BIN)/lint-imports
 
@@ -143,9 +144,16 @@ bench: $(INSTALLED)  ## benchmarks: ingest (Delta sink vs Parquet sink, BENCH_RO
 	$(BIN)/python bench/bench_history.py
 
 .PHONY: freeze
-freeze: $(INSTALLED)  ## rewrite requirements.txt from the environment after an upgrade
-	{ sed -n '1,2p' requirements.txt; $(BIN)/python -m pip freeze --exclude-editable | grep -v '^sluice'; } > requirements.txt.new
-	mv requirements.txt.new requirements.txt
+freeze: $(INSTALLED)  ## rewrite requirements.txt (runtime) and requirements-dev.txt from the environment after an upgrade
+	$(BIN)/python .ci/freeze.py
+
+.PHONY: docs
+docs: $(INSTALLED)  ## build the documentation site into site/ (mkdocs build --strict; references generated from the code)
+	$(BIN)/mkdocs build --strict --quiet
+
+.PHONY: schema
+schema: $(INSTALLED)  ## rewrite the catalog's JSON Schema (include/sluice/catalog/streams.schema.json) from the code
+	$(BIN)/python -m sluice catalog-schema --write
 
 .PHONY: clean
 clean:  ## remove data, Airflow home and caches, if they are inside the checkout (keeps .venv)
