@@ -11,6 +11,8 @@
     python -m sluice jars [--force]                          resolve the JVM jars (include/jvm/pom.xml) with Maven
     python -m sluice jvm-archive [--force]                   record the Spark driver's class archive (faster starts)
     python -m sluice pyspark-bytecode                        bytecode in the PySpark zip Spark's Python processes load
+    python -m sluice catalog-schema [--write | --check]      the catalog's JSON Schema, generated from the code
+    python -m sluice --version                               the installed version
 
 Each command's module is imported only when it runs.
 """
@@ -25,13 +27,18 @@ COMMANDS = {"status": "sluice.cli.status", "health": "sluice.cli.health", "repai
             "maintain": "sluice.cli.maintain", "demo": "sluice.cli.demo", "demo-producer": "sluice.cli.demo_producer",
             "warm": "sluice.cli.warm", "jars": "sluice.cli.jars", "kafka-broker": "sluice.cli.kafka_broker",
             "jvm-archive": "sluice.cli.jvm",
-            "pyspark-bytecode": "sluice.cli.pyspark_bytecode"}
+            "pyspark-bytecode": "sluice.cli.pyspark_bytecode", "catalog-schema": "sluice.cli.catalog_schema"}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args and args[0] in ("-h", "--help"):
         print(__doc__)  # asked for: on stdout, for a pager or grep
+        return 0
+    if args and args[0] == "--version":
+        from sluice import __version__
+
+        print(f"sluice {__version__}")
         return 0
     if not args or args[0] not in COMMANDS:
         print(__doc__, file=sys.stderr)

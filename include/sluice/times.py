@@ -21,7 +21,7 @@ _DURATION_UNIT_SECONDS = {"us": 0.000001, "ms": 0.001, "s": 1, "m": 60, "min": 6
 MAX_DURATION = timedelta(seconds=MAX_DURATION_SECONDS)
 
 # At most 12 digits: Python refuses to convert a number of thousands of digits, and no bound needs more.
-_INTERVAL = re.compile(r"^\s*(\d{1,12})\s*(seconds?|s|minutes?|min|m|hours?|h|days?|d)\s*$", re.IGNORECASE)
+INTERVAL = re.compile(r"^\s*(\d{1,12})\s*(seconds?|s|minutes?|min|m|hours?|h|days?|d)\s*$", re.IGNORECASE)
 # Keyed by the unit's first letter, which tells seconds, minutes, hours and days apart.
 _INTERVAL_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -40,7 +40,7 @@ def parse_duration(text: str) -> timedelta:
 
 def parse_interval(text: object) -> int:
     """``"10 minutes"``, ``"1 hour"``, ``"30s"``... as whole seconds (at least one, at most 3650 days)."""
-    match = _INTERVAL.match(text) if isinstance(text, str) else None
+    match = INTERVAL.match(text) if isinstance(text, str) else None
     if match is None or int(match.group(1)) <= 0:
         raise SluiceError(f"expected a positive duration such as '10 minutes', '1 hour' or '30s', got {text!r}")
     seconds = int(match.group(1)) * _INTERVAL_UNIT_SECONDS[match.group(2)[0].lower()]

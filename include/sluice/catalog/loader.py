@@ -18,6 +18,7 @@ from pathlib import Path
 
 from croniter import croniter
 
+from sluice.catalog.keys import NAME_PATTERN
 from sluice.catalog.patterns import check_patterns, parse_patterns
 from sluice.catalog.rules import read_expectations, read_transform
 from sluice.catalog.streams import Catalog, Claims
@@ -45,7 +46,7 @@ from sluice.model.stream import AlertSpec, BackfillSpec, StreamSpec, TriggerSpec
 from sluice.paths import is_absolute, path_key
 
 DEFAULT_CATALOG = Path(__file__).parent.parent / "streams.yaml"
-_STREAM_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+_STREAM_NAME = re.compile(NAME_PATTERN)
 
 
 def _parse_trigger(section: Section) -> TriggerSpec:
