@@ -20,7 +20,7 @@ export AIRFLOW__CORE__EXECUTOR ?= LocalExecutor
 # LocalExecutor keeps one worker process per parallelism slot; each Spark run is heavy, and one machine runs few.
 export AIRFLOW__CORE__PARALLELISM ?= 4
 # The scheduler sleeps this long when a loop found nothing to do; a small run waits for such a sleep before it starts,
-# after it ends, and between tasks. Half of Airflow's 1 s, for about 2% more of a core while idle (README, "Cost").
+# after it ends, and between tasks. Half of Airflow's 1 s, for about 2% more of a core while idle (docs/performance/cost.md).
 export AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME ?= 0.5
 export SLUICE_DATA_ROOT ?= $(CURDIR)/data
 export PYSPARK_PYTHON := $(BIN)/python
@@ -45,9 +45,9 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml include/sluice/op
 	@# requirements-dev.txt: the runtime pins (requirements.txt, all the images install) and the tools of tests, lint, docs.
 	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e .
-	@# Bytecode in the PySpark zip that Spark's Python processes load first (README, "Cost"): without it, only slower.
+	@# Bytecode in the PySpark zip that Spark's Python processes load first (docs/performance/cost.md): without it, only slower.
 	$(BIN)/python -m sluice pyspark-bytecode || echo "make: no bytecode in PySpark's zip; Spark's Python processes compile it"
-	@# The Spark driver's class archive (README, "Cost"): cold runs start seconds sooner; without one, only slower.
+	@# The Spark driver's class archive (docs/performance/cost.md): cold runs start seconds sooner; without one, only slower.
 	$(BIN)/python -m sluice jvm-archive || echo "make: no Spark driver archive was recorded; runs start without it"
 	touch $@
 
@@ -75,7 +75,7 @@ DEVSERVER = PYTHONPATH="$(CURDIR)/include" $(PYTHON) -m sluice.cli.devserver
 WHERE = --airflow-home "$(AIRFLOW_HOME)" --data-root "$(SLUICE_DATA_ROOT)"
 
 # `make run WARM=1`: warm mode. A warm server (one resident Spark driver) starts first, and the stream runs go to it
-# instead of a spark-submit each (README, "Cost").
+# instead of a spark-submit each (docs/performance/cost.md).
 WARM =
 # `make run KAFKA=1`: a local Kafka broker (KRaft, 127.0.0.1) starts first; the demo producer also sends its events to
 # the topic demo.events, and the stream events_kafka_bronze (include/sluice/streams_kafka.yaml) ingests them.
@@ -119,8 +119,8 @@ test-postgres: $(INSTALLED)  ## the Airflow end-to-end tests on a throwaway Post
 	bash tests/postgres.sh $(BIN)/python -m pytest -m airflow -k "$(POSTGRES_SELECT)" $(POSTGRES_TESTS) $(PYTEST_ARGS)
 
 .PHONY: test-unit
-test-unit: $(INSTALLED)  ## the unit tier only (no JVM, no Airflow database, no Kafka broker)
-	$(BIN)/python -m pytest -m "not spark and not airflow and not kafka" $(PYTEST_ARGS)
+test-unit: $(INSTALLED)  ## the unit tier only: starts no JVM, Airflow database, Kafka broker or S3 server, installs nothing
+	$(BIN)/python -m pytest -m "not spark and not airflow and not kafka and not s3" $(PYTEST_ARGS)
 
 .PHONY: lint
 lint: $(INSTALLED)  ## ruff (include plugins spark_apps dags tests bench docs .ci), mypy (include plugins spark_apps), import-linter
@@ -149,7 +149,7 @@ freeze: $(INSTALLED)  ## rewrite requirements.txt (runtime) and requirements-dev
 
 .PHONY: docs
 docs: $(INSTALLED)  ## build the documentation site into site/ (mkdocs build --strict; references generated from the code)
-	$(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 .PHONY: schema
 schema: $(INSTALLED)  ## rewrite the catalog's JSON Schema (include/sluice/catalog/streams.schema.json) from the code

@@ -72,7 +72,8 @@ INLINE_STREAM = f"{STREAM}_inline"  # the same stream with the health check in i
 FILES, LINES = 3, 3270
 # Never: Feb 29 at midnight, last before the DAGs' start date, next in 2028. Only the bench triggers the DAG.
 NO_SCHEDULE = "0 0 29 2 *"
-# The scheduler's sleep between idle loops, as Sluice deploys it (the Makefile and the compose file; README, "Cost").
+# The scheduler's sleep between idle loops, as Sluice deploys it (the Makefile and the compose file;
+# docs/performance/cost.md).
 SCHEDULER_IDLE_SLEEP_TIME = "0.5"
 # A DAG run is timed two ways: `airflow dags test` (which parses the DAG folder first) and a running scheduler.
 GOALS = {"bare_vs_spark": 1.15, "dag_vs_bare": 1.15, "scheduler_vs_bare": 1.15, "scheduler_inline_vs_bare": 1.15,

@@ -9,7 +9,7 @@ Explicit, never automatic. Trigger with a stream, an action and `confirm` ticked
 - `repin-query-id`: write the query id recorded in the stream's Delta table back into `metadata`.
 - `reset` with `version`: resume the stream after that Delta version of its sink. The checkpoint is cut back to the
   batch that wrote it, the tables are restored to it, and the next run reads the rest again. Pause the stream's DAG
-  first; the README has the procedure step by step.
+  first; docs/guides/checkpoint-health.md has the procedure step by step.
 
 Every action backs up what it changes first and refuses while a run holds the stream's lock. The health check runs
 again afterwards. The same actions run from a shell: `python -m sluice repair <action> --stream <name>`.

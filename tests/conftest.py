@@ -126,3 +126,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped, which SLUICE_NO_SKIPS forbids: {reason}"
+
+
+# The fixtures that start something, and the marker a test that uses one (directly or through another fixture) gets,
+# so that a tier's marker says what it starts: `make test-unit` deselects them all and starts nothing.
+STARTS = {"s3_server": "s3", "kafka": "kafka", "spark": "spark", "airflow_db": "airflow"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture, marker in STARTS.items():
+            if fixture in getattr(item, "fixturenames", ()) and item.get_closest_marker(marker) is None:
+                item.add_marker(getattr(pytest.mark, marker))

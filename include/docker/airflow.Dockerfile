@@ -6,7 +6,7 @@
 # Spark image (include/docker/spark.Dockerfile), and the project installed at the same path (/opt/sluice).
 #
 # Pinned by digest, like every image of the stack. The tag is the apache-airflow pin of requirements.txt on Python
-# 3.12: no digest of the python3.11 variant could be confirmed when the pins were set (README: "Images").
+# 3.12: no digest of the python3.11 variant could be confirmed when the pins were set (docs/guides/production-stack.md, "Images").
 FROM apache/airflow:3.3.2-python3.12@sha256:9df9c8be4096b9cc626bd7cb1f2b8c712eef66c59c615f8c7e6200871ca10bd1
 
 USER root
@@ -51,7 +51,7 @@ RUN pip install --no-cache-dir --no-deps -e /opt/sluice
 # submits gets them as spark.jars, and the executors fetch them from the driver. Maven is removed again below.
 ENV SLUICE_JARS_DIR=/opt/sluice/jars
 RUN python -m sluice jars --with object-stores && rm -rf /home/airflow/.m2
-# Bytecode in the PySpark zip that Spark puts first on its Python processes' path (README, "Cost"); without it, each
+# Bytecode in the PySpark zip that Spark puts first on its Python processes' path (docs/performance/cost.md); without it, each
 # of those processes compiles PySpark as it starts.
 RUN python -m sluice pyspark-bytecode || echo "no bytecode in PySpark's zip: Spark's Python processes compile it"
 

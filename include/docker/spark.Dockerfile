@@ -37,7 +37,7 @@ RUN pip install --no-cache-dir -r /opt/sluice/requirements.txt
 # executors fetch them from it.
 COPY --chown=${SLUICE_UID}:0 . /opt/sluice
 RUN pip install --no-cache-dir --no-deps -e /opt/sluice
-# Bytecode in the PySpark zip that Spark puts first on the executors' Python workers' path (README, "Cost").
+# Bytecode in the PySpark zip that Spark puts first on the executors' Python workers' path (docs/performance/cost.md).
 RUN python -m sluice pyspark-bytecode || echo "no bytecode in PySpark's zip: Spark's Python processes compile it"
 
 ENV SPARK_WORKER_DIR=/opt/spark/work \

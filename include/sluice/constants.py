@@ -172,7 +172,7 @@ class Severity(Word):
 
 
 class FaultCode(Word):
-    """The stable codes of the checkpoint health checks. :data:`FAULT_CODES` says what each means; the README's table
+    """The stable codes of the checkpoint health checks. :data:`FAULT_CODES` says what each means; the docs' table
     of codes is :func:`fault_code_table` (a test keeps the two equal)."""
 
     NEW = "NEW"
@@ -193,7 +193,7 @@ class FaultCode(Word):
     ODD_LOG_FILE = "ODD_LOG_FILE"
 
 
-# Each code's usual severity and its meaning, for the README (fault_code_table).
+# Each code's usual severity and its meaning, for the docs (fault_code_table).
 FAULT_CODES: dict[FaultCode, tuple[Severity, str]] = {
     FaultCode.NEW: (Severity.OK, "no batch has run yet"),
     FaultCode.METADATA_MISSING: (Severity.FAIL, "the query id is lost: replays would no longer be deduplicated"),
@@ -226,6 +226,6 @@ FAULT_CODES: dict[FaultCode, tuple[Severity, str]] = {
 
 
 def fault_code_table() -> str:
-    """The README's table of health codes, as Markdown."""
+    """The docs' table of health codes, as Markdown (docs/hooks/reference.py)."""
     rows = [f"| `{code.value}` | {severity.value} | {meaning} |" for code, (severity, meaning) in FAULT_CODES.items()]
     return "\n".join(["| code | status | meaning |", "| --- | --- | --- |", *rows])

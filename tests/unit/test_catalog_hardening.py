@@ -63,7 +63,8 @@ def test_a_duplicate_key_inside_a_stream_names_the_stream_and_field(tmp_path: Pa
 
 
 def test_keys_are_names_so_the_documented_on_key_loads(tmp_path: Path) -> None:
-    # README: `- {table: dim/users, on: [user_id], columns: [country, plan]}`. YAML 1.1 reads a plain `on` as true.
+    # docs/guides/silver-gold.md: `- {table: dim/users, on: [user_id], columns: [country, plan]}`. YAML 1.1 reads a
+    # plain `on` as true.
     stream = silver(lookup=[{"table": "dim/users", "on": ["user_id"], "columns": ["country"]}])
     text = yaml.safe_dump(catalog_with(stream), sort_keys=False).replace("'on':", "on:")
     assert "on: " in text and "'on'" not in text

@@ -631,8 +631,9 @@ def test_the_object_storage_override_puts_the_lake_on_its_store_with_the_connect
 
 
 def test_make_run_compose_and_the_cost_bench_give_the_scheduler_one_idle_sleep() -> None:
-    """The scheduler's sleep between idle loops is a deployment choice (README, "Cost"): the embedded default, the
-    compose stack (and the .env it is copied to) and the bench that times a DAG run through a scheduler make one."""
+    """The scheduler's sleep between idle loops is a deployment choice (docs/performance/cost.md): the embedded
+    default, the compose stack (and the .env it is copied to) and the bench that times a DAG run through a scheduler
+    make one."""
     setting = "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"
     makefile = re.search(rf"^export {setting} \?= (\S+)$", (PROJECT / "Makefile").read_text(encoding="utf-8"), re.M)
     composed = SUBSTITUTION.fullmatch(str(load_compose()["x-airflow-common"]["environment"].get(setting, "")))
@@ -643,4 +644,4 @@ def test_make_run_compose_and_the_cost_bench_give_the_scheduler_one_idle_sleep()
     values = {"Makefile": makefile[1], "docker-compose.yaml": composed["arg"], "bench": bench[1],
               ".env.example": env_example().get(composed["name"])}
     assert len(set(values.values())) == 1, values
-    assert 0 < float(makefile[1]) < 1, "Airflow's default is 1 s; Sluice's is shorter (README, \"Cost\")"
+    assert 0 < float(makefile[1]) < 1, "Airflow's default is 1 s; Sluice's is shorter (docs/performance/cost.md)"

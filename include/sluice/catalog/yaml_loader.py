@@ -184,7 +184,7 @@ class _Checker:
         return size, height
 
     def key_name(self, key: Node, where: _Where) -> str:
-        """A mapping key as the catalog reads it. Catalog keys are names: a plain key is a string, so the README's
+        """A mapping key as the catalog reads it. Catalog keys are names: a plain key is a string, so the docs'
         ``on: [user_id]`` is the key "on", not YAML 1.1's boolean true (and ``on`` never collides with ``true``)."""
         if not isinstance(key, ScalarNode):
             kind = "list" if isinstance(key, SequenceNode) else "mapping"

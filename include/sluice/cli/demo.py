@@ -7,6 +7,7 @@ summary. The last line of output is one JSON object.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -40,6 +41,8 @@ def last_run_summary(dag_id: str) -> RunSummary | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # No options, but --help answers (and runs nothing): the docs site prints every command's help.
+    argparse.ArgumentParser(prog="python -m sluice demo", description=__doc__.split("\n\n")[0]).parse_args(argv)
     roots = Roots.from_env()
     stream = load_catalog().get(STREAM)
     produced = DemoProducer(roots.landing, seed=int(time.time())).produce(files=3, lines=200)

@@ -183,8 +183,8 @@ def _refusal(name: str, what: str, shape: Shape) -> str:
                "section)"
     if shape is Shape.GROUP:
         return f"{what} calls {name}(); {_MEASURE_SHAPE}"
-    return f"{what} calls {name}(), which catalog SQL does not allow (README, 'SQL in the catalog': the string, " \
-           "math, date, conditional, cast, JSON, variant, array, map and struct functions)"
+    return f"{what} calls {name}(), which catalog SQL does not allow (docs, 'Expectations and SQL transforms': the " \
+           "string, math, date, conditional, cast, JSON, variant, array, map and struct functions)"
 
 
 def _parse(text: str, what: str, shape: Shape) -> exp.Expr:
