@@ -38,7 +38,8 @@ COPY include/docker/spark-defaults.conf /opt/spark/conf/spark-defaults.conf
 ENV SPARK_CONF_DIR=/opt/spark/conf
 USER airflow
 
-# The pinned set Sluice is tested with. It pins the same apache-airflow as the base image, so pip keeps Airflow.
+# The runtime pins Sluice is tested with (requirements-dev.txt, the tools of tests, lint and docs, stays out). They
+# pin the same apache-airflow as the base image, so pip keeps Airflow.
 COPY --chown=airflow:0 requirements.txt /opt/sluice/requirements.txt
 RUN pip install --no-cache-dir -r /opt/sluice/requirements.txt
 
