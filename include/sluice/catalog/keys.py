@@ -246,7 +246,7 @@ BLOCKS: tuple[Block, ...] = (
         Key("streams", Type.BLOCKS, "the streams, one DAG each (or one per group)", required=True, block="stream"),
     )),
     Block("stream", "", "One stream: where it reads, what it does, where it writes, when it runs.", (
-        Key("name", Type.STRING, "the stream's name; its DAG is ingest_<name>", required=True, pattern=NAME_PATTERN),
+        Key("name", Type.STRING, "the stream's name; its DAG is `ingest_<name>`", required=True, pattern=NAME_PATTERN),
         Key("description", Type.STRING, "shown on the DAG and the Streams page", default=""),
         Key("owner", Type.STRING, "the DAG's owner", default="data-eng"),
         Key("tags", Type.STRINGS, "the DAG's tags"),
@@ -272,7 +272,7 @@ BLOCKS: tuple[Block, ...] = (
             "(QUERY_ID_UNKNOWN_TO_SINK becomes a WARN)", default=False),
         Key("backfill", Type.BLOCK, "what a backfill of the stream may do", block="backfill"),
         Key("group", Type.STRING, "run with the other streams of the group in one Spark application "
-            "(DAG ingest_group_<group>)", pattern=NAME_PATTERN),
+            "(DAG `ingest_group_<group>`)", pattern=NAME_PATTERN),
         Key("health_gate", Type.CHOICE, "where the checkpoint health gate runs: a task of its own, or inside the run "
             "task", default=HealthGate.TASK, choices=_choices(HealthGate)),
     )),
@@ -335,7 +335,7 @@ BLOCKS: tuple[Block, ...] = (
     )),
     Block("dead_letter", "dead_letter", "Where rows that cannot be read, or that a rule quarantines, go.", (
         Key("path", Type.FOLDER, "the table under the lake root",
-            default_text="<sink.path>_dead_letter (a Kafka sink: _dead_letter/<name>)"),
+            default_text="`<sink.path>_dead_letter` (a Kafka sink: `_dead_letter/<name>`)"),
     )),
     Block("trigger", "trigger", "Per-micro-batch admission limits of a files or delta source (Kafka: "
           "source.options.maxOffsetsPerTrigger); at most one of them.", (
