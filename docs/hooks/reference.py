@@ -3,7 +3,7 @@
 - ``reference/catalog.md``: every catalog key with its type, default and bound (:mod:`sluice.catalog.keys`);
 - ``reference/health-codes.md``: the checkpoint health codes (:data:`sluice.constants.FAULT_CODES`);
 - ``reference/cli.md``: every command's ``--help``, as ``python -m sluice ...`` prints it;
-- ``reference/airflow.md``: the operators', sensors' and triggers' parameters, read from the classes themselves;
+- ``reference/airflow.md``: the operators', sensors', triggers' and hooks' parameters, read from the classes;
 - ``changelog.md`` and ``contributing.md``: the repository's CHANGELOG.md and CONTRIBUTING.md.
 
 A page may also hold ``<!-- sluice:health-codes -->``, replaced by the codes' table. The generated pages are virtual:
@@ -131,20 +131,33 @@ def cli_page() -> str:
     return "\n".join(lines)
 
 
-def _airflow_classes() -> list[type]:
-    """Every operator, sensor and trigger that the plugins package defines, found by walking it."""
-    from airflow.sdk import BaseOperator
+# What each kind of Airflow class is called on the page, in the page's order.
+KINDS = ("operator", "sensor", "trigger", "hook")
+
+
+def _kind(cls: type) -> str | None:
+    from airflow.sdk import BaseHook, BaseOperator, BaseSensorOperator
     from airflow.triggers.base import BaseTrigger
 
+    for kind, base in (("sensor", BaseSensorOperator), ("operator", BaseOperator), ("trigger", BaseTrigger),
+                       ("hook", BaseHook)):
+        if issubclass(cls, base):
+            return kind
+    return None
+
+
+def _airflow_classes() -> list[tuple[str, type]]:
+    """Every operator, sensor, trigger and hook that the plugins package defines, found by walking it."""
     import sluice_airflow
 
-    found: dict[str, type] = {}
+    found: dict[tuple[int, str], tuple[str, type]] = {}
     for module_info in pkgutil.iter_modules(sluice_airflow.__path__, "sluice_airflow."):
         module = importlib.import_module(module_info.name)
         for _, value in inspect.getmembers(module, inspect.isclass):
-            if value.__module__ == module.__name__ and issubclass(value, (BaseOperator, BaseTrigger)):
-                found[f"{value.__module__}.{value.__qualname__}"] = value
-    return [found[name] for name in sorted(found)]
+            kind = _kind(value) if value.__module__ == module.__name__ else None
+            if kind is not None:
+                found[(KINDS.index(kind), f"{value.__module__}.{value.__qualname__}")] = (kind, value)
+    return [found[key] for key in sorted(found)]
 
 
 def _shown(value: Any) -> str:
@@ -197,14 +210,12 @@ def _parameters(cls: type) -> list[tuple[inspect.Parameter, type]]:
 
 
 def airflow_page() -> str:
-    from airflow.triggers.base import BaseTrigger
-
-    lines = ["# Airflow operators, sensors and triggers", "",
+    lines = ["# Airflow operators, sensors, triggers and hooks", "",
              "Generated at build time from the classes of `plugins/sluice_airflow`: each one's docstring and the "
              "keyword parameters of its `__init__` and of its Sluice bases'. Every operator and sensor also takes "
              "Airflow's `BaseOperator` arguments (`task_id`, `retries`, ...).", ""]
-    for cls in _airflow_classes():
-        what = "a trigger" if issubclass(cls, BaseTrigger) else "an operator"
+    for kind, cls in _airflow_classes():
+        what = f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
         bases = ", ".join(f"`{base.__name__}`" for base in cls.__bases__)
         lines += [f"## {cls.__name__}", "", f"`{cls.__module__}.{cls.__name__}`, {what} (bases: {bases}).", ""]
         prose, meanings = _split_doc(inspect.getdoc(cls) or "")
