@@ -27,7 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sluice.catalog import Catalog
-from sluice.connections.secrets import scrub_secrets
+from sluice.kinds.credentials import scrub_secrets
 from sluice.constants import (
     BACKFILL_MARKER,
     CommitInfo,

@@ -27,7 +27,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sluice.connections.secrets import REDACTED, scrub, secret_forms
 from sluice.errors import SluiceError
+
+__all__ = ["REDACTED", "scrub", "secret_forms"]  # with the rest of this module: the generic pieces, where they were
 
 DEFAULT_CONNECTION = "sluice_kafka"
 # The environment variable (one per connection) that carries a connection's Spark options to the driver.
@@ -56,9 +59,6 @@ _PUBLIC_SETTING = re.compile(
     re.IGNORECASE,
 )
 _JAAS_PASSWORD = re.compile(r'password="((?:[^"\\]|\\.)*)"')
-# Lines of a multi-line secret (a PEM body) shorter than this are armour or padding, not key material.
-_MIN_SECRET_LINE = 16
-REDACTED = "***"
 
 
 def is_connection_setting(key: str) -> bool:
@@ -272,15 +272,6 @@ def is_secret_setting(key: str) -> bool:
     return not _PUBLIC_SETTING.fullmatch(str(key).lower().removeprefix("kafka."))
 
 
-def secret_forms(secret: str) -> list[str]:
-    """The ways a secret can appear in a log or an error: as it is, JSON-escaped (a PEM key inside a JSON
-    document), and line by line (a PEM key printed by a tool that wraps or indents it)."""
-    forms = [secret, json.dumps(secret)[1:-1]]
-    forms += [line.strip() for line in secret.splitlines()
-              if len(line.strip()) >= _MIN_SECRET_LINE and not line.strip().startswith("-----")]
-    return [form for form in dict.fromkeys(forms) if form]
-
-
 def secret_values(options: Mapping[str, str]) -> list[str]:
     """Every form of every secret within options, and of the passwords inside a JAAS config (both as written in
     the config and as the plain password a client error may quote), for masking and scrubbing."""
@@ -313,11 +304,3 @@ def env_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
 def redact(options: Mapping[str, Any]) -> dict[str, Any]:
     """Options with every secret value replaced, for an error message or a repr."""
     return {k: REDACTED if is_secret_setting(str(k)) and v else v for k, v in options.items()}
-
-
-def scrub(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every secret replaced (longest first, so that a JAAS config goes before its password)."""
-    for secret in sorted(set(secrets), key=len, reverse=True):
-        if secret:
-            text = text.replace(secret, REDACTED)
-    return text

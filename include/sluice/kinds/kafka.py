@@ -18,7 +18,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from sluice.connections.kafka import DEFAULT_CONNECTION, client_config, connection_fields, is_connection_setting
+from sluice.connections.kafka import (
+    DEFAULT_CONNECTION,
+    client_config,
+    connection_fields,
+    env_name,
+    env_secrets,
+    is_connection_setting,
+    redact,
+    spark_options,
+)
 from sluice.constants import (
     KAFKA_KEY_COLUMN,
     KAFKA_TIMESTAMP_COLUMN,
@@ -31,7 +40,7 @@ from sluice.constants import (
     SourceType,
 )
 from sluice.errors import CatalogError, SluiceError
-from sluice.kinds.base import Backlog, SinkKind, SourceKind, schema_evolution
+from sluice.kinds.base import Backlog, Credentials, SinkKind, SourceKind, schema_evolution
 from sluice.limits import KAFKA_MAX_OFFSETS_PER_TRIGGER
 from sluice.model.schema import parse_schema
 from sluice.model.section import Section
@@ -279,8 +288,26 @@ def kafka_watermarks(config: Mapping[str, Any], *, topics: Sequence[str] = (), p
         consumer.close()
 
 
+class KafkaCredentials(Credentials):
+    """A Kafka connection reaches the driver as one ``SLUICE_KAFKA_CONN_<ID>`` variable: the JSON of its Spark
+    ``kafka.*`` options (:mod:`sluice.connections.kafka`)."""
+
+    def environment(self, conn_id: str) -> dict[str, str]:
+        return {env_name(conn_id): json.dumps(spark_options(connection_fields(conn_id)))}
+
+    def secrets(self, environ: Mapping[str, str]) -> list[str]:
+        return env_secrets(environ)
+
+    def described(self, env: Mapping[str, str]) -> str:
+        return "; ".join(f"{name}: {redact(json.loads(text))}" for name, text in sorted(env.items()))
+
+
+KAFKA_CREDENTIALS = KafkaCredentials()
+
+
 class KafkaSourceKind(SourceKind):
     type = SourceType.KAFKA
+    credentials = KAFKA_CREDENTIALS
     trigger_limits = False
     measures_bytes = False
 
@@ -331,6 +358,7 @@ class KafkaSourceKind(SourceKind):
 
 class KafkaSinkKind(SinkKind):
     format = SinkFormat.KAFKA
+    credentials = KAFKA_CREDENTIALS
     backfill_refusal = "backfills replace or append Delta rows, and a topic cannot be rewritten"
 
     def parse(self, section: Section) -> KafkaSink:
