@@ -20,8 +20,8 @@ import sys
 from pyspark.sql import SparkSession
 
 from sluice.catalog import load_catalog
-from sluice.kinds.credentials import airflow_environment
 from sluice.errors import SluiceError
+from sluice.kinds.credentials import airflow_environment
 from sluice.paths import Roots
 from sluice.warm import DEFAULT_PORT, REQUEST_DEADLINE_SECONDS, TOKEN_ENV, require_token
 

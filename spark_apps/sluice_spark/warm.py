@@ -33,9 +33,9 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from sluice.catalog import load_catalog
-from sluice.kinds.credentials import airflow_environment, scrub_secrets
 from sluice.constants import DeltaEngine
 from sluice.errors import SluiceError
+from sluice.kinds.credentials import airflow_environment, scrub_secrets
 from sluice.paths import Roots
 from sluice.summary import PhaseClock, RunSummary
 from sluice.warm import (

@@ -13,9 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
-
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from sluice.connections.storage import SECRET_VARIABLES
 

@@ -23,7 +23,8 @@ __all__ = ["REDACTED", "ConnectionEnvironment", "airflow_environment", "connecti
 
 
 def _all_credentials() -> list[Credentials]:
-    found = [kind.credentials for kind in (*SOURCE_KINDS.values(), *SINK_KINDS.values()) if kind.credentials]
+    found = [kind.credentials for kind in SOURCE_KINDS.values() if kind.credentials]
+    found += [kind.credentials for kind in SINK_KINDS.values() if kind.credentials]
     return list({id(credentials): credentials for credentials in found}.values())
 
 

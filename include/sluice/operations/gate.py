@@ -31,7 +31,7 @@ _log = logging.getLogger(__name__)
 
 
 def checked_health(stream: StreamSpec, roots: Roots, *, fail_on_warn: bool = False, lock_deadline: float = 0.0,
-                   log: logging.Logger | logging.LoggerAdapter[Any] = _log) -> tuple[HealthReport, bool]:
+                   log: Any = _log) -> tuple[HealthReport, bool]:
     """Check a stream's checkpoint, logging every finding and the checkpoint's facts: the report, and whether it
     stops the stream's run (FAIL, or WARN with ``fail_on_warn``).
 
@@ -72,7 +72,7 @@ class GateResult:
 
 def check_streams(streams: Sequence[StreamSpec], roots: Roots, *, fail_on_warn: bool = False,
                   lock_wait_seconds: float = DEFAULT_LOCK_WAIT_SECONDS,
-                  log: logging.Logger | logging.LoggerAdapter[Any] = _log) -> GateResult:
+                  log: Any = _log) -> GateResult:
     """Each stream's gate, one lock wait for all of them. A stream whose check raised is left out alone (a group's
     other streams run), as is one whose only FAIL is another run's lock, still held after the wait: both may clear
     by the next try."""
