@@ -284,13 +284,14 @@ def test_the_operator_starts_a_small_runs_driver_with_the_archive_and_the_light_
         return arguments, env[jvm.SUBMIT_OPTS]
 
     arguments, options = launched(conf=user)
-    assert options == f"-XX:SharedArchiveFile={archive} {jvm.LIGHT_JIT} -Dmine=1"
+    logs = jvm.log_options()[0]  # Spark's own log at WARN
+    assert options == f"-XX:SharedArchiveFile={archive} {jvm.LIGHT_JIT} {logs} -Dmine=1"
     at = arguments.index("spark.driver.extraJavaOptions=-Dtheirs=1")
     assert arguments[at - 1] == "--conf", "the task's own options go to spark-submit as they were"
     assert user == {"spark.driver.extraJavaOptions": "-Dtheirs=1"}
     monkeypatch.setenv("SLUICE_JIT_SMALL_RUN_MAX_BYTES", "10")
     arguments, options = launched()
-    assert options == f"-XX:SharedArchiveFile={archive} -Dmine=1", "a large run keeps the full JIT"
+    assert options == f"-XX:SharedArchiveFile={archive} {logs} -Dmine=1", "a large run keeps the full JIT"
     assert not any("extraJavaOptions" in argument for argument in arguments)
 
 

@@ -19,11 +19,10 @@ Pure Python: no pyspark, and Airflow only inside :func:`connection_fields`.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -235,18 +234,6 @@ def client_config_from_spark(options: Mapping[str, str]) -> dict[str, str]:
 def env_name(conn_id: str) -> str:
     """The environment variable that carries a connection's Spark options to the driver."""
     return ENV_PREFIX + re.sub(r"[^A-Za-z0-9]", "_", conn_id).upper()
-
-
-def airflow_environment(conn_ids: Iterable[str]) -> dict[str, str]:
-    """``SLUICE_KAFKA_CONN_<ID>`` for each connection that Airflow defines (its ``AIRFLOW_CONN_*`` variables or
-    secrets backends), read now, as a run task gives a cold run: what a warm server, which no task starts, reads
-    before each run, so that a rotated password takes effect at the next run. A connection Airflow does not define
-    is left to the environment the server was started with; the stream's run names it if it is missing there too."""
-    env: dict[str, str] = {}
-    for conn_id in dict.fromkeys(conn_ids):
-        with contextlib.suppress(SluiceError, KeyError, ValueError):
-            env[env_name(conn_id)] = json.dumps(spark_options(connection_fields(conn_id)))
-    return env
 
 
 def options_from_env(conn_id: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -299,7 +299,7 @@ class KafkaCredentials(Credentials):
         return env_secrets(environ)
 
     def described(self, env: Mapping[str, str]) -> str:
-        return "; ".join(f"{name}: {redact(json.loads(text))}" for name, text in sorted(env.items()))
+        return "; ".join(f"Kafka, {redact(json.loads(text))}" for text in env.values())
 
 
 KAFKA_CREDENTIALS = KafkaCredentials()
