@@ -162,6 +162,11 @@ class SinkKind(ABC):
     def parse(self, section: Section) -> SinkSpec:
         """The sink section of a catalog entry, checked."""
 
+    def asset_uri(self, sink: SinkSpec) -> tuple[str, str] | None:
+        """The URI and group of the Airflow Asset a stream writing this sink produces, when it is no table (a
+        table's is its path); None for a table."""
+        return None
+
     def check_output(self, sink: SinkSpec, columns: list[str], *, stream: str) -> None:
         """Refuse a sink that names a column the stream does not produce (``columns``: its output columns). A
         Delta sink's columns are checked with the patterns (:func:`sluice.catalog.patterns.check_patterns`)."""

@@ -374,6 +374,11 @@ class KafkaSinkKind(SinkKind):
                                         "and a topic cannot be upserted or rewritten")
         return sink
 
+    def asset_uri(self, sink: SinkSpec) -> tuple[str, str]:
+        """A topic, under its connection's name (not its brokers, which a deployment may move)."""
+        assert isinstance(sink, KafkaSink)
+        return f"sluice://kafka/{sink.connection}/{sink.topic}", "kafka"
+
     def check_output(self, sink: SinkSpec, columns: list[str], *, stream: str) -> None:
         assert isinstance(sink, KafkaSink)
         if sink.key_column is not None and sink.key_column not in columns:
