@@ -49,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def emit(line_json: str, summary_file: str | None) -> None:
-    from sluice.connections.secrets import scrub_secrets
+    from sluice.kinds.credentials import scrub_secrets
 
     line_json = scrub_secrets(line_json)  # an error may quote a credential; the line reaches XCom and the task log
     if summary_file:

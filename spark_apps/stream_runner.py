@@ -40,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def emit(summary: RunSummary, summary_file: str | None) -> None:
-    from sluice.connections.secrets import scrub_secrets
+    from sluice.kinds.credentials import scrub_secrets
     from sluice_spark.runner import scrubbed
 
     summary = scrubbed(summary)

@@ -20,8 +20,8 @@ import sys
 from pyspark.sql import SparkSession
 
 from sluice.catalog import load_catalog
-from sluice.connections.kafka import airflow_environment
 from sluice.errors import SluiceError
+from sluice.kinds.credentials import airflow_environment
 from sluice.paths import Roots
 from sluice.warm import DEFAULT_PORT, REQUEST_DEADLINE_SECONDS, TOKEN_ENV, require_token
 
@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         token = require_token(os.environ.pop(TOKEN_ENV, None))
         catalog = load_catalog(args.catalog)
         catalog.check_roots(roots)
-        # Kafka's options from Airflow's connections, before the Spark workers inherit the environment.
-        os.environ.update(airflow_environment(conn for stream in catalog for conn in stream.connections))
+        # The streams' connections from Airflow's, before the Spark workers inherit the environment.
+        os.environ.update(airflow_environment(catalog))
     except SluiceError as exc:
         print(f"sluice: {exc}", file=sys.stderr)
         return 2

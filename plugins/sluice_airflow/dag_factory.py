@@ -11,7 +11,7 @@ from airflow.sdk import DAG, Asset
 
 from sluice.catalog import Catalog, load_catalog
 from sluice.constants import HealthGate
-from sluice.kinds.kafka import KafkaSink
+from sluice.kinds import sink_kind
 from sluice.model.stream import StreamSpec
 from sluice_airflow.operators import CheckpointHealthCheckOperator, StreamRunOperator
 
@@ -30,15 +30,15 @@ def sluice_dag(dag_id: str, *, description: str, schedule: Any, tags: list[str],
 
 
 def table_asset(stream: StreamSpec) -> Asset:
-    """The Asset a stream's DAG produces: its Delta table (or, for a Kafka sink, its topic under the connection's
-    name), so downstream DAGs can be scheduled on it.
+    """The Asset a stream's DAG produces: its Delta table (or what its sink's kind names, as a Kafka topic under its
+    connection's name), so downstream DAGs can be scheduled on it.
 
     A table under the lake root is ``sluice://lake/<path>``: its identity must not change with the deployment's
     roots, or Airflow would see a new asset under the same name and deactivate the old one.
     """
-    if isinstance(stream.sink, KafkaSink):
-        return Asset(name=f"sluice.{stream.name}", uri=f"sluice://kafka/{stream.sink.connection}/{stream.sink.topic}",
-                     group="kafka")
+    other = sink_kind(stream.sink).asset_uri(stream.sink)
+    if other is not None:
+        return Asset(name=f"sluice.{stream.name}", uri=other[0], group=other[1])
     path = stream.sink.table or ""
     if "://" in path:
         uri = path

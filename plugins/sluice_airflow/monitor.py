@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from airflow.sdk import BaseNotifier, Context
 
     from sluice.lag.alerting import Alert
+    from sluice.lag.observe import LagReport
+    from sluice.lag.store import LagStore
     from sluice.model.stream import StreamSpec
 
 ACTIVE_RUN_STATES = ["queued", "running"]
@@ -120,7 +122,6 @@ class LagAlertOperator(SluiceOperator):
         return None
 
     def execute(self, context: Context) -> list[dict[str, str]]:
-        from sluice.lag.alerting import decide
         from sluice.lag.observe import LagReport
         from sluice.lag.store import LagStore
 
@@ -133,32 +134,40 @@ class LagAlertOperator(SluiceOperator):
         sent: list[dict[str, str]] = []
         failures: list[str] = []
         for report in map(LagReport.from_dict, reports):
-            stream = catalog.get(report.stream)
-            ok_streak = store.ok_streak(stream.name, limit=stream.alerts.resolve_after_observations)
-            for channel in self.channels(stream, webhook=webhook):
-                alert, state = decide(store.alert_state(stream.name, channel), report, channel=channel,
-                                      repeat_after_seconds=self.repeat_after_seconds, ok_streak=ok_streak,
-                                      resolve_after=stream.alerts.resolve_after_observations)
-                if alert is not None:
-                    notifier = self.notifier(channel, alert, stream)
-                    try:
-                        if notifier is None:
-                            self.log.warning("ALERT %s\n%s", alert.kind.value, alert.text())
-                        else:
-                            notifier.notify(context)
-                    except Exception as exc:
-                        self.log.error("Could not send the %s alert of %s by %s: %s", alert.kind.value, stream.name,
-                                       channel, exc)
-                        failures.append(f"{stream.name} by {channel}: {exc}")
-                        continue
-                    sent.append({"stream": stream.name, "channel": channel, "kind": alert.kind.value,
-                                 "status": alert.status.value})
-                if state is not None:
-                    store.save_alert_state(state)
+            self._alert(context, report, catalog.get(report.stream), store, webhook=webhook, sent=sent,
+                        failures=failures)
         if failures:
             raise AirflowException(f"alert delivery failed ({'; '.join(failures)}); these are sent again on the "
                                    "next run")
         return sent
+
+    def _alert(self, context: Context, report: LagReport, stream: StreamSpec, store: LagStore, *, webhook: bool,
+               sent: list[dict[str, str]], failures: list[str]) -> None:
+        """Decide and send the alerts of one stream's report on each of its channels; what was sent goes to
+        ``sent``, what could not be to ``failures`` (its state is not saved, so the next run sends it again)."""
+        from sluice.lag.alerting import decide
+
+        ok_streak = store.ok_streak(stream.name, limit=stream.alerts.resolve_after_observations)
+        for channel in self.channels(stream, webhook=webhook):
+            alert, state = decide(store.alert_state(stream.name, channel), report, channel=channel,
+                                  repeat_after_seconds=self.repeat_after_seconds, ok_streak=ok_streak,
+                                  resolve_after=stream.alerts.resolve_after_observations)
+            if alert is not None:
+                notifier = self.notifier(channel, alert, stream)
+                try:
+                    if notifier is None:
+                        self.log.warning("ALERT %s\n%s", alert.kind.value, alert.text())
+                    else:
+                        notifier.notify(context)
+                except Exception as exc:
+                    self.log.error("Could not send the %s alert of %s by %s: %s", alert.kind.value, stream.name,
+                                   channel, exc)
+                    failures.append(f"{stream.name} by {channel}: {exc}")
+                    continue
+                sent.append({"stream": stream.name, "channel": channel, "kind": alert.kind.value,
+                             "status": alert.status.value})
+            if state is not None:
+                store.save_alert_state(state)
 
 
 def lag_monitor_dag(*, doc: str = "", schedule: str = "*/5 * * * *") -> DAG:

@@ -12,7 +12,8 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowSensorTimeout
 
 from sluice.connections.storage import DEFAULT_CONNECTION as STORAGE_CONNECTION
-from sluice_airflow.operators import places, resolve_roots, storage_environment
+from sluice.operations.gate import places, resolve_roots
+from sluice_airflow.hooks import StorageConnectionHook
 from sluice_airflow.triggers import StreamLagTrigger
 
 if TYPE_CHECKING:
@@ -66,8 +67,8 @@ class StreamLagSensor(BaseSensorOperator):
         from sluice.lag.store import check_against_history
 
         roots = resolve_roots(self.landing_root, self.lake_root, self.checkpoint_root)
-        os.environ.update(storage_environment(places(roots, self.catalog, [self.stream]), self.storage_conn_id,
-                                              self.log))
+        os.environ.update(StorageConnectionHook(self.storage_conn_id, logger=self.log).environment(
+            places(roots, self.catalog, [self.stream])))
         return check_against_history(load_catalog(self.catalog).get(self.stream), roots)
 
     def _caught_up(self, report: LagReport) -> bool:

@@ -70,8 +70,8 @@ class StreamLagTrigger(BaseTrigger):
         return env
 
     def _places(self) -> list[str]:
+        from sluice.operations.gate import places
         from sluice.paths import Roots
-        from sluice_airflow.operators import places
 
         return places(Roots(**self.roots), self.catalog, [self.stream])
 

@@ -27,7 +27,6 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sluice.catalog import Catalog
-from sluice.connections.secrets import scrub_secrets
 from sluice.constants import (
     BACKFILL_MARKER,
     CommitInfo,
@@ -35,6 +34,7 @@ from sluice.constants import (
     RunStatus,
     SchemaEvolution,
 )
+from sluice.kinds.credentials import scrub_secrets
 from sluice.limits import SOURCE_LOG_MAX_BYTES
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.operations.backfill import BackfillError, BackfillPlan, BackfillRequest, plan_backfill

@@ -27,8 +27,6 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming import StreamingQuery
 
 from sluice.catalog import Catalog
-from sluice.connections.kafka import scrub
-from sluice.connections.secrets import run_secrets, scrub_secrets
 from sluice.constants import (
     CORRUPT_COLUMN,
     INGEST_TIME_COLUMN,
@@ -41,6 +39,7 @@ from sluice.constants import (
     TableRole,
 )
 from sluice.errors import SluiceError
+from sluice.kinds.credentials import run_secrets, scrub, scrub_secrets
 from sluice.kinds.delta import DeltaSink
 from sluice.lag.observe import text_append_backlog
 from sluice.limits import DRIVER_WRITE_MAX_BYTES

@@ -33,10 +33,9 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from sluice.catalog import load_catalog
-from sluice.connections.kafka import airflow_environment
-from sluice.connections.secrets import scrub_secrets
 from sluice.constants import DeltaEngine
 from sluice.errors import SluiceError
+from sluice.kinds.credentials import airflow_environment, scrub_secrets
 from sluice.paths import Roots
 from sluice.summary import PhaseClock, RunSummary
 from sluice.warm import (
@@ -182,9 +181,9 @@ class WarmServer(socketserver.ThreadingTCPServer):
         catalog = load_catalog(self.catalog)  # read per run: an edited catalog takes effect at the next run
         streams = catalog.select(list(request.streams))
         catalog.check_roots(self.roots)
-        # Kafka's options as a run task gives a cold run, read again from the server's Airflow connections before
-        # each run: a rotated password, or a stream added since the server started, takes effect now.
-        os.environ.update(airflow_environment(conn for stream in streams for conn in stream.connections))
+        # The streams' connections as a run task gives a cold run, read again from the server's Airflow connections
+        # before each run: a rotated password, or a stream added since the server started, takes effect now.
+        os.environ.update(airflow_environment(streams))
         clock.lap("catalog")
         return run_or_refuse(spark, catalog, list(request.streams), self.roots, run_id=request.run_id,
                              engine=DeltaEngine(request.engine) if request.engine else None, clock=clock,

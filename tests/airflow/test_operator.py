@@ -304,11 +304,11 @@ def test_killing_a_warm_task_closes_its_connection_even_before_it_is_made() -> N
 
     operator = make_operator(streams=["events_bronze"])
     near, far = socket.socketpair()
-    operator._keep_connection(near)
+    operator.warm_hook._keep(near)
     operator.on_kill()
     assert far.recv(1) == b""  # the server side sees the client go
     operator = make_operator(streams=["events_bronze"])
     operator.on_kill()  # killed while the catalog loads: the connection made next is closed at once
     near, far = socket.socketpair()
-    operator._keep_connection(near)
+    operator.warm_hook._keep(near)
     assert far.recv(1) == b"" and near.fileno() == -1

@@ -542,7 +542,7 @@ def test_no_image_leaves_etc_passwd_writable() -> None:
 
 def test_the_warm_override_adds_a_warm_server_and_points_the_run_tasks_at_it(monkeypatch: pytest.MonkeyPatch) -> None:
     from sluice.warm import WarmAddress
-    from sluice_airflow.operators import warm_address
+    from sluice_airflow.hooks import warm_address
 
     warm = yaml.safe_load(WARM_FILE.read_text(encoding="utf-8"))
     base = services()

@@ -20,6 +20,7 @@ from sluice.cli.devserver import (
     all_admins,
     clean,
     jwt_secret,
+    keep_saying,
     main,
     members,
     parse_record,
@@ -27,6 +28,7 @@ from sluice.cli.devserver import (
     read_processes,
     refusal,
     run_environment,
+    status_line,
     unpaused_dags,
     wait_for_warm,
     warm_command,
@@ -280,3 +282,19 @@ def test_a_ui_address_that_is_not_one_is_refused_in_one_line(monkeypatch: pytest
             warm_jvm_environment()
     monkeypatch.setenv("SLUICE_SPARK_UI_ADDRESS", "0.0.0.0")
     assert warm_jvm_environment()["SPARK_LOCAL_IP"] == "0.0.0.0"
+
+
+def test_make_run_says_where_the_ui_is_again_on_a_short_status_line(capsys: pytest.CaptureFixture[str]) -> None:
+    address = Address("127.0.0.1", 8080)
+    assert status_line(address, 125) == \
+        "make run: up 2 min; Airflow UI at http://127.0.0.1:8080; 'make stop' or Ctrl-C stops it"
+    assert "up 1 h 05 min" in status_line(address, 3900)
+    done = threading.Event()
+    saying = threading.Thread(target=keep_saying, args=(address, 0.0, done, 0.05))
+    saying.start()
+    threading.Timer(0.3, done.set).start()
+    saying.join(timeout=5)
+    lines = capsys.readouterr().out.splitlines()
+    assert not saying.is_alive() and len(lines) >= 2
+    assert all("Airflow UI at http://127.0.0.1:8080" in line for line in lines)
+    assert len(max(lines, key=len)) < 120, "a short line"

@@ -29,11 +29,11 @@ LOCK_PATH_UNUSABLE = (FaultCode.LOCKED, Severity.FAIL, {"path": "/checkpoints/ev
 def checks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Any]:
     """stream name -> the findings its check reports, or the exception it raises; or an iterator of those, one per
     check."""
+    import sluice.operations.gate as gate
     import sluice.operations.health as health
-    import sluice_airflow.operators as operators
 
     monkeypatch.setenv("SLUICE_DATA_ROOT", str(tmp_path))
-    monkeypatch.setattr(operators, "LOCK_POLL_SECONDS", 0.01)
+    monkeypatch.setattr(gate, "LOCK_POLL_SECONDS", 0.01)
     outcomes: dict[str, Any] = {}
 
     def check_stream(stream: StreamSpec, roots: Roots, **_: Any) -> HealthReport:

@@ -284,13 +284,14 @@ def test_the_operator_starts_a_small_runs_driver_with_the_archive_and_the_light_
         return arguments, env[jvm.SUBMIT_OPTS]
 
     arguments, options = launched(conf=user)
-    assert options == f"-XX:SharedArchiveFile={archive} {jvm.LIGHT_JIT} -Dmine=1"
+    logs = jvm.log_options()[0]  # Spark's own log at WARN
+    assert options == f"-XX:SharedArchiveFile={archive} {jvm.LIGHT_JIT} {logs} -Dmine=1"
     at = arguments.index("spark.driver.extraJavaOptions=-Dtheirs=1")
     assert arguments[at - 1] == "--conf", "the task's own options go to spark-submit as they were"
     assert user == {"spark.driver.extraJavaOptions": "-Dtheirs=1"}
     monkeypatch.setenv("SLUICE_JIT_SMALL_RUN_MAX_BYTES", "10")
     arguments, options = launched()
-    assert options == f"-XX:SharedArchiveFile={archive} -Dmine=1", "a large run keeps the full JIT"
+    assert options == f"-XX:SharedArchiveFile={archive} {logs} -Dmine=1", "a large run keeps the full JIT"
     assert not any("extraJavaOptions" in argument for argument in arguments)
 
 
@@ -308,3 +309,13 @@ def test_a_refused_archive_is_named_in_the_log(fake_spark: Path, caplog: pytest.
         assert jvm.driver_java_options(small=True) == [jvm.LIGHT_JIT]
     [warning] = caplog.records
     assert warning.levelno == logging.WARNING and "has mode 666: others can write to it" in warning.getMessage()
+
+
+def test_sparks_log_level_is_one_setting(caplog: pytest.LogCaptureFixture) -> None:
+    assert jvm.log_options({}) == [f"-Dlog4j2.configurationFile=file:{jvm.LOG_CONFIG}"]
+    config = jvm.LOG_CONFIG.read_text(encoding="utf-8")
+    assert "rootLogger.level = ${env:SLUICE_SPARK_LOG_LEVEL:-WARN}" in config, "the driver reads the level itself"
+    assert "logger.column.name = org.apache.spark.sql.Column" in config
+    with caplog.at_level(logging.WARNING, logger=jvm.log.name):
+        assert jvm.log_options({jvm.LOG_LEVEL_ENV: "loud"}) == jvm.log_options({})
+    assert "SLUICE_SPARK_LOG_LEVEL must be one of" in caplog.text and "'LOUD'" in caplog.text

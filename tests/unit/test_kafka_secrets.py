@@ -105,7 +105,7 @@ def test_the_password_reaches_only_the_drivers_environment(
     assert PASSWORD not in json.dumps(result) and PASSWORD not in json.dumps(ti.xcom)
     captured = capsys.readouterr()
     assert PASSWORD not in caplog.text + captured.out + captured.err
-    assert "Kafka connection sluice_kafka" in caplog.text + captured.out + captured.err, "the log was captured"
+    assert "Connection sluice_kafka: Kafka, " in caplog.text + captured.out + captured.err, "the log was captured"
     assert PASSWORD not in repr(operator._hook)
 
 
@@ -181,7 +181,7 @@ def test_an_inline_pem_key_never_reaches_the_task_log(tmp_path: Path, monkeypatc
         secret_env = operator.secret_env()
     assert json.loads(secret_env[KAFKA_ENV])["kafka.ssl.keystore.key"] == PEM_KEY, "the driver gets the key"
     logged = caplog.text + "".join(capsys.readouterr())
-    assert "Kafka connection sluice_kafka" in logged, "the log was captured"
+    assert "Connection sluice_kafka: Kafka, " in logged, "the log was captured"
     for line in PEM_KEY.splitlines()[1:-1]:
         assert line not in logged
         assert line in masked, "Airflow's masker hides the key in whatever prints it, line by line"

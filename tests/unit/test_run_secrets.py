@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sluice.connections.secrets import REDACTED, run_secrets, scrub_secrets
+from sluice.kinds.credentials import REDACTED, run_secrets, scrub_secrets
 from sluice.summary import RunSummary, StreamRunSummary
 from tests.helpers import load_spark_app
 

@@ -9,8 +9,10 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+import yaml
 
 from sluice.errors import SluiceError
 from sluice.paths import Roots
@@ -347,19 +349,35 @@ def test_no_server_is_retryable() -> None:
         ping(WarmAddress("127.0.0.1", port, TOKEN))
 
 
-def test_a_warm_server_reads_kafka_options_from_airflow_connections(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sluice.connections.kafka import airflow_environment, env_name
+def test_a_warm_server_reads_the_streams_connections_from_airflow(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    from sluice.catalog import load_catalog
+    from sluice.connections.kafka import env_name
+    from sluice.kinds.credentials import airflow_environment
+    from sluice.model.stream import StreamSpec
 
     def define(password: str) -> None:
         monkeypatch.setenv("AIRFLOW_CONN_WARM_KAFKA", json.dumps(
             {"conn_type": "kafka", "login": "sluice", "password": password, "extra": {
                 "bootstrap.servers": "kafka:9092", "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN"}}))
 
+    def naming(conn_id: str) -> list[StreamSpec]:
+        bundled = yaml.safe_load((Path(__file__).resolve().parents[2] / "include/sluice/streams_kafka.yaml")
+                                 .read_text())
+        bundled["streams"][0]["source"]["connection"] = conn_id
+        path = tmp_path / f"{conn_id}.yaml"
+        path.write_text(yaml.safe_dump(bundled))
+        return list(load_catalog(str(path)))
+
     define("p4ss")
-    env = airflow_environment(["warm_kafka", "warm_kafka", "not_defined"])
+    catalog = naming("warm_kafka")
+    env = airflow_environment([*catalog, *naming("not_defined")])
     assert set(env) == {env_name("warm_kafka")}  # an undefined connection is left to the server's environment
     options = json.loads(env[env_name("warm_kafka")])
     assert options["kafka.bootstrap.servers"] == "kafka:9092" and 'password="p4ss"' in options["kafka.sasl.jaas.config"]
     define("rotated")  # read again before each run: a rotated password takes effect at the next one
-    assert 'password="rotated"' in json.loads(airflow_environment(["warm_kafka"])[env_name("warm_kafka")])[
+    assert 'password="rotated"' in json.loads(airflow_environment(catalog)[env_name("warm_kafka")])[
+        "kafka.sasl.jaas.config"]
+    define("rotated")  # read again before each run: a rotated password takes effect at the next one
+    assert 'password="rotated"' in json.loads(airflow_environment(catalog)[env_name("warm_kafka")])[
         "kafka.sasl.jaas.config"]

@@ -38,6 +38,9 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 # What `make clean` deletes besides the data root and the Airflow home, relative to the checkout.
 CACHES = (".pytest_cache", ".ruff_cache", ".mypy_cache", "spark-warehouse")
 HEALTH_TIMEOUT = 300
+# Seconds between `make run`'s status lines, which say again where the UI is once the components' output has
+# scrolled it away.
+STATUS_INTERVAL = 300
 # Seconds `make stop` waits for what SIGKILL was sent to.
 KILL_TIMEOUT = 10
 POLL_INTERVAL = 0.2
@@ -391,11 +394,12 @@ def warm_command(port: int) -> list[str]:
 
 def warm_jvm_environment() -> dict[str, str]:
     """The warm server's driver JVM gets the class archive (:mod:`sluice.operations.jvm`); a resident driver keeps
-    the full JIT. Its UI listens on loopback (:mod:`sluice.operations.loopback`)."""
-    from sluice.operations.jvm import driver_java_options, submit_env
+    the full JIT. Spark's own log is at WARN (``SLUICE_SPARK_LOG_LEVEL`` brings INFO back). Its UI listens on
+    loopback (:mod:`sluice.operations.loopback`)."""
+    from sluice.operations.jvm import driver_java_options, log_options, submit_env
     from sluice.operations.loopback import driver_env
 
-    return {**driver_env(WARM_MASTER), **submit_env(driver_java_options(small=False))}
+    return {**driver_env(WARM_MASTER), **submit_env([*driver_java_options(small=False), *log_options()])}
 
 
 def wait_for_warm(leader: subprocess.Popen[bytes], port: int, token: str) -> bool:
@@ -530,9 +534,13 @@ def run(address: Address, airflow_home: str, data_root: str, stop_timeout: float
         api = spawn_session("api-server")
         with record.open("a") as lines:
             lines.write(f"api-server {api.pid} {started_at(api.pid)}\n")
-        wait_until_up(address, api, airflow_home)
+        started = time.monotonic()
+        done = threading.Event()
+        if wait_until_up(address, api, airflow_home):
+            threading.Thread(target=keep_saying, args=(address, started, done), daemon=True).start()
         scheduling.wait()
         api.wait()
+        done.set()
         stopper.stop_all(quiet=True)
     except Interrupted:
         for signum in STOP_SIGNALS:
@@ -544,8 +552,9 @@ def run(address: Address, airflow_home: str, data_root: str, stop_timeout: float
     return 0
 
 
-def wait_until_up(address: Address, api: subprocess.Popen[bytes], airflow_home: str) -> None:
-    """Waits for the API server's health endpoint, then says where Airflow is and how to log in."""
+def wait_until_up(address: Address, api: subprocess.Popen[bytes], airflow_home: str) -> bool:
+    """Waits for the API server's health endpoint, then says where Airflow is and how to log in; whether it
+    answered."""
     health = f"{address.local_url}/api/v2/monitor/health"
     deadline = time.monotonic() + HEALTH_TIMEOUT
     while not answers(health):
@@ -553,10 +562,10 @@ def wait_until_up(address: Address, api: subprocess.Popen[bytes], airflow_home: 
             break
         if time.monotonic() >= deadline:
             say(f"make run: no answer from {address.local_url} in {HEALTH_TIMEOUT} s", error=True)
-            break
+            return False
         time.sleep(1)
     if api.poll() is not None:
-        return
+        return False
     say()
     say(f"Airflow UI and REST API: {address.url}, on {address.host} port {address.port}"
         + (" (this machine only)" if address.on_loopback else ""))
@@ -565,6 +574,20 @@ def wait_until_up(address: Address, api: subprocess.Popen[bytes], airflow_home: 
     else:
         say(f"Log in as admin; the password is in {passwords_file(airflow_home, os.environ)}")
     say("The ingest DAGs run on their schedules. Ctrl-C, or 'make stop' in another terminal, stops it all")
+    return True
+
+
+def status_line(address: Address, up_seconds: float) -> str:
+    """The short line `make run` repeats, so that where the UI is stays findable in a scrolling console."""
+    minutes = int(up_seconds // 60)
+    up = f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
+    return f"make run: up {up}; Airflow UI at {address.url}; 'make stop' or Ctrl-C stops it"
+
+
+def keep_saying(address: Address, started: float, done: threading.Event, interval: float = STATUS_INTERVAL) -> None:
+    """Says :func:`status_line` every ``interval`` seconds until ``done`` is set."""
+    while not done.wait(interval):
+        say(status_line(address, time.monotonic() - started))
 
 
 def prefix_lines(name: str, source: IO[bytes], lock: threading.Lock) -> None:

@@ -19,15 +19,17 @@ Pure Python: no pyspark, and Airflow only inside :func:`connection_fields`.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sluice.connections.secrets import REDACTED, scrub, secret_forms
 from sluice.errors import SluiceError
+
+__all__ = ["REDACTED", "scrub", "secret_forms"]  # with the rest of this module: the generic pieces, where they were
 
 DEFAULT_CONNECTION = "sluice_kafka"
 # The environment variable (one per connection) that carries a connection's Spark options to the driver.
@@ -56,9 +58,6 @@ _PUBLIC_SETTING = re.compile(
     re.IGNORECASE,
 )
 _JAAS_PASSWORD = re.compile(r'password="((?:[^"\\]|\\.)*)"')
-# Lines of a multi-line secret (a PEM body) shorter than this are armour or padding, not key material.
-_MIN_SECRET_LINE = 16
-REDACTED = "***"
 
 
 def is_connection_setting(key: str) -> bool:
@@ -237,18 +236,6 @@ def env_name(conn_id: str) -> str:
     return ENV_PREFIX + re.sub(r"[^A-Za-z0-9]", "_", conn_id).upper()
 
 
-def airflow_environment(conn_ids: Iterable[str]) -> dict[str, str]:
-    """``SLUICE_KAFKA_CONN_<ID>`` for each connection that Airflow defines (its ``AIRFLOW_CONN_*`` variables or
-    secrets backends), read now, as a run task gives a cold run: what a warm server, which no task starts, reads
-    before each run, so that a rotated password takes effect at the next run. A connection Airflow does not define
-    is left to the environment the server was started with; the stream's run names it if it is missing there too."""
-    env: dict[str, str] = {}
-    for conn_id in dict.fromkeys(conn_ids):
-        with contextlib.suppress(SluiceError, KeyError, ValueError):
-            env[env_name(conn_id)] = json.dumps(spark_options(connection_fields(conn_id)))
-    return env
-
-
 def options_from_env(conn_id: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The Spark options the operator passed for a connection (driver side)."""
     environ = os.environ if environ is None else environ
@@ -270,15 +257,6 @@ def options_from_env(conn_id: str, environ: Mapping[str, str] | None = None) -> 
 def is_secret_setting(key: str) -> bool:
     """True for every client setting that is not known to be public (see ``_PUBLIC_SETTING``)."""
     return not _PUBLIC_SETTING.fullmatch(str(key).lower().removeprefix("kafka."))
-
-
-def secret_forms(secret: str) -> list[str]:
-    """The ways a secret can appear in a log or an error: as it is, JSON-escaped (a PEM key inside a JSON
-    document), and line by line (a PEM key printed by a tool that wraps or indents it)."""
-    forms = [secret, json.dumps(secret)[1:-1]]
-    forms += [line.strip() for line in secret.splitlines()
-              if len(line.strip()) >= _MIN_SECRET_LINE and not line.strip().startswith("-----")]
-    return [form for form in dict.fromkeys(forms) if form]
 
 
 def secret_values(options: Mapping[str, str]) -> list[str]:
@@ -313,11 +291,3 @@ def env_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
 def redact(options: Mapping[str, Any]) -> dict[str, Any]:
     """Options with every secret value replaced, for an error message or a repr."""
     return {k: REDACTED if is_secret_setting(str(k)) and v else v for k, v in options.items()}
-
-
-def scrub(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every secret replaced (longest first, so that a JAAS config goes before its password)."""
-    for secret in sorted(set(secrets), key=len, reverse=True):
-        if secret:
-            text = text.replace(secret, REDACTED)
-    return text

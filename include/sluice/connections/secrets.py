@@ -1,10 +1,11 @@
-"""Every secret a run was given, and error text scrubbed of all of them.
+"""The secrets in a run's environment that no kind declares, and how a secret is found and scrubbed in text.
 
-The operators pass a run its credentials in the environment of its driver: Kafka's as ``SLUICE_KAFKA_CONN_<ID>``
-(:mod:`sluice.connections.kafka`), object storage's as ``AWS_SECRET_ACCESS_KEY`` and its kin
-(:mod:`sluice.connections.storage`). A Spark error may quote any of them (a client option, a value an expression
-failed on, a URI with its credentials), and an error reaches the task log, XCom and the run log; so every error text
-that leaves the driver is scrubbed of every form of every one of them, not only Kafka's.
+The operators pass a run its credentials in the environment of its driver: object storage's as
+``AWS_SECRET_ACCESS_KEY`` and its kin (:mod:`sluice.connections.storage`), and those of the connections its kinds
+need as the kinds declare them (:mod:`sluice.kinds.credentials`, which adds theirs to :func:`environment_secrets`).
+A Spark error may quote any of them (a client option, a value an expression failed on, a URI with its credentials),
+and an error reaches the task log, XCom and the run log; so every error text that leaves the driver is scrubbed of
+every form of every one of them.
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
-from sluice.connections.kafka import REDACTED, env_secrets, scrub, secret_forms
 from sluice.connections.storage import SECRET_VARIABLES
+
+REDACTED = "***"
+# Lines of a multi-line secret (a PEM body) shorter than this are armour or padding, not key material.
+_MIN_SECRET_LINE = 16
 
 # Other variables whose names say they hold a secret (a password, a token, a key): the run may have been given them
 # by its deployment rather than by Sluice (Airflow's connection URIs among them).
@@ -25,13 +29,32 @@ _SECRET_NAME = re.compile(r"(PASSWORD|PASSWD|SECRET|TOKEN|CREDENTIAL|PRIVATE_KEY
 # every message.
 _MIN_GUESSED_SECRET = 8
 
-__all__ = ["REDACTED", "run_secrets", "scrub_secrets"]
+__all__ = ["REDACTED", "environment_secrets", "scrub", "secret_forms"]
 
 
-def run_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
-    """Every form of every secret in ``environ`` (this process's environment by default)."""
+def secret_forms(secret: str) -> list[str]:
+    """The ways a secret can appear in a log or an error: as it is, JSON-escaped (a PEM key inside a JSON
+    document), and line by line (a PEM key printed by a tool that wraps or indents it)."""
+    forms = [secret, json.dumps(secret)[1:-1]]
+    forms += [line.strip() for line in secret.splitlines()
+              if len(line.strip()) >= _MIN_SECRET_LINE and not line.strip().startswith("-----")]
+    return [form for form in dict.fromkeys(forms) if form]
+
+
+def scrub(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every secret replaced (longest first, so that a JAAS config goes before its password)."""
+    for secret in sorted(set(secrets), key=len, reverse=True):
+        if secret:
+            text = text.replace(secret, REDACTED)
+    return text
+
+
+def environment_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Every form of every secret in ``environ`` (this process's environment by default) that no kind declares:
+    object storage's, and variables whose names say they hold one. :func:`sluice.kinds.credentials.run_secrets`
+    adds the kinds' own."""
     environ = os.environ if environ is None else environ
-    secrets = env_secrets(environ)
+    secrets: list[str] = []
     for name, value in environ.items():
         known = name in SECRET_VARIABLES
         if value and (known or (_SECRET_NAME.search(name) and len(value) >= _MIN_GUESSED_SECRET)):
@@ -51,9 +74,3 @@ def _inner_secrets(value: str) -> list[str]:
     return [form for key, inner in document.items()
             if isinstance(inner, str) and _SECRET_NAME.search(str(key))
             for form in secret_forms(inner)]
-
-
-def scrub_secrets(text: str, environ: Mapping[str, str] | None = None) -> str:
-    """``text`` with every secret of the run replaced by ``***``."""
-    secrets = run_secrets(environ)
-    return scrub(text, secrets) if secrets else text

@@ -1,16 +1,25 @@
 """Source and sink kinds: everything Sluice does differently for one type of source or sink lives in its module.
 
-To add a source kind (say ``type: s3_inventory``):
+To add a source kind (say ``type: s3_inventory``), five files, credentials included:
 
-1. a member of :class:`~sluice.constants.SourceType`;
-2. its core module here, beside :mod:`~sluice.kinds.files`: a spec dataclass subclassing
-   :class:`~sluice.model.sources.SourceSpec`, and a :class:`~sluice.kinds.base.SourceKind` that parses its catalog
-   section and measures its backlog;
-3. its Spark module in :mod:`sluice_spark.kinds`, which reads it as a streaming DataFrame;
-4. one line in :data:`SOURCE_KINDS` below, and one in ``sluice_spark.kinds.READERS``.
+1. ``sluice/constants.py``: a member of :class:`~sluice.constants.SourceType`;
+2. ``sluice/kinds/s3_inventory.py``, beside :mod:`~sluice.kinds.files`: a spec dataclass subclassing
+   :class:`~sluice.model.sources.SourceSpec` (its ``connection`` property names the Airflow connection it reads
+   with, if any), and a :class:`~sluice.kinds.base.SourceKind` that parses its catalog section and measures its
+   backlog. When it needs credentials, its ``credentials`` is a :class:`~sluice.kinds.base.Credentials`: how the
+   connection becomes the driver's environment variables, and which of their values are secrets (masked in the task
+   log, scrubbed from every error a run reports);
+3. this file: one line in :data:`SOURCE_KINDS` below;
+4. ``sluice_spark/kinds/s3_inventory.py``: its Spark module, which reads it as a streaming DataFrame (and the
+   variables its credentials declared);
+5. ``sluice_spark/kinds/__init__.py``: one line in ``READERS``.
+
+A sink kind is the same with :class:`~sluice.constants.SinkFormat`, :class:`~sluice.kinds.base.SinkKind`,
+:data:`SINK_KINDS` and ``SINKS``. ``tests/unit/test_kind_registries.py`` fails until the registries agree.
 
 The catalog, the health gate, the lag probes and the backfill planner ask the kind; none of them branches on the
-source type.
+source type. The operators, the runners and the warm server reach its credentials through
+:mod:`sluice.kinds.credentials` and never name a kind.
 """
 
 from __future__ import annotations

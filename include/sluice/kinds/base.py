@@ -6,6 +6,10 @@ no pyspark, so the Airflow scheduler can load a catalog and a sensor can measure
 - its **spec**, a frozen dataclass subclassing :class:`~sluice.model.sources.SourceSpec` or
   :class:`~sluice.model.sinks.SinkSpec`, and the **parser** of its catalog section, which refuses what it does
   not accept with the field named;
+- its **credentials** (:class:`Credentials`), when its streams name Airflow connections: how each connection
+  becomes the environment of a run's driver, and which of that environment is secret (masked in the task log,
+  scrubbed from every error a run reports). The operators, the runners and the warm server ask
+  :mod:`sluice.kinds.credentials`, which asks the kinds; none of them names a kind;
 - for a source, its **lag probe** (what the next run will read, measured without Spark), its own **health
   findings**, whether it takes the file **trigger limits**, whether it needs a **schedule** of its own, and
   whether it can be **backfilled** by file time.
@@ -60,10 +64,32 @@ class Backlog:
         return not any((self.files, self.bytes, self.records, self.versions))
 
 
+class Credentials(ABC):
+    """How the Airflow connections a kind's streams name (``source.connection``, ``sink.connection``) reach a run:
+    as environment variables of its driver, never on a command line, in XCom or in a log."""
+
+    @abstractmethod
+    def environment(self, conn_id: str) -> dict[str, str]:
+        """The variables that carry connection ``conn_id`` to the driver, read from Airflow now (in the worker at
+        run time, never while a DAG file is parsed). Raise :class:`~sluice.errors.SluiceError` naming the connection
+        when it is not defined or not usable."""
+
+    @abstractmethod
+    def secrets(self, environ: Mapping[str, str]) -> list[str]:
+        """Every form of every secret that this kind's variables in ``environ`` carry: what the launcher masks and
+        the driver scrubs from its errors."""
+
+    def described(self, env: Mapping[str, str]) -> str:
+        """``env`` (what :meth:`environment` returned) as a log may show it; the variables' names by default."""
+        return ", ".join(sorted(env))
+
+
 class SourceKind(ABC):
     """One type of source (``source.type`` in the catalog)."""
 
     type: ClassVar[SourceType]
+    #: How the connections its streams name reach a run; None for a kind that needs none.
+    credentials: ClassVar[Credentials | None] = None
     #: Takes ``trigger.max_files_per_trigger`` and ``trigger.max_bytes_per_trigger`` (Spark's file and Delta
     #: sources do; Kafka limits offsets with its own option).
     trigger_limits: ClassVar[bool] = True
@@ -127,12 +153,19 @@ class SinkKind(ABC):
     """One type of sink (``sink.format`` in the catalog)."""
 
     format: ClassVar[SinkFormat]
+    #: How the connections its streams name reach a run; None for a kind that needs none.
+    credentials: ClassVar[Credentials | None] = None
     #: Why a backfill into this sink is refused; None when it can take one (a Delta table).
     backfill_refusal: ClassVar[str | None] = None
 
     @abstractmethod
     def parse(self, section: Section) -> SinkSpec:
         """The sink section of a catalog entry, checked."""
+
+    def asset_uri(self, sink: SinkSpec) -> tuple[str, str] | None:
+        """The URI and group of the Airflow Asset a stream writing this sink produces, when it is no table (a
+        table's is its path); None for a table."""
+        return None
 
     def check_output(self, sink: SinkSpec, columns: list[str], *, stream: str) -> None:
         """Refuse a sink that names a column the stream does not produce (``columns``: its output columns). A

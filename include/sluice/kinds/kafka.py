@@ -18,7 +18,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from sluice.connections.kafka import DEFAULT_CONNECTION, client_config, connection_fields, is_connection_setting
+from sluice.connections.kafka import (
+    DEFAULT_CONNECTION,
+    client_config,
+    connection_fields,
+    env_name,
+    env_secrets,
+    is_connection_setting,
+    redact,
+    spark_options,
+)
 from sluice.constants import (
     KAFKA_KEY_COLUMN,
     KAFKA_TIMESTAMP_COLUMN,
@@ -31,7 +40,7 @@ from sluice.constants import (
     SourceType,
 )
 from sluice.errors import CatalogError, SluiceError
-from sluice.kinds.base import Backlog, SinkKind, SourceKind, schema_evolution
+from sluice.kinds.base import Backlog, Credentials, SinkKind, SourceKind, schema_evolution
 from sluice.limits import KAFKA_MAX_OFFSETS_PER_TRIGGER
 from sluice.model.schema import parse_schema
 from sluice.model.section import Section
@@ -279,8 +288,26 @@ def kafka_watermarks(config: Mapping[str, Any], *, topics: Sequence[str] = (), p
         consumer.close()
 
 
+class KafkaCredentials(Credentials):
+    """A Kafka connection reaches the driver as one ``SLUICE_KAFKA_CONN_<ID>`` variable: the JSON of its Spark
+    ``kafka.*`` options (:mod:`sluice.connections.kafka`)."""
+
+    def environment(self, conn_id: str) -> dict[str, str]:
+        return {env_name(conn_id): json.dumps(spark_options(connection_fields(conn_id)))}
+
+    def secrets(self, environ: Mapping[str, str]) -> list[str]:
+        return env_secrets(environ)
+
+    def described(self, env: Mapping[str, str]) -> str:
+        return "; ".join(f"Kafka, {redact(json.loads(text))}" for text in env.values())
+
+
+KAFKA_CREDENTIALS = KafkaCredentials()
+
+
 class KafkaSourceKind(SourceKind):
     type = SourceType.KAFKA
+    credentials = KAFKA_CREDENTIALS
     trigger_limits = False
     measures_bytes = False
 
@@ -331,6 +358,7 @@ class KafkaSourceKind(SourceKind):
 
 class KafkaSinkKind(SinkKind):
     format = SinkFormat.KAFKA
+    credentials = KAFKA_CREDENTIALS
     backfill_refusal = "backfills replace or append Delta rows, and a topic cannot be rewritten"
 
     def parse(self, section: Section) -> KafkaSink:
@@ -345,6 +373,11 @@ class KafkaSinkKind(SinkKind):
             raise section.error("mode", "a kafka sink takes appended rows: Sluice sends each row once per batch, "
                                         "and a topic cannot be upserted or rewritten")
         return sink
+
+    def asset_uri(self, sink: SinkSpec) -> tuple[str, str]:
+        """A topic, under its connection's name (not its brokers, which a deployment may move)."""
+        assert isinstance(sink, KafkaSink)
+        return f"sluice://kafka/{sink.connection}/{sink.topic}", "kafka"
 
     def check_output(self, sink: SinkSpec, columns: list[str], *, stream: str) -> None:
         assert isinstance(sink, KafkaSink)

@@ -21,6 +21,12 @@ deployment's own options (``spark-defaults.conf``, a task's ``conf``) are kept, 
   in 9.3 s instead of 12.0 s, and 27 files (16 MiB, 90,000 rows) in 10.4 to 12.0 s instead of 13.3 to 14.0 s; but
   a 1,000,000-row ingest takes three times as long, so a large run keeps C2.
 
+Spark's own log (log4j) goes to the console and the task log at WARN: :func:`log_options` points the driver's JVM
+at the properties file shipped beside this package (``sluice/spark-log4j2.properties``), which also silences the
+"trivially true equals predicate" warning Spark's ``Column`` logs for every batch of a stream with expectations.
+``SLUICE_SPARK_LOG_LEVEL=INFO`` (or any log4j level) brings Spark's INFO lines back; Sluice's own lines (Python
+logging) are not affected. A deployment's own log4j configuration (``spark.driver.extraJavaOptions``) still wins.
+
 ``SLUICE_JVM_ARCHIVE=off`` turns the archive off; ``SLUICE_CACHE_DIR`` moves it (default ``~/.cache/sluice``);
 ``SLUICE_JIT_SMALL_RUN_MAX_BYTES`` sets the small-run limit (0 turns the light JIT off). Nothing here fails a run:
 an option that cannot be worked out is left out, with a warning.
@@ -56,6 +62,9 @@ log = logging.getLogger(__name__)
 SUBMIT_OPTS = "SPARK_SUBMIT_OPTS"
 ARCHIVE_SWITCH = "SLUICE_JVM_ARCHIVE"
 LIGHT_JIT = "-XX:TieredStopAtLevel=1"
+LOG_LEVEL_ENV = "SLUICE_SPARK_LOG_LEVEL"
+LOG_CONFIG = Path(__file__).resolve().parents[1] / "spark-log4j2.properties"
+_LOG_LEVELS = ("OFF", "FATAL", "ERROR", "WARN", "INFO", "DEBUG", "TRACE", "ALL")
 # The training run and the JVM that checks its archive: minutes at most, even on a slow machine.
 _TRAINING_TIMEOUT_SECONDS = 900
 _CHECK_TIMEOUT_SECONDS = 120
@@ -205,6 +214,39 @@ def submit_env(options: Iterable[str], environ: Mapping[str, str] | None = None)
     given = (os.environ if environ is None else environ).get(SUBMIT_OPTS, "").strip()
     options = list(options)
     return {SUBMIT_OPTS: " ".join([*options, *([given] if given else [])])} if options else {}
+
+
+def log_options(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The driver JVM's options for Spark's own log: Sluice's log4j2 file, at ``SLUICE_SPARK_LOG_LEVEL`` (WARN
+    unless set; the file reads the variable itself, so it must reach the driver's environment). A level log4j does
+    not know is refused with a warning, and WARN is used."""
+    level = (os.environ if environ is None else environ).get(LOG_LEVEL_ENV, "").strip().upper()
+    if level and level not in _LOG_LEVELS:
+        log.warning("%s must be one of %s, not %r; Spark logs at WARN", LOG_LEVEL_ENV, ", ".join(_LOG_LEVELS), level)
+    if _unquotable(LOG_CONFIG) or not LOG_CONFIG.is_file():
+        return []
+    return [f"-Dlog4j2.configurationFile=file:{LOG_CONFIG}"]
+
+
+def interpreter_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The project's interpreter for the driver and the Python workers, and its bin folder for spark-submit; then
+    ``extra`` (a task's own ``env_vars``)."""
+    interpreter_bin = str(Path(sys.executable).parent)
+    env = {
+        "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
+        "PYSPARK_DRIVER_PYTHON": os.environ.get("PYSPARK_DRIVER_PYTHON", sys.executable),
+        "PATH": os.pathsep.join([interpreter_bin, os.environ.get("PATH", "")]),
+    }
+    env.update(extra or {})
+    return env
+
+
+def brings_jars(conf: Mapping[str, object] | None, submit_kwargs: Mapping[str, object] | None) -> bool:
+    """Whether a task's Spark settings add jars or packages (which may bring delta-spark): ``own_jars`` of
+    :func:`small_run`."""
+    extra, settings = submit_kwargs or {}, conf or {}
+    return (any(extra.get(key) for key in ("jars", "packages", "driver_class_path"))
+            or any(settings.get(key) for key in ("spark.jars", "spark.jars.packages", "spark.driver.extraClassPath")))
 
 
 def small_run(streams: Iterable[StreamSpec], roots: Roots, *, engine: DeltaEngine | None = None,

@@ -9,27 +9,24 @@
   Python workers, not just the launcher.
 - ``secret_env``: environment for spark-submit that never reaches its command line. The provider turns
   ``env_vars`` into ``--conf spark.yarn.appMasterEnv.*`` / ``spark.kubernetes.driverEnv.*`` arguments on YARN and
-  Kubernetes masters, visible in ``ps`` and the task log; secrets (Kafka credentials) go to the process environment
-  only, which reaches the driver because Sluice runs it in client mode.
+  Kubernetes masters, visible in ``ps`` and the task log; secrets (the connections the streams' kinds need, object
+  storage's) go to the process environment only, which reaches the driver because Sluice runs it in client mode.
 - Nothing a local driver opens listens beyond loopback, and no Spark UI can kill (:mod:`sluice.operations.loopback`):
   a cluster master keeps the addresses its executors connect back to.
 - ``ship_project_code()``: on a cluster master, the project's packages go to the executors as a ``--py-files``
-  zip that the hook builds in a private folder and checks before it is shipped (:func:`project_archive`).
+  zip that the hook builds in a private folder and checks before it is shipped
+  (:func:`~sluice_airflow.hooks.code_archive.project_archive`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import io
 import json
 import logging
 import os
 import signal
-import stat
 import subprocess
 import time
-import zipfile
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
@@ -42,135 +39,12 @@ from sluice.errors import SluiceError
 from sluice.operations.jars import join_jars, spark_conf
 from sluice.operations.loopback import driver_conf, driver_env
 from sluice.summary import RunSummary, find_marked_json, find_summary_line
+from sluice_airflow.hooks.code_archive import project_archive
 
 DEFAULT_LOCAL_MASTER = "local[*]"
 _KILL_GRACE_SECONDS = 10
-# The packages executors import: the core and the Spark side (not the Airflow plugins).
-SHIPPED_PACKAGES = ("sluice", "sluice_spark")
-CODE_ARCHIVE_FOLDER = "sluice-code"
-_ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 
 log = logging.getLogger(__name__)
-
-
-class CodeArchiveError(AirflowFailException):
-    """The code archive, or its folder, is not what this user built: it is not shipped, and a retry would find
-    the same."""
-
-
-def project_archive(folder: str | os.PathLike[str] | None = None) -> str:
-    """A zip of the packages executors import, for ``--py-files``: a cluster's executors run Sluice's Python code
-    (the rs Delta sink and source, the transforms) and need not have the project installed.
-
-    The zip is built the same way every time (sorted entries, fixed times and modes), so the same code gives the
-    same bytes, and it is named by their SHA-256: built once per version of the code, and two tasks that build it
-    at once write the same bytes. It lives in a private folder, ``$AIRFLOW_HOME/sluice-code`` unless ``folder`` is
-    given: a directory owned by this user with mode 0700 (created so; anything else is refused, as another local
-    user could plant or swap files in it). Before its path is returned the zip is checked: a regular file (not a
-    link), owned by this user, writable by no one else, holding exactly the bytes just built. A file of this user
-    with other content is rebuilt; anything else under its name raises :class:`CodeArchiveError`.
-    """
-    files = _shipped_files()
-    content = _deterministic_zip(files)
-    digest = hashlib.sha256(content).hexdigest()
-    home = _private_folder(Path(folder) if folder is not None else _default_archive_folder())
-    target = home / f"sluice-code-{digest}.zip"
-    if _holds(target, digest):
-        return str(target)
-    from sluice.storage.store import write_atomically
-
-    write_atomically(target, content, mode=0o600)
-    if not _holds(target, digest):
-        raise CodeArchiveError(f"the code archive {target} changed while it was written; it is not shipped")
-    return str(target)
-
-
-def _default_archive_folder() -> Path:
-    # Airflow's own default home when AIRFLOW_HOME is not set.
-    return Path(os.path.expanduser(os.environ.get("AIRFLOW_HOME") or "~/airflow")) / CODE_ARCHIVE_FOLDER
-
-
-def _shipped_files() -> list[tuple[str, Path]]:
-    files: list[tuple[str, Path]] = []
-    for package in SHIPPED_PACKAGES:
-        spec = find_spec(package)
-        if spec is None or not spec.submodule_search_locations:
-            raise AirflowException(f"cannot locate the {package} package; install the project")
-        root = Path(next(iter(spec.submodule_search_locations)))
-        files += sorted((path.relative_to(root.parent).as_posix(), path) for path in root.rglob("*")
-                        if path.is_file() and path.suffix in (".py", ".yaml") and "__pycache__" not in path.parts)
-    return files
-
-
-def _deterministic_zip(files: list[tuple[str, Path]]) -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
-        for name, path in files:
-            entry = zipfile.ZipInfo(name, date_time=_ZIP_EPOCH)
-            entry.external_attr = 0o644 << 16
-            archive.writestr(entry, path.read_bytes(), compress_type=zipfile.ZIP_DEFLATED, compresslevel=6)
-    return buffer.getvalue()
-
-
-def _private_folder(folder: Path) -> Path:
-    """``folder``, created with mode 0700 if missing; refused unless it is a directory of this user that no one
-    else can enter or write."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(folder, 0o700)
-    status = os.lstat(folder)
-    if not stat.S_ISDIR(status.st_mode):
-        raise CodeArchiveError(f"the code archive folder {folder} is a {_kind(status.st_mode)}, not a directory; "
-                               "remove it or give another folder")
-    if status.st_uid != os.geteuid():
-        raise CodeArchiveError(f"the code archive folder {folder} belongs to uid {status.st_uid}, not to this user "
-                               f"(uid {os.geteuid()}); give a folder of this user")
-    if stat.S_IMODE(status.st_mode) & 0o077:
-        raise CodeArchiveError(f"the code archive folder {folder} has mode {stat.S_IMODE(status.st_mode):o}: other "
-                               "users could plant or swap the code executors run. Make it 0700 (chmod 700) or "
-                               "give another folder")
-    return folder
-
-
-def _holds(path: Path, digest: str) -> bool:
-    """Whether ``path`` is this user's regular file, writable by no one else, whose SHA-256 is ``digest``;
-    False when it is missing or its content differs. Anything else raises :class:`CodeArchiveError`."""
-    try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return False
-    except OSError as exc:
-        try:
-            kind = _kind(os.lstat(path).st_mode)
-        except OSError:
-            kind = "file"
-        raise CodeArchiveError(f"the code archive {path} is a {kind} that cannot be opened safely ({exc}); it is "
-                               "not shipped. Find out how it got there, then remove it") from exc
-    with os.fdopen(descriptor, "rb") as archive:
-        status = os.fstat(archive.fileno())
-        if not stat.S_ISREG(status.st_mode):
-            raise CodeArchiveError(f"the code archive {path} is a {_kind(status.st_mode)}, not a regular file; it "
-                                   "is not shipped. Find out how it got there, then remove it")
-        if status.st_uid != os.geteuid() or stat.S_IMODE(status.st_mode) & 0o022:
-            raise CodeArchiveError(f"the code archive {path} belongs to uid {status.st_uid} with mode "
-                                   f"{stat.S_IMODE(status.st_mode):o}; only a file of this user (uid {os.geteuid()}) "
-                                   "that no one else can write is shipped. Find out how it got there, then remove it")
-        content = hashlib.sha256()
-        for chunk in iter(lambda: archive.read(1 << 20), b""):
-            content.update(chunk)
-        found = content.hexdigest()
-    if found != digest:
-        log.warning("The code archive %s does not hold the code it is named after; rebuilding it", path)
-    return found == digest
-
-
-_FILE_KINDS = ((stat.S_ISLNK, "symbolic link"), (stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"),
-               (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
-               (stat.S_ISREG, "regular file"))
-
-
-def _kind(mode: int) -> str:
-    return next((name for test, name in _FILE_KINDS if test(mode)), "special file")
 
 
 def default_application(script: str = "stream_runner.py") -> str:
@@ -314,31 +188,3 @@ class SluiceSparkSubmitHook(SparkSubmitHook):
             time.sleep(0.1)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
-
-
-class KafkaConnectionHook:
-    """Turns the Airflow connections of a run's Kafka sources and sinks into the driver's secret environment: one
-    ``SLUICE_KAFKA_CONN_<ID>`` variable of Spark ``kafka.*`` options per connection. Call it in the worker at run
-    time, never while a DAG file is parsed; every secret is registered with Airflow's masker before anything is
-    logged."""
-
-    def __init__(self, conn_ids: list[str]) -> None:
-        self.conn_ids = sorted(set(conn_ids))
-
-    def spark_environment(self) -> dict[str, str]:
-        from airflow.sdk.log import mask_secret
-
-        from sluice.connections.kafka import connection_fields, env_name, redact, secret_values, spark_options
-        from sluice.errors import SluiceError
-
-        env: dict[str, str] = {}
-        for conn_id in self.conn_ids:
-            try:
-                options = spark_options(connection_fields(conn_id))
-            except SluiceError as exc:
-                raise AirflowException(str(exc)) from None
-            env[env_name(conn_id)] = json.dumps(options)
-            for secret in [env[env_name(conn_id)], *secret_values(options)]:
-                mask_secret(secret)
-            log.info("Kafka connection %s: %s", conn_id, redact(options))
-        return env
