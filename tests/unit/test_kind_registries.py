@@ -27,6 +27,20 @@ def test_every_source_type_and_sink_format_has_a_core_kind_and_a_spark_side() ->
     assert all(kind.format is key for key, kind in SINK_KINDS.items())
 
 
+def test_every_kind_declares_the_catalog_keys_of_its_own_section() -> None:
+    """A kind's keys live in its own module: the catalog reference and the JSON Schema take them from the kind."""
+    from sluice.catalog.keys import SINK_BLOCKS, SOURCE_BLOCKS
+
+    for key, kind in SOURCE_KINDS.items():
+        assert kind.catalog_blocks(), f"{type(kind).__name__} declares no keys"
+        assert {block.when for block in kind.catalog_blocks()} == {("type", key.value)}
+    for key, kind in SINK_KINDS.items():
+        assert kind.catalog_blocks(), f"{type(kind).__name__} declares no keys"
+        assert {block.when for block in kind.catalog_blocks()} == {("format", key.value)}
+    assert tuple(block for kind in SOURCE_KINDS.values() for block in kind.catalog_blocks()) == SOURCE_BLOCKS
+    assert tuple(block for kind in SINK_KINDS.values() for block in kind.catalog_blocks()) == SINK_BLOCKS
+
+
 def test_a_kind_whose_streams_name_a_connection_declares_its_credentials() -> None:
     catalog = load_catalog(str(KAFKA_CATALOG))
     named = [(stream.source.connection, SOURCE_KINDS[stream.source.type]) for stream in catalog] + \

@@ -1,7 +1,8 @@
 """Every key a catalog may hold, declared once: its type, default, bound and meaning.
 
 The parsers (:mod:`sluice.catalog.loader`, :mod:`sluice.catalog.patterns`, :mod:`sluice.catalog.rules` and the kinds)
-read the catalog through :class:`~sluice.model.section.Section`; this table says the same in data, for the JSON Schema
+read the catalog through :class:`~sluice.model.section.Section`; this table says the same in data (each kind's own
+source or sink blocks come from the kind, :meth:`~sluice.kinds.base.SourceKind.catalog_blocks`), for the JSON Schema
 editors check a catalog with (:mod:`sluice.catalog.schema`) and the docs site's catalog reference. Its defaults, bounds
 and choices are the parsers' own objects (the limits, the enums, the specs' dataclass defaults), so a change there
 changes the reference; a unit test checks that each block lists exactly the keys its parser accepts, and that each
@@ -10,16 +11,8 @@ bound and choice is the one the parser refuses past (tests/unit/test_catalog_sch
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable
-from dataclasses import dataclass
-from enum import Enum
-
-from sluice.connections.kafka import DEFAULT_CONNECTION
-from sluice.constants import DeltaEngine, FileFormat, HealthGate, SchemaEvolution, SinkMode
-from sluice.kinds import delta as delta_kind
-from sluice.kinds import files as files_kind
-from sluice.kinds import kafka as kafka_kind
+from sluice.constants import HealthGate
+from sluice.kinds import SINK_KINDS, SOURCE_KINDS
 from sluice.limits import (
     ALERT_MAX,
     BACKFILL_MAX_CLOCK_SKEW_SECONDS,
@@ -30,211 +23,16 @@ from sluice.limits import (
     TRIGGER_MAX_FILES,
 )
 from sluice.model.expectations import NullResult, Violation
+from sluice.model.keys import DURATION_PATTERN, Block, Key, Type, choices, positive
 from sluice.model.patterns import JoinType, WindowType
 from sluice.model.stream import AlertSpec, BackfillSpec
 from sluice.model.transforms import TRANSFORMS
-from sluice.times import INTERVAL
+
+__all__ = ["BLOCKS", "DURATION_PATTERN", "NAME_PATTERN", "SINK_BLOCKS", "SOURCE_BLOCKS", "Block", "Key", "Type",
+           "block", "reference_markdown"]
 
 # The name of a stream or a group: it becomes a DAG id and a lock name.
 NAME_PATTERN = r"^[a-z][a-z0-9_]{0,62}$"
-# A duration in the catalog's grammar (sluice.times.parse_interval: "10 minutes", "1 hour", "30s"), its letters made
-# case-insensitive for a JSON Schema regex, which takes no flags.
-DURATION_PATTERN = re.sub(r"(?<!\\)[a-z]", lambda letter: f"[{letter[0]}{letter[0].upper()}]", INTERVAL.pattern)
-
-
-class Type(str, Enum):
-    """What a key holds, as the reference names it; each maps to one JSON Schema fragment."""
-
-    STRING = "string"
-    INTEGER = "integer"
-    BOOLEAN = "boolean"
-    CHOICE = "one of"
-    DURATION = "duration"
-    FOLDER = "folder"
-    CRON = "cron"
-    NAMES = "list of column names"
-    STRINGS = "list of strings"
-    EMAILS = "list of email addresses"
-    SCHEMA = "schema"
-    OPTIONS = "reader options"
-    SQL = "SQL"
-    TRANSFORM = "transform"
-    AVRO = "Avro schema"
-    BLOCK = "mapping"
-    BLOCKS = "list of mappings"
-    NAMED_BLOCKS = "mapping of names"
-    NAMED_SQL = "mapping of names to SQL"
-
-
-@dataclass(frozen=True)
-class Key:
-    """One key of a block. ``default`` None with ``required`` False: absent means "not set"."""
-
-    name: str
-    type: Type
-    about: str
-    default: object = None
-    required: bool = False
-    minimum: int | None = None
-    maximum: int | None = None
-    choices: tuple[str, ...] = ()
-    pattern: str | None = None
-    # The block a mapping (or each mapping of a list) is read as.
-    block: str | None = None
-    # When the default is a rule, not a value ("the sink's path + _dead_letter").
-    default_text: str | None = None
-
-    @property
-    def shown_default(self) -> str:
-        if self.default_text is not None:
-            return self.default_text
-        if self.default is None or self.default == ():
-            return ""
-        if isinstance(self.default, bool):
-            return str(self.default).lower()
-        if isinstance(self.default, Enum):
-            return str(self.default.value)
-        return f"{self.default:,}" if isinstance(self.default, int) else str(self.default)
-
-    @property
-    def bound(self) -> str:
-        parts = []
-        if self.minimum is not None:
-            parts.append(f">= {self.minimum:,}")
-        if self.maximum is not None:
-            parts.append(f"<= {self.maximum:,}")
-        if self.choices and self.type is not Type.OPTIONS:
-            parts.append(", ".join(self.choices))
-        if self.pattern is not None and self.type is not Type.DURATION:
-            parts.append(f"`{self.pattern}`")
-        if self.type is Type.DURATION:
-            parts.append(f"<= {MAX_DURATION_SECONDS // 86_400:,} days")
-        return "; ".join(parts)
-
-
-@dataclass(frozen=True)
-class Block:
-    """A mapping of the catalog: its keys, where it sits (``path``, as refusals name it) and, for a block of one
-    variant (a source of one type), the key and value that select it."""
-
-    name: str
-    path: str
-    about: str
-    keys: tuple[Key, ...]
-    # (key, value): this block applies when the mapping's ``key`` is ``value`` (a source's type, a sink's format).
-    when: tuple[str, str] | None = None
-    # Keys of which at most one may be set.
-    exclusive: tuple[str, ...] = ()
-    # Option names of which exactly one must be set (a Kafka source's subscription).
-    one_option_of: tuple[str, ...] = ()
-
-    def key(self, name: str) -> Key:
-        return next(key for key in self.keys if key.name == name)
-
-
-def _choices(values: Iterable[Enum]) -> tuple[str, ...]:
-    return tuple(str(value.value) for value in values)
-
-
-def _positive(name: str, about: str, maximum: int, default: int | None = None) -> Key:
-    return Key(name, Type.INTEGER, about, default=default, minimum=1, maximum=maximum)
-
-
-_SCHEMA = Key("schema", Type.SCHEMA, "the declared columns: name to Spark SQL type (`decimal(12,2)`, "
-              "`string not null`, `struct<...>`); inferring one from whatever arrives first is not reproducible",
-              required=True)
-
-
-def _evolution(policies: Iterable[SchemaEvolution], default: SchemaEvolution, what: str) -> Key:
-    return Key("schema_evolution", Type.CHOICE, f"what the stream does with fields the schema does not declare "
-               f"({what})", default=default, choices=_choices(policies))
-
-
-def _files_source(file_format: FileFormat) -> Block:
-    policies = files_kind.POLICIES[file_format]
-    return Block(
-        f"source (files, {file_format.value})", "source",
-        f"Files of {file_format.value} under `path` in the landing root (SLUICE_LANDING_ROOT).",
-        (
-            Key("type", Type.CHOICE, "the source kind", required=True, choices=("files",)),
-            Key("format", Type.CHOICE, "the file format", required=True, choices=(file_format.value,)),
-            Key("path", Type.FOLDER, "the folder under the landing root (or an absolute path or URI)", required=True),
-            _SCHEMA,
-            Key("options", Type.OPTIONS, "Spark reader options of the format", choices=tuple(
-                sorted(files_kind.FORMAT_OPTIONS[file_format]))),
-            _evolution(policies, SchemaEvolution.RESCUE if SchemaEvolution.RESCUE in policies else SchemaEvolution.NONE,
-                       "schema drift"),
-        ),
-        when=("type", "files"),
-    )
-
-
-_DELTA_SOURCE = Block(
-    "source (delta)", "source", "Another Delta table under the lake root, read by version (a silver or gold stream).",
-    (
-        Key("type", Type.CHOICE, "the source kind", required=True, choices=("delta",)),
-        Key("format", Type.CHOICE, "the table format", default=FileFormat.DELTA, choices=("delta",)),
-        Key("path", Type.FOLDER, "the table under the lake root (or an absolute path or URI)", required=True),
-        _SCHEMA,
-        Key("options", Type.OPTIONS, "Delta streaming reader options", choices=tuple(sorted(
-            delta_kind.SOURCE_OPTIONS))),
-        _evolution(delta_kind.POLICIES, SchemaEvolution.RESCUE, "schema drift"),
-    ),
-    when=("type", "delta"),
-)
-
-_KAFKA_SOURCE = Block(
-    "source (kafka)", "source", "Topics of a Kafka cluster; brokers and security come from an Airflow connection.",
-    (
-        Key("type", Type.CHOICE, "the source kind", required=True, choices=("kafka",)),
-        Key("format", Type.CHOICE, "the record values' encoding", default=FileFormat.JSON,
-            choices=_choices(kafka_kind.VALUE_POLICIES)),
-        _SCHEMA,
-        Key("value_schema", Type.AVRO, "the writer's Avro schema, inline (format avro only, where it is required)"),
-        Key("options", Type.OPTIONS, "Spark Kafka source options: exactly one of subscribe, subscribePattern, "
-            "assign; no broker or security setting (those are the connection's)", required=True,
-            choices=tuple(sorted(kafka_kind.SOURCE_OPTIONS))),
-        Key("connection", Type.STRING, "the Airflow connection with the brokers and security settings",
-            default=DEFAULT_CONNECTION),
-        Key("schema_evolution", Type.CHOICE, "what the stream does with fields the schema does not declare (json: "
-            "rescue, add_new_columns, fail_on_new_columns, none; avro: none)", default=SchemaEvolution.RESCUE,
-            default_text="rescue (json), none (avro)",
-            choices=_choices(dict.fromkeys(p for ps in kafka_kind.VALUE_POLICIES.values() for p in ps))),
-    ),
-    when=("type", "kafka"),
-    one_option_of=kafka_kind.SUBSCRIPTIONS,
-)
-
-_DELTA_SINK = Block(
-    "sink (delta)", "sink", "A Delta table under the lake root (SLUICE_LAKE_ROOT), written exactly once.",
-    (
-        Key("format", Type.CHOICE, "the sink kind", default="delta", choices=("delta",)),
-        Key("path", Type.FOLDER, "the table under the lake root (or an absolute path or URI)", required=True),
-        Key("partition_by", Type.NAMES, "partition columns of the table"),
-        Key("mode", Type.CHOICE, "append rows, merge them by `keys`, or rewrite the whole result (aggregates)",
-            default=SinkMode.APPEND, choices=_choices(SinkMode)),
-        Key("engine", Type.CHOICE, "the Delta engine of every table the stream writes (Delta engines guide)",
-            default=DeltaEngine.AUTO, choices=_choices(DeltaEngine)),
-        Key("keys", Type.NAMES, "the merge keys (mode merge only)"),
-        Key("sequence_by", Type.STRING, "under merge, the column whose larger value wins between rows of one key"),
-    ),
-    when=("format", "delta"),
-)
-
-_KAFKA_SINK = Block(
-    "sink (kafka)", "sink", "A Kafka topic, written exactly once with Kafka transactions.",
-    (
-        Key("format", Type.CHOICE, "the sink kind", required=True, choices=("kafka",)),
-        Key("topic", Type.STRING, "the topic", required=True),
-        Key("connection", Type.STRING, "the Airflow connection with the brokers and security settings",
-            default=DEFAULT_CONNECTION),
-        Key("key_column", Type.STRING, "the output column that becomes each record's key"),
-        Key("engine", Type.CHOICE, "the Delta engine of the dead-letter table", default=DeltaEngine.AUTO,
-            choices=_choices(DeltaEngine)),
-        Key("mode", Type.CHOICE, "a topic takes appended rows only", default=SinkMode.APPEND, choices=("append",)),
-    ),
-    when=("format", "kafka"),
-)
 
 _MEASURES = ("records", "files", "bytes", "seconds")
 _MEASURE_ABOUT = {"records": "Kafka offsets or Delta rows behind", "files": "files the source holds unread",
@@ -274,21 +72,16 @@ BLOCKS: tuple[Block, ...] = (
         Key("group", Type.STRING, "run with the other streams of the group in one Spark application "
             "(DAG `ingest_group_<group>`)", pattern=NAME_PATTERN),
         Key("health_gate", Type.CHOICE, "where the checkpoint health gate runs: a task of its own, or inside the run "
-            "task", default=HealthGate.TASK, choices=_choices(HealthGate)),
+            "task", default=HealthGate.TASK, choices=choices(HealthGate)),
     )),
-    _files_source(FileFormat.JSON),
-    _files_source(FileFormat.CSV),
-    _files_source(FileFormat.PARQUET),
-    _DELTA_SOURCE,
-    _KAFKA_SOURCE,
-    _DELTA_SINK,
-    _KAFKA_SINK,
+    *(block for kind in SOURCE_KINDS.values() for block in kind.catalog_blocks()),
+    *(block for kind in SINK_KINDS.values() for block in kind.catalog_blocks()),
     Block("expectation", "expectations.<name>", "One row rule.", (
         Key("check", Type.SQL, "a boolean Spark SQL expression over the transformed row", required=True),
         Key("on_violation", Type.CHOICE, "what a broken rule does to its row", default=Violation.WARN,
-            choices=_choices(Violation)),
+            choices=choices(Violation)),
         Key("on_null", Type.CHOICE, "how a check that gives NULL counts", default=NullResult.VIOLATES,
-            choices=_choices(NullResult)),
+            choices=choices(NullResult)),
     )),
     Block("watermark", "watermark", "How late an event may arrive and still count.", (
         Key("column", Type.STRING, "the event-time column", required=True),
@@ -301,7 +94,7 @@ BLOCKS: tuple[Block, ...] = (
         Key("source", Type.BLOCK, "the joined stream: a delta source", required=True, block="source (delta)"),
         Key("watermark", Type.BLOCK, "the joined side's watermark", required=True, block="watermark"),
         Key("on", Type.NAMES, "the join columns", required=True),
-        Key("type", Type.CHOICE, "the join type", default=JoinType.INNER, choices=_choices(JoinType)),
+        Key("type", Type.CHOICE, "the join type", default=JoinType.INNER, choices=choices(JoinType)),
         Key("within", Type.BLOCK, "the time bound between the sides", required=True, block="within"),
     )),
     Block("within", "join.within", "The time bound of a join: right time within max_delay of left time.", (
@@ -321,7 +114,7 @@ BLOCKS: tuple[Block, ...] = (
             "`approx_count_distinct(c)`", required=True),
     )),
     Block("window", "aggregate.window", "An event-time window.", (
-        Key("type", Type.CHOICE, "the window kind", required=True, choices=_choices(WindowType)),
+        Key("type", Type.CHOICE, "the window kind", required=True, choices=choices(WindowType)),
         Key("column", Type.STRING, "the event-time column", required=True),
         Key("duration", Type.DURATION, "its length (tumbling, sliding)", pattern=DURATION_PATTERN),
         Key("slide", Type.DURATION, "how far it moves (sliding only)", pattern=DURATION_PATTERN),
@@ -339,19 +132,19 @@ BLOCKS: tuple[Block, ...] = (
     )),
     Block("trigger", "trigger", "Per-micro-batch admission limits of a files or delta source (Kafka: "
           "source.options.maxOffsetsPerTrigger); at most one of them.", (
-              _positive("max_files_per_trigger", "files per micro-batch", TRIGGER_MAX_FILES),
-              _positive("max_bytes_per_trigger", "bytes per micro-batch", TRIGGER_MAX_BYTES),
+              positive("max_files_per_trigger", "files per micro-batch", TRIGGER_MAX_FILES),
+              positive("max_bytes_per_trigger", "bytes per micro-batch", TRIGGER_MAX_BYTES),
           ), exclusive=("max_files_per_trigger", "max_bytes_per_trigger")),
     Block("alerts", "alerts", "Thresholds of the lag sensors, the lag monitor and the staleness check; WARN must not "
           "exceed CRITICAL.", (
-              _positive("stale_after_seconds", "a stream with a backlog and no commit for longer is STOPPED",
+              positive("stale_after_seconds", "a stream with a backlog and no commit for longer is STOPPED",
                         MAX_DURATION_SECONDS),
-              *(_positive(f"{level}_{measure}", f"{level.upper()} when the backlog reaches this many "
+              *(positive(f"{level}_{measure}", f"{level.upper()} when the backlog reaches this many "
                           f"{_MEASURE_ABOUT[measure]}", ALERT_MAX[measure])
                 for measure in _MEASURES for level in ("warn", "critical")),
               Key("stall_observations", Type.INTEGER, "a backlog that grew over this many observations without a "
                   "commit is STALLED", default=AlertSpec.stall_observations, minimum=2, maximum=MAX_OBSERVATIONS),
-              _positive("resolve_after_observations", "OK observations in a row before a resolve message",
+              positive("resolve_after_observations", "OK observations in a row before a resolve message",
                         MAX_OBSERVATIONS, AlertSpec.resolve_after_observations),
               Key("catch_up", Type.BOOLEAN, "the lag monitor triggers the DAG when the stream is CRITICAL or STOPPED "
                   "and no run is active", default=False),
@@ -360,7 +153,7 @@ BLOCKS: tuple[Block, ...] = (
     Block("backfill", "backfill", "What a backfill of the stream may do.", (
         Key("event_time_column", Type.STRING, "the timestamp column of the source schema that ranges select on "
             "(none: file time only)"),
-        _positive("max_range_days", "the longest range one backfill may cover", BACKFILL_MAX_RANGE_DAYS,
+        positive("max_range_days", "the longest range one backfill may cover", BACKFILL_MAX_RANGE_DAYS,
                   BackfillSpec.max_range_days),
         Key("clock_skew_seconds", Type.INTEGER, "how far an event may be ahead of its file's time",
             default=BackfillSpec.clock_skew_seconds, minimum=0, maximum=BACKFILL_MAX_CLOCK_SKEW_SECONDS),

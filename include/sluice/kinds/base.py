@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from sluice.constants import SchemaEvolution, SinkFormat, SourceType
 from sluice.model.findings import Finding
+from sluice.model.keys import Block
 from sluice.model.schema import Schema, parse_schema
 from sluice.model.section import Section
 from sluice.model.sinks import SinkSpec
@@ -106,6 +107,11 @@ class SourceKind(ABC):
         """The source section of a catalog entry, checked; refuse anything else with the field named."""
 
     @abstractmethod
+    def catalog_blocks(self) -> tuple[Block, ...]:
+        """The keys its source section takes, as data (one block per variant): the catalog reference and the JSON
+        Schema are generated from them, and a unit test holds them to what :meth:`parse` accepts."""
+
+    @abstractmethod
     def backlog(self, stream: StreamSpec, roots: Roots, reader: CheckpointReader) -> Backlog:
         """What the stream's next run will read, from the source and the checkpoint alone (no JVM)."""
 
@@ -161,6 +167,10 @@ class SinkKind(ABC):
     @abstractmethod
     def parse(self, section: Section) -> SinkSpec:
         """The sink section of a catalog entry, checked."""
+
+    @abstractmethod
+    def catalog_blocks(self) -> tuple[Block, ...]:
+        """The keys its sink section takes, as data (see :meth:`SourceKind.catalog_blocks`)."""
 
     def asset_uri(self, sink: SinkSpec) -> tuple[str, str] | None:
         """The URI and group of the Airflow Asset a stream writing this sink produces, when it is no table (a

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from sluice.constants import DeltaEngine, FileFormat, SchemaEvolution, SinkFormat, SinkMode, SourceType
 from sluice.errors import SluiceError
 from sluice.kinds.base import Backlog, SinkKind, SourceKind, declared_schema, reader_options, schema_evolution
+from sluice.model.keys import SCHEMA, Block, Key, Type, choices, evolution
 from sluice.model.section import Section
 from sluice.model.sinks import SinkSpec
 from sluice.model.sources import SourceSpec
@@ -71,9 +72,43 @@ POLICIES = (SchemaEvolution.RESCUE, SchemaEvolution.ADD_NEW_COLUMNS, SchemaEvolu
             SchemaEvolution.NONE)
 
 
+_DELTA_SOURCE = Block(
+    "source (delta)", "source", "Another Delta table under the lake root, read by version (a silver or gold stream).",
+    (
+        Key("type", Type.CHOICE, "the source kind", required=True, choices=("delta",)),
+        Key("format", Type.CHOICE, "the table format", default=FileFormat.DELTA, choices=("delta",)),
+        Key("path", Type.FOLDER, "the table under the lake root (or an absolute path or URI)", required=True),
+        SCHEMA,
+        Key("options", Type.OPTIONS, "Delta streaming reader options", choices=tuple(sorted(
+            SOURCE_OPTIONS))),
+        evolution(POLICIES, SchemaEvolution.RESCUE, "schema drift"),
+    ),
+    when=("type", "delta"),
+)
+
+_DELTA_SINK = Block(
+    "sink (delta)", "sink", "A Delta table under the lake root (SLUICE_LAKE_ROOT), written exactly once.",
+    (
+        Key("format", Type.CHOICE, "the sink kind", default="delta", choices=("delta",)),
+        Key("path", Type.FOLDER, "the table under the lake root (or an absolute path or URI)", required=True),
+        Key("partition_by", Type.NAMES, "partition columns of the table"),
+        Key("mode", Type.CHOICE, "append rows, merge them by `keys`, or rewrite the whole result (aggregates)",
+            default=SinkMode.APPEND, choices=choices(SinkMode)),
+        Key("engine", Type.CHOICE, "the Delta engine of every table the stream writes (Delta engines guide)",
+            default=DeltaEngine.AUTO, choices=choices(DeltaEngine)),
+        Key("keys", Type.NAMES, "the merge keys (mode merge only)"),
+        Key("sequence_by", Type.STRING, "under merge, the column whose larger value wins between rows of one key"),
+    ),
+    when=("format", "delta"),
+)
+
+
 class DeltaSourceKind(SourceKind):
     type = SourceType.DELTA
     needs_schedule = False
+
+    def catalog_blocks(self) -> tuple[Block, ...]:
+        return (_DELTA_SOURCE,)
 
     def parse(self, section: Section) -> DeltaSource:
         file_format = section.enum("format", FileFormat, FileFormat.DELTA)
@@ -108,6 +143,9 @@ class DeltaSourceKind(SourceKind):
 
 class DeltaSinkKind(SinkKind):
     format = SinkFormat.DELTA
+
+    def catalog_blocks(self) -> tuple[Block, ...]:
+        return (_DELTA_SINK,)
 
     def parse(self, section: Section) -> DeltaSink:
         path = section.folder("path")

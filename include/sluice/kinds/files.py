@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, ClassVar
 from sluice.constants import FaultCode, FileFormat, SchemaEvolution, Severity, SourceType
 from sluice.kinds.base import Backlog, SourceKind, declared_schema, reader_options, schema_evolution
 from sluice.model.findings import Finding
+from sluice.model.keys import SCHEMA, Block, Key, Type, evolution
 from sluice.model.section import Section
 from sluice.model.sources import SourceSpec
 from sluice.paths import Roots, join
@@ -95,9 +96,31 @@ def check_strict_json(section: Section, options: Mapping[str, str], policy: Sche
                                                 "schema_evolution: none to read another encoding")
 
 
+def _files_source(file_format: FileFormat) -> Block:
+    policies = POLICIES[file_format]
+    return Block(
+        f"source (files, {file_format.value})", "source",
+        f"Files of {file_format.value} under `path` in the landing root (SLUICE_LANDING_ROOT).",
+        (
+            Key("type", Type.CHOICE, "the source kind", required=True, choices=("files",)),
+            Key("format", Type.CHOICE, "the file format", required=True, choices=(file_format.value,)),
+            Key("path", Type.FOLDER, "the folder under the landing root (or an absolute path or URI)", required=True),
+            SCHEMA,
+            Key("options", Type.OPTIONS, "Spark reader options of the format", choices=tuple(
+                sorted(FORMAT_OPTIONS[file_format]))),
+            evolution(policies, SchemaEvolution.RESCUE if SchemaEvolution.RESCUE in policies else SchemaEvolution.NONE,
+                       "schema drift"),
+        ),
+        when=("type", "files"),
+    )
+
+
 class FilesKind(SourceKind):
     type = SourceType.FILES
     backfill_refusal = None
+
+    def catalog_blocks(self) -> tuple[Block, ...]:
+        return tuple(_files_source(file_format) for file_format in FORMAT_OPTIONS)
 
     def parse(self, section: Section) -> FileSource:
         file_format = section.enum("format", FileFormat, required=True)

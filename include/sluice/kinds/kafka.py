@@ -42,6 +42,7 @@ from sluice.constants import (
 from sluice.errors import CatalogError, SluiceError
 from sluice.kinds.base import Backlog, Credentials, SinkKind, SourceKind, schema_evolution
 from sluice.limits import KAFKA_MAX_OFFSETS_PER_TRIGGER
+from sluice.model.keys import SCHEMA, Block, Key, Type, choices
 from sluice.model.schema import parse_schema
 from sluice.model.section import Section
 from sluice.model.sinks import SinkSpec
@@ -305,11 +306,52 @@ class KafkaCredentials(Credentials):
 KAFKA_CREDENTIALS = KafkaCredentials()
 
 
+_KAFKA_SOURCE = Block(
+    "source (kafka)", "source", "Topics of a Kafka cluster; brokers and security come from an Airflow connection.",
+    (
+        Key("type", Type.CHOICE, "the source kind", required=True, choices=("kafka",)),
+        Key("format", Type.CHOICE, "the record values' encoding", default=FileFormat.JSON,
+            choices=choices(VALUE_POLICIES)),
+        SCHEMA,
+        Key("value_schema", Type.AVRO, "the writer's Avro schema, inline (format avro only, where it is required)"),
+        Key("options", Type.OPTIONS, "Spark Kafka source options: exactly one of subscribe, subscribePattern, "
+            "assign; no broker or security setting (those are the connection's)", required=True,
+            choices=tuple(sorted(SOURCE_OPTIONS))),
+        Key("connection", Type.STRING, "the Airflow connection with the brokers and security settings",
+            default=DEFAULT_CONNECTION),
+        Key("schema_evolution", Type.CHOICE, "what the stream does with fields the schema does not declare (json: "
+            "rescue, add_new_columns, fail_on_new_columns, none; avro: none)", default=SchemaEvolution.RESCUE,
+            default_text="rescue (json), none (avro)",
+            choices=choices(dict.fromkeys(p for ps in VALUE_POLICIES.values() for p in ps))),
+    ),
+    when=("type", "kafka"),
+    one_option_of=SUBSCRIPTIONS,
+)
+
+_KAFKA_SINK = Block(
+    "sink (kafka)", "sink", "A Kafka topic, written exactly once with Kafka transactions.",
+    (
+        Key("format", Type.CHOICE, "the sink kind", required=True, choices=("kafka",)),
+        Key("topic", Type.STRING, "the topic", required=True),
+        Key("connection", Type.STRING, "the Airflow connection with the brokers and security settings",
+            default=DEFAULT_CONNECTION),
+        Key("key_column", Type.STRING, "the output column that becomes each record's key"),
+        Key("engine", Type.CHOICE, "the Delta engine of the dead-letter table", default=DeltaEngine.AUTO,
+            choices=choices(DeltaEngine)),
+        Key("mode", Type.CHOICE, "a topic takes appended rows only", default=SinkMode.APPEND, choices=("append",)),
+    ),
+    when=("format", "kafka"),
+)
+
+
 class KafkaSourceKind(SourceKind):
     type = SourceType.KAFKA
     credentials = KAFKA_CREDENTIALS
     trigger_limits = False
     measures_bytes = False
+
+    def catalog_blocks(self) -> tuple[Block, ...]:
+        return (_KAFKA_SOURCE,)
 
     def parse(self, section: Section) -> KafkaSource:
         """Value encoding, declared schema, subscription options and the connection's name."""
@@ -360,6 +402,9 @@ class KafkaSinkKind(SinkKind):
     format = SinkFormat.KAFKA
     credentials = KAFKA_CREDENTIALS
     backfill_refusal = "backfills replace or append Delta rows, and a topic cannot be rewritten"
+
+    def catalog_blocks(self) -> tuple[Block, ...]:
+        return (_KAFKA_SINK,)
 
     def parse(self, section: Section) -> KafkaSink:
         """The topic, the connection, an optional key column. Its dead-letter table's engine may be set."""
