@@ -43,6 +43,8 @@ from sluice.storage.checkpoint import CheckpointReader, local_file_path
 from sluice.storage.delta import query
 from sluice.storage.landing import SourceFile, SourceState, list_landing_zone
 
+# The manual backfill DAG (sluice_airflow.backfill_dag): the Streams page links to it, the trigger check guards it.
+DAG_ID = "backfill"
 MODES = tuple(mode.value for mode in BackfillMode)
 SELECT_BY = ("event_time", "file_time")
 PARAMS = ("stream", "start", "end", "timezone", "select_by", "mode", "dry_run", "max_files_per_trigger", "reason")

@@ -27,6 +27,8 @@ from sluice.times import iso_utc
 Health = Severity
 
 _RANK = {Health.OK: 0, Health.WARN: 1, Health.FAIL: 2}
+# What the Streams page and ``make status`` show for a stream whose only FAIL is the lock of a live run.
+RUNNING = "RUNNING"
 
 
 @dataclass
@@ -52,6 +54,28 @@ class HealthReport:
         return bool(fails) and all(finding.code is FaultCode.LOCKED and "run_id" in finding.evidence
                                    for finding in fails)
 
+    @property
+    def running(self) -> dict[str, Any] | None:
+        """The live run that holds the stream's lock (its run id, since when, host and pid) while nothing but that
+        lock FAILs: the stream is running, not broken. None otherwise; a lock Sluice cannot use stays a FAIL."""
+        if not self.waits_for_a_run:
+            return None
+        held = next(finding for finding in self.findings if finding.code is FaultCode.LOCKED)
+        return {key: held.evidence.get(key) for key in ("run_id", "since", "host", "pid")}
+
+    @property
+    def shown_status(self) -> str:
+        """The status people see (the Streams page, ``make status``): RUNNING while a live run holds the lock and
+        nothing else fails, else the gate's OK, WARN or FAIL. The gate itself still waits on the LOCKED finding."""
+        return RUNNING if self.running else self.status.value
+
+    def shown_findings(self) -> list[dict[str, Any]]:
+        """The findings as people see them: the lock of the running run as RUNNING, not as a FAIL."""
+        running = self.running is not None
+        return [{**asdict(finding), "code": finding.code.value,
+                 "severity": RUNNING if running and finding.code is FaultCode.LOCKED else finding.severity.value}
+                for finding in self.findings]
+
     def add(self, code: FaultCode, severity: Health, message: str, **evidence: Any) -> None:
         self.findings.append(Finding(code, severity, message, evidence))
 
@@ -60,6 +84,7 @@ class HealthReport:
         data["status"] = self.status.value
         for finding in data["findings"]:
             finding["severity"] = finding["severity"].value
+        data["shown_status"], data["running"] = self.shown_status, self.running
         return data
 
     def describe(self) -> str:
@@ -89,7 +114,7 @@ def check_stream(stream: StreamSpec, roots: Roots, *, now: float | None = None) 
         report.add(FaultCode.LOCKED, Health.FAIL,
                    f"run {holder.run_id!r} on {holder.host} (pid {holder.pid}) holds the stream's lock; wait for it "
                    f"to finish. A dead holder's lock expires {holder.expires_after_seconds}s after its last heartbeat",
-                   run_id=holder.run_id, host=holder.host, pid=holder.pid,
+                   run_id=holder.run_id, since=iso_utc(holder.acquired_at, timespec="seconds"), host=holder.host, pid=holder.pid,
                    heartbeat_age_s=round(holder.age_seconds(now)))
 
     report.findings += source_kind(stream.source).findings(stream, roots)
