@@ -151,6 +151,37 @@ def test_the_streams_page_in_chromium(api_server: str, tmp_path: Path) -> None:
             lands(lambda frame: frame.locator("#detail a[data-link='backfill']").click(), "/dags/backfill",
                   trigger_button)
             page.screenshot(path=str(tmp_path / "backfill-dag.png"), full_page=True)
+
+            # The backfill form marks what it needs, and an end before its start is refused in it at once, in one
+            # line: the trigger check answers the form's trigger.
+            trigger_button().click()
+            dialog = page.get_by_role("dialog")
+            required = dialog.locator("label[data-required]")
+            required.first.wait_for(timeout=30_000)
+            assert {"Stream", "Start (inclusive)", "End (exclusive)"} <= {
+                label.replace("*", "").strip() for label in required.all_inner_texts()}
+
+            def pick(label: str, date: str, time_of_day: str) -> None:
+                field = dialog.locator("[data-part='root'][role='group']").filter(
+                    has=page.locator("label", has_text=label))
+                field.get_by_test_id("datetime-input").click()
+                popover = page.locator("[data-scope='popover'][data-part='content'][data-state='open']")
+                popover.locator("input").nth(0).fill(date)
+                popover.locator("input").nth(1).fill(time_of_day)
+                dialog.get_by_role("heading").click()  # closes the picker
+                assert date.replace("/", "-")[:4] in field.get_by_test_id("datetime-input").inner_text()
+
+            pick("Start (inclusive)", "2026/11/22", "12:00")
+            pick("End (exclusive)", "2026/11/22", "10:00")
+            page.screenshot(path=str(tmp_path / "backfill-form.png"), full_page=True)
+            started = time.monotonic()
+            dialog.get_by_role("button", name="Trigger").last.click()
+            refusal = dialog.get_by_text("backfill refused, nothing was read or written: end: ")
+            refusal.wait_for(timeout=10_000)
+            assert time.monotonic() - started < 10
+            assert "is not after start 2026-11-22T12:00:00+00:00" in refusal.inner_text()
+            assert "Traceback" not in dialog.inner_text()
+            page.screenshot(path=str(tmp_path / "backfill-refused.png"), full_page=True)
             task_page = f"/dags/ingest_orders/runs/{urllib.parse.quote(run['dag_run_id'], safe='')}/tasks/run_stream"
             lands(lambda frame: frame.locator("tr[data-stream='orders'] a[data-link='running']").click(),
                   task_page, lambda: page.get_by_text(run["dag_run_id"]).first)
