@@ -2,7 +2,8 @@
 checkpoint health and backlog trend. Read-only unless ``--record`` adds the observations to the lag history.
 
 HEALTH is the checkpoint check's status with the codes of its findings that are not OK (``WARN STALE``), or RUNNING
-while a live run holds the stream's lock; a line under the table names that run and since when. ``--reasons`` says
+while a live run holds the stream's lock and nothing else fails; a line under the table names that run and since
+when. ``--reasons`` says
 why for both columns: the lag status's reasons and every health code's finding.
 """
 
@@ -19,7 +20,7 @@ from sluice.catalog import load_catalog
 from sluice.errors import SluiceError, printable
 from sluice.lag.observe import LagReport, check, error_report
 from sluice.lag.store import LagStore, recorded_history
-from sluice.operations.health import RUNNING, HealthReport, check_stream
+from sluice.operations.health import HealthReport, check_stream
 from sluice.paths import Roots
 
 # What ``--reasons`` prints when no stream has a lag reason or a health finding that is not OK.
@@ -65,10 +66,7 @@ def row(report: LagReport, health: str, history: Sequence[LagReport]) -> tuple[s
 
 def health_cell(report: HealthReport) -> str:
     """The HEALTH column: RUNNING, or the status followed by the codes of the findings that are not OK."""
-    if report.running is not None:
-        return RUNNING
-    codes = [finding.code.value for finding in report.findings if finding.severity.value != "OK"]
-    return " ".join([report.status.value, *dict.fromkeys(codes)])
+    return " ".join([report.shown_status, *report.shown_codes()])
 
 
 def running_line(stream: str, running: dict[str, object], now: float) -> str:
@@ -83,10 +81,8 @@ def running_line(stream: str, running: dict[str, object], now: float) -> str:
 
 def health_reasons(report: HealthReport) -> list[str]:
     """One line per finding that is not OK: its code, its severity as shown and its message."""
-    running = report.running is not None
-    return [printable(f"{report.stream}: health {finding.code.value} "
-                      f"[{RUNNING if running and finding.code.value == 'LOCKED' else finding.severity.value}]: "
-                      f"{finding.message}") for finding in report.findings if finding.severity.value != "OK"]
+    return [printable(f"{report.stream}: health {finding['code']} [{finding['severity']}]: {finding['message']}")
+            for finding in report.shown_findings() if finding["severity"] != "OK"]
 
 
 def table(rows: Sequence[Sequence[str]]) -> str:

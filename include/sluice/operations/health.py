@@ -54,27 +54,32 @@ class HealthReport:
         return bool(fails) and all(finding.code is FaultCode.LOCKED and "run_id" in finding.evidence
                                    for finding in fails)
 
+    def _held_by_a_run(self, finding: Finding) -> bool:
+        return finding.code is FaultCode.LOCKED and "run_id" in finding.evidence
+
     @property
     def running(self) -> dict[str, Any] | None:
-        """The live run that holds the stream's lock (its run id, since when, host and pid) while nothing but that
-        lock FAILs: the stream is running, not broken. None otherwise; a lock Sluice cannot use stays a FAIL."""
-        if not self.waits_for_a_run:
-            return None
-        held = next(finding for finding in self.findings if finding.code is FaultCode.LOCKED)
-        return {key: held.evidence.get(key) for key in ("run_id", "since", "host", "pid")}
+        """The live run that holds the stream's lock: its run id, since when, host and pid; None when no run holds
+        it (a lock Sluice cannot use is no run's, and stays a FAIL)."""
+        held = next((finding for finding in self.findings if self._held_by_a_run(finding)), None)
+        return None if held is None else {key: held.evidence.get(key) for key in ("run_id", "since", "host", "pid")}
 
     @property
     def shown_status(self) -> str:
         """The status people see (the Streams page, ``make status``): RUNNING while a live run holds the lock and
         nothing else fails, else the gate's OK, WARN or FAIL. The gate itself still waits on the LOCKED finding."""
-        return RUNNING if self.running else self.status.value
+        return RUNNING if self.waits_for_a_run else self.status.value
 
     def shown_findings(self) -> list[dict[str, Any]]:
-        """The findings as people see them: the lock of the running run as RUNNING, not as a FAIL."""
-        running = self.running is not None
+        """The findings as people see them: the lock of a live run as RUNNING, not as a FAIL."""
         return [{**asdict(finding), "code": finding.code.value,
-                 "severity": RUNNING if running and finding.code is FaultCode.LOCKED else finding.severity.value}
+                 "severity": RUNNING if self._held_by_a_run(finding) else finding.severity.value}
                 for finding in self.findings]
+
+    def shown_codes(self) -> list[str]:
+        """The codes of the findings that are not OK, the lock of a live run aside (it is shown as RUNNING)."""
+        return list(dict.fromkeys(finding.code.value for finding in self.findings
+                                  if finding.severity is not Health.OK and not self._held_by_a_run(finding)))
 
     def add(self, code: FaultCode, severity: Health, message: str, **evidence: Any) -> None:
         self.findings.append(Finding(code, severity, message, evidence))

@@ -20,7 +20,7 @@ from sluice.lag.observe import LagReport, check, error_report
 from sluice.lag.store import LagStore, default_path
 from sluice.model.stream import StreamSpec
 from sluice.operations.backfill import DAG_ID as BACKFILL_DAG_ID
-from sluice.operations.health import RUNNING, check_stream
+from sluice.operations.health import check_stream
 from sluice.paths import Roots
 from sluice.storage import runlog
 from sluice.storage.delta import query, table_history
@@ -58,21 +58,19 @@ def _health(stream: StreamSpec, roots: Roots, now: float) -> dict[str, Any]:
     try:
         report = check_stream(stream, roots, now=now)
     except Exception as exc:
-        return {"status": "ERROR", "running": None, "findings": [{"message": f"{type(exc).__name__}: {exc}"}],
-                "facts": {}}
+        return {"status": "ERROR", "running": None, "codes": [],
+                "findings": [{"message": f"{type(exc).__name__}: {exc}"}], "facts": {}}
     running = report.running
     if running is not None:
         running["link"] = run_link(str(running["run_id"]))
     return {"stream": report.stream, "checkpoint": report.checkpoint, "status": report.shown_status,
-            "gate": report.status.value, "running": running, "findings": report.shown_findings(),
-            "facts": report.facts}
+            "gate": report.status.value, "running": running, "codes": report.shown_codes(),
+            "findings": report.shown_findings(), "facts": report.facts}
 
 
 def _health_summary(health: dict[str, Any]) -> dict[str, Any]:
     """The list's checkpoint column: the status, the run that holds the lock, and the codes of what is not OK."""
-    return {"health": health["status"], "running": health["running"],
-            "health_codes": [finding["code"] for finding in health["findings"]
-                             if finding.get("severity") not in (None, "OK", RUNNING)]}
+    return {"health": health["status"], "running": health["running"], "health_codes": health.get("codes", [])}
 
 
 def _run_summary(row: dict[str, Any] | None) -> dict[str, Any] | None:
