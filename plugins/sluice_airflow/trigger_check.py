@@ -56,7 +56,8 @@ class BackfillTriggerCheck:
 
 async def _read_body(receive: Receive) -> tuple[bytes, bool]:
     """The request's body up to :data:`MAX_BODY_BYTES`, and whether more follows unread."""
-    chunks, size = [], 0
+    chunks: list[bytes] = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] != "http.request":

@@ -119,14 +119,16 @@ def test_markup_in_any_field_never_reaches_the_page_as_markup(client: Any) -> No
     roots = Roots.from_env()
     runlog.log_operation(roots.lake, stream="clicks", run_id="delta_maintenance/scheduled__1/maintain",
                          kind="maintenance", started=time.time() - 5, status="SUCCESS", error=None, note={})
-    with StreamLock(load_catalog().get("clicks").checkpoint_path(roots), "clicks", "ingest_clicks/manual__9/run_stream"):
+    checkpoint = load_catalog().get("clicks").checkpoint_path(roots)
+    with StreamLock(checkpoint, "clicks", "ingest_clicks/manual__9/run_stream"):
         real = {"/sluice/api/streams": client.get("/sluice/api/streams", headers=headers).json(),
                 "/sluice/api/streams/clicks": client.get("/sluice/api/streams/clicks", headers=headers).json()}
     detail = real["/sluice/api/streams/clicks"]
     # Every list the page shows holds a row, so that each of its fields is fed too.
     assert all([detail["runs"], detail["backlog"], detail["dead_letters"]["reasons"], detail["dead_letters"]["samples"],
                 detail["health"]["findings"], detail["versions"], real["/sluice/api/streams"]["streams"][0]["trend"],
-                detail["operations"], detail["health"]["running"], real["/sluice/api/streams"]["streams"][0]["running"]])
+                detail["operations"], detail["health"]["running"],
+                real["/sluice/api/streams"]["streams"][0]["running"]])
 
     as_served = rendered(page, real, "#clicks")
     assert_no_markup_from_data(as_served)

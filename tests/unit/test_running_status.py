@@ -101,8 +101,9 @@ def test_maintenance_is_listed_apart_from_the_streams_runs(world: tuple[Path, Pa
     catalog, checkpoint = world
     roots = roots_in(checkpoint.parents[2])
     now = time.time()
-    run = runlog.run_row(None, kind="run", stream="events", run_id=RUN_ID, status="SUCCESS", started_at=iso_utc(now - 60),
-                         ended_at=iso_utc(now - 50), input_rows=10, output_rows=10, dead_letter_rows=0)
+    run = runlog.run_row(None, kind="run", stream="events", run_id=RUN_ID, status="SUCCESS",
+                         started_at=iso_utc(now - 60), ended_at=iso_utc(now - 50), input_rows=10, output_rows=10,
+                         dead_letter_rows=0)
     runlog.record_runs(roots.lake, [run])
     runlog.log_operation(roots.lake, stream="events", run_id="delta_maintenance/scheduled__1/maintain",
                          kind="maintenance", started=now - 30, status="SUCCESS", error=None, note={})

@@ -119,8 +119,8 @@ def check_stream(stream: StreamSpec, roots: Roots, *, now: float | None = None) 
         report.add(FaultCode.LOCKED, Health.FAIL,
                    f"run {holder.run_id!r} on {holder.host} (pid {holder.pid}) holds the stream's lock; wait for it "
                    f"to finish. A dead holder's lock expires {holder.expires_after_seconds}s after its last heartbeat",
-                   run_id=holder.run_id, since=iso_utc(holder.acquired_at, timespec="seconds"), host=holder.host, pid=holder.pid,
-                   heartbeat_age_s=round(holder.age_seconds(now)))
+                   run_id=holder.run_id, since=iso_utc(holder.acquired_at, timespec="seconds"), host=holder.host,
+                   pid=holder.pid, heartbeat_age_s=round(holder.age_seconds(now)))
 
     report.findings += source_kind(stream.source).findings(stream, roots)
     offsets, commits = reader.offset_ids(), reader.commit_ids()
