@@ -111,3 +111,20 @@ def test_maintenance_is_listed_apart_from_the_streams_runs(world: tuple[Path, Pa
     assert [row["run_id"] for row in detail["runs"]] == [RUN_ID]
     assert [(row["kind"], row["link"]) for row in detail["operations"]] == [
         ("maintenance", "/dags/delta_maintenance/runs/scheduled__1/tasks/maintain")]
+
+
+def test_a_run_is_named_when_another_finding_fails_the_check(world: tuple[Path, Path],
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    catalog, checkpoint = world
+    landing = checkpoint.parents[2] / "landing" / "events"
+    landing.mkdir(parents=True)
+    (landing / "elsewhere.json").symlink_to("/etc/hostname")
+    with StreamLock(checkpoint, "events", RUN_ID):
+        assert status.main(["--catalog", str(catalog), "--reasons"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        (listed,) = streams_view.overview(load_catalog(catalog), roots_in(checkpoint.parents[2]))
+    assert health_column(lines) == "FAIL LANDING_SYMLINK"
+    assert any(line.startswith(f"events: RUNNING run {RUN_ID!r} since ") for line in lines)
+    assert any(line.startswith("events: health LANDING_SYMLINK [FAIL]: ") for line in lines)
+    assert (listed["health"], listed["running"]["run_id"], listed["health_codes"]) == ("FAIL", RUN_ID,
+                                                                                      ["LANDING_SYMLINK"])

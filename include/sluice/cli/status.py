@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         health = "?" if health_report is None else health_report.shown_status
         if args.json:
             extra = {} if health_report is None else {
-                "health_codes": [finding.code.value for finding in health_report.findings],
+                "health_codes": health_report.shown_codes(),
                 "running": health_report.running}
             print(json.dumps({**report.to_dict(), "health": health, **extra}, default=str))
             continue
