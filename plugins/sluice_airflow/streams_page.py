@@ -6,6 +6,10 @@
   (:func:`sluice.operations.streams_view.detail`);
 - ``GET /sluice/streams``: the page, which reads the two routes; the UI's navigation embeds it.
 
+The UI embeds the page in a sandboxed frame that may not navigate the UI; the page's links (a stream's DAG, its
+trigger, the backfill form, the run that holds its lock) move the UI's own router instead (see the page's script), to
+pages that Airflow 3.3's UI has (:func:`sluice.operations.streams_view.dag_links`).
+
 The routes take Airflow's own login (the UI's session cookie, or a bearer token from ``POST /auth/token``): no
 token, no data. A stream is visible to whoever may read its DAG (``ingest_<stream>``). Nothing here starts Spark.
 """

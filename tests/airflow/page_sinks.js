@@ -9,7 +9,7 @@ const element = () => ({
   set innerHTML(html) { sinks.push(["html", html]); },
   set textContent(text) { sinks.push(["text", text]); },
 });
-globalThis.document = {getElementById: (id) => (elements[id] ??= element())};
+globalThis.document = {getElementById: (id) => (elements[id] ??= element()), addEventListener() {}};
 globalThis.location = {hash};
 globalThis.window = {addEventListener() {}};
 globalThis.fetch = async (url) => url in responses

@@ -15,13 +15,18 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from sluice.catalog import load_catalog
+from sluice.paths import Roots
+from sluice.storage.lock import StreamLock
+from tests.airflow.test_backfill_trigger import serialize_dags
 from tests.airflow.test_streams_page import build_world
 
 pytestmark = pytest.mark.airflow
@@ -34,9 +39,9 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def http(url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
-    request = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+def http(url: str, body: dict[str, Any] | None = None, token: str | None = None) -> tuple[int, Any]:
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    request = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(), headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, json.loads(response.read() or b"null")
@@ -48,8 +53,10 @@ def http(url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
 
 @pytest.fixture
 def api_server(spark: Any, airflow_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """Airflow's API server (UI included) on a free port, with a password login, over the test's world."""
+    """Airflow's API server (UI included) on a free port, with a password login, over the test's world and the
+    DAGs of its catalog (written to the metadata database, as the DAG processor would)."""
     build_world(spark, tmp_path, monkeypatch)
+    serialize_dags()
     port = free_port()
     env = {**os.environ, "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
            "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}"}
@@ -95,19 +102,89 @@ def test_the_streams_page_in_chromium(api_server: str, tmp_path: Path) -> None:
         assert status == 201
         context.add_cookies([{"name": "_token", "value": login["access_token"], "url": base}])
 
-        # The page in the UI's navigation, embedded in Airflow's own shell.
-        page.goto(f"{base}/plugin/streams")
-        page.get_by_role("link", name="Streams").first.wait_for(timeout=60_000)
-        frame = page.frame_locator("iframe")
-        rows = frame.locator("#streams tbody tr")
-        rows.first.wait_for(timeout=60_000)
-        assert [rows.nth(i).get_attribute("data-stream") for i in range(rows.count())] == ["clicks", "orders"]
-        assert frame.locator("tr[data-stream='clicks'] .badge").first.inner_text() == "WARN"
+        # orders is running: a real DAG run (queued: the DAG is paused) whose task holds the stream's lock.
+        status, run = http(f"{base}/api/v2/dags/ingest_orders/dagRuns", {"logical_date": None}, login["access_token"])
+        assert status == 200, run
+        run_id = f"ingest_orders/{run['dag_run_id']}/run_stream"
+        catalog, roots = load_catalog(), Roots.from_env()
+        with StreamLock(catalog.get("orders").checkpoint_path(roots), "orders", run_id):
+            # The page in the UI's navigation, embedded in Airflow's own shell.
+            page.goto(f"{base}/plugin/streams")
+            page.get_by_role("link", name="Streams").first.wait_for(timeout=60_000)
+            frame = page.frame_locator("iframe")
+            rows = frame.locator("#streams tbody tr")
+            rows.first.wait_for(timeout=60_000)
+            assert [rows.nth(i).get_attribute("data-stream") for i in range(rows.count())] == ["clicks", "orders"]
+            assert frame.locator("tr[data-stream='clicks'] .badge").first.inner_text() == "WARN"
+            orders = frame.locator("tr[data-stream='orders']")
+            assert orders.locator(".badge.RUNNING").inner_text() == "RUNNING"
+            assert orders.locator(".badge.FAIL").count() == 0
+            assert run_id in orders.locator(".running").inner_text()
 
-        frame.get_by_role("link", name="clicks").click()
-        frame.locator("#backlog-chart").wait_for()
-        assert frame.locator("#backlog-chart circle.point").count() == 5  # five observations in the lag history
-        assert frame.locator("#runs-chart polyline.series[data-series='in']").get_attribute("data-points") == "2"
-        page.screenshot(path=str(tmp_path / "streams-page.png"), full_page=True)
+            frame.get_by_role("link", name="clicks").click()
+            frame.locator("#backlog-chart").wait_for()
+            assert frame.locator("#backlog-chart circle.point").count() == 5  # five observations in the lag history
+            assert frame.locator("#runs-chart polyline.series[data-series='in']").get_attribute("data-points") == "2"
+            page.screenshot(path=str(tmp_path / "streams-page.png"), full_page=True)
+
+            # Every link lands, at the top level (not in the frame, whose address the UI would show under
+            # /plugin/streams/), on a page of Airflow's UI that exists and shows what it is for.
+            def lands(click: Callable[[Any], Any], path: str, visible: Callable[[], Any]) -> None:
+                # The UI keeps the frame's own address after its route: this deep link opens the frame on clicks.
+                page.goto(f"{base}/plugin/streams/sluice/streams#clicks")
+                frame = page.frame_locator("iframe")
+                frame.locator("#stream-title").wait_for(timeout=60_000)
+                click(frame)
+                page.wait_for_url(f"{base}{path}", timeout=30_000)
+                visible().wait_for(timeout=60_000)
+
+            trigger_button = lambda: page.get_by_test_id("trigger-dag-button").first  # noqa: E731
+            lands(lambda frame: frame.locator("tr[data-stream='clicks'] a[data-link='run']").click(),
+                  "/dags/ingest_clicks", trigger_button)
+            assert page.get_by_text("ingest_clicks").first.is_visible()
+            lands(lambda frame: frame.locator("#detail a[data-link='dag']").click(), "/dags/ingest_clicks",
+                  trigger_button)
+            lands(lambda frame: frame.locator("#detail a[data-link='run']").click(), "/dags/ingest_clicks",
+                  trigger_button)
+            lands(lambda frame: frame.locator("tr[data-stream='clicks'] a[data-link='backfill']").click(),
+                  "/dags/backfill", trigger_button)
+            lands(lambda frame: frame.locator("#detail a[data-link='backfill']").click(), "/dags/backfill",
+                  trigger_button)
+            page.screenshot(path=str(tmp_path / "backfill-dag.png"), full_page=True)
+
+            # The backfill form marks what it needs, and an end before its start is refused in it at once, in one
+            # line: the trigger check answers the form's trigger.
+            trigger_button().click()
+            dialog = page.get_by_role("dialog")
+            required = dialog.locator("label[data-required]")
+            required.first.wait_for(timeout=30_000)
+            assert {"Stream", "Start (inclusive)", "End (exclusive)"} <= {
+                label.replace("*", "").strip() for label in required.all_inner_texts()}
+
+            def pick(label: str, date: str, time_of_day: str) -> None:
+                field = dialog.locator("[data-part='root'][role='group']").filter(
+                    has=page.locator("label", has_text=label))
+                field.get_by_test_id("datetime-input").click()
+                popover = page.locator("[data-scope='popover'][data-part='content'][data-state='open']")
+                popover.locator("input").nth(0).fill(date)
+                popover.locator("input").nth(1).fill(time_of_day)
+                dialog.get_by_role("heading").click()  # closes the picker
+                assert date.replace("/", "-")[:4] in field.get_by_test_id("datetime-input").inner_text()
+
+            pick("Start (inclusive)", "2026/11/22", "12:00")
+            pick("End (exclusive)", "2026/11/22", "10:00")
+            page.screenshot(path=str(tmp_path / "backfill-form.png"), full_page=True)
+            started = time.monotonic()
+            dialog.get_by_role("button", name="Trigger").last.click()
+            refusal = dialog.get_by_text("backfill refused, nothing was read or written: end: ")
+            refusal.wait_for(timeout=10_000)
+            assert time.monotonic() - started < 10
+            assert "is not after start 2026-11-22T12:00:00+00:00" in refusal.inner_text()
+            assert "Traceback" not in dialog.inner_text()
+            page.screenshot(path=str(tmp_path / "backfill-refused.png"), full_page=True)
+            task_page = f"/dags/ingest_orders/runs/{urllib.parse.quote(run['dag_run_id'], safe='')}/tasks/run_stream"
+            lands(lambda frame: frame.locator("tr[data-stream='orders'] a[data-link='running']").click(),
+                  task_page, lambda: page.get_by_text(run["dag_run_id"]).first)
+            page.screenshot(path=str(tmp_path / "running-task.png"), full_page=True)
         browser.close()
     assert (tmp_path / "streams-page.png").stat().st_size > 10_000

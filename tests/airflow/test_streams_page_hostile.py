@@ -107,14 +107,28 @@ def test_bad_lag_rows_are_skipped_and_every_stream_still_shows(client: Any) -> N
 
 @pytest.mark.skipif(NODE is None, reason="needs Node to run the page's script (Debian's nodejs)")
 def test_markup_in_any_field_never_reaches_the_page_as_markup(client: Any) -> None:
+    from sluice.catalog import load_catalog
+    from sluice.paths import Roots
+    from sluice.storage import runlog
+    from sluice.storage.lock import StreamLock
+
     headers = token(client)
     page = client.get("/sluice/streams").text
-    real = {"/sluice/api/streams": client.get("/sluice/api/streams", headers=headers).json(),
-            "/sluice/api/streams/clicks": client.get("/sluice/api/streams/clicks", headers=headers).json()}
+    # The maintenance ran and a run holds the stream's lock, so that the page's other operations and its RUNNING
+    # line are fed too.
+    roots = Roots.from_env()
+    runlog.log_operation(roots.lake, stream="clicks", run_id="delta_maintenance/scheduled__1/maintain",
+                         kind="maintenance", started=time.time() - 5, status="SUCCESS", error=None, note={})
+    checkpoint = load_catalog().get("clicks").checkpoint_path(roots)
+    with StreamLock(checkpoint, "clicks", "ingest_clicks/manual__9/run_stream"):
+        real = {"/sluice/api/streams": client.get("/sluice/api/streams", headers=headers).json(),
+                "/sluice/api/streams/clicks": client.get("/sluice/api/streams/clicks", headers=headers).json()}
     detail = real["/sluice/api/streams/clicks"]
     # Every list the page shows holds a row, so that each of its fields is fed too.
     assert all([detail["runs"], detail["backlog"], detail["dead_letters"]["reasons"], detail["dead_letters"]["samples"],
-                detail["health"]["findings"], detail["versions"], real["/sluice/api/streams"]["streams"][0]["trend"]])
+                detail["health"]["findings"], detail["versions"], real["/sluice/api/streams"]["streams"][0]["trend"],
+                detail["operations"], detail["health"]["running"],
+                real["/sluice/api/streams"]["streams"][0]["running"]])
 
     as_served = rendered(page, real, "#clicks")
     assert_no_markup_from_data(as_served)

@@ -1,5 +1,11 @@
 """``python -m sluice status`` (``make status``): one line per stream with its lag status, backlog, last commit,
-checkpoint health and backlog trend. Read-only unless ``--record`` adds the observations to the lag history."""
+checkpoint health and backlog trend. Read-only unless ``--record`` adds the observations to the lag history.
+
+HEALTH is the checkpoint check's status with the codes of its findings that are not OK (``WARN STALE``), or RUNNING
+while a live run holds the stream's lock and nothing else fails; a line under the table names that run and since
+when. ``--reasons`` says
+why for both columns: the lag status's reasons and every health code's finding.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +14,17 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from datetime import datetime
 
 from sluice.catalog import load_catalog
 from sluice.errors import SluiceError, printable
 from sluice.lag.observe import LagReport, check, error_report
 from sluice.lag.store import LagStore, recorded_history
-from sluice.operations.health import check_stream
+from sluice.operations.health import HealthReport, check_stream
 from sluice.paths import Roots
 
-# What ``--reasons`` prints when no stream's lag has one: the HEALTH column's findings are ``sluice health``'s.
-NO_REASONS = "no lag reasons: every stream's STATUS is OK"
+# What ``--reasons`` prints when no stream has a lag reason or a health finding that is not OK.
+NO_REASONS = "no reasons: every stream's STATUS and HEALTH are OK"
 COLUMNS = ("STREAM", "STATUS", "FILES", "BYTES", "RECORDS", "LAG", "LAST COMMIT", "HEALTH", "TREND")
 
 
@@ -57,6 +64,27 @@ def row(report: LagReport, health: str, history: Sequence[LagReport]) -> tuple[s
     return tuple(map(printable, cells))
 
 
+def health_cell(report: HealthReport) -> str:
+    """The HEALTH column: RUNNING, or the status followed by the codes of the findings that are not OK."""
+    return " ".join([report.shown_status, *report.shown_codes()])
+
+
+def running_line(stream: str, running: dict[str, object], now: float) -> str:
+    since = str(running["since"])
+    try:
+        age = f" ({_ago(now - datetime.fromisoformat(since).timestamp())})"
+    except ValueError:
+        age = ""
+    return printable(f"{stream}: RUNNING run {running['run_id']!r} since {since}{age} on {running['host']} "
+                     f"(pid {running['pid']})")
+
+
+def health_reasons(report: HealthReport) -> list[str]:
+    """One line per finding that is not OK: its code, its severity as shown and its message."""
+    return [printable(f"{report.stream}: health {finding['code']} [{finding['severity']}]: {finding['message']}")
+            for finding in report.shown_findings() if finding["severity"] != "OK"]
+
+
 def table(rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(str(line[i])) for line in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
     return "\n".join("  ".join(str(cell).ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
@@ -80,23 +108,34 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {printable(str(exc))}", file=sys.stderr)
         return 2
     now = time.time()
-    rows, reasons = [], []
+    rows, reasons, running = [], [], []
     for stream in streams:
         history = recorded_history(roots, stream.name, limit=max(stream.alerts.stall_observations, 5))
+        health_report: HealthReport | None = None
         try:
             report = check(stream, roots, history=[seen.observation for seen in history], now=now)
-            health = check_stream(stream, roots, now=now).status.value
+            health_report = check_stream(stream, roots, now=now)
         except Exception as exc:  # show the others; the broken stream's row says what went wrong
-            report, health = error_report(stream, exc, now=now), "?"
+            report = error_report(stream, exc, now=now)
         if store is not None:
             store.record(report)
+        health = "?" if health_report is None else health_report.shown_status
         if args.json:
-            print(json.dumps({**report.to_dict(), "health": health}, default=str))
-        else:
-            rows.append(row(report, health, history))
-            reasons += [printable(f"{stream.name}: {reason}") for reason in report.reasons]
+            extra = {} if health_report is None else {
+                "health_codes": health_report.shown_codes(),
+                "running": health_report.running}
+            print(json.dumps({**report.to_dict(), "health": health, **extra}, default=str))
+            continue
+        rows.append(row(report, "?" if health_report is None else health_cell(health_report), history))
+        reasons += [printable(f"{stream.name}: {reason}") for reason in report.reasons]
+        if health_report is not None:
+            reasons += health_reasons(health_report)
+            if health_report.running is not None:
+                running.append(running_line(stream.name, health_report.running, now))
     if not args.json:
         print(table(rows))
+        if running:
+            print("\n" + "\n".join(running))
         if args.reasons:
             print("\n" + ("\n".join(reasons) or NO_REASONS))
     return 0

@@ -43,10 +43,16 @@ from sluice.storage.checkpoint import CheckpointReader, local_file_path
 from sluice.storage.delta import query
 from sluice.storage.landing import SourceFile, SourceState, list_landing_zone
 
+# The manual backfill DAG (sluice_airflow.backfill_dag): the Streams page links to it, the trigger check guards it.
+DAG_ID = "backfill"
 MODES = tuple(mode.value for mode in BackfillMode)
 SELECT_BY = ("event_time", "file_time")
 PARAMS = ("stream", "start", "end", "timezone", "select_by", "mode", "dry_run", "max_files_per_trigger", "reason")
 MAX_REASON_LENGTH = 500
+# The shapes the trigger form's JSON Schema holds start, end and timezone to (what parse_request reads): an ISO 8601
+# date and time, to the minute at least, with an optional offset; an IANA zone name.
+DATE_TIME_PATTERN = r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?([Zz]|[+-]\d{2}(:?\d{2})?)?$"
+TIME_ZONE_PATTERN = r"^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*$"
 # More files per micro-batch than this is one batch in all but name, and a number Spark would read as a long.
 MAX_FILES_PER_TRIGGER = 100_000
 # Characters a Hadoop glob alternation cannot hold, even escaped (commas can be escaped).

@@ -27,6 +27,8 @@ from sluice.times import iso_utc
 Health = Severity
 
 _RANK = {Health.OK: 0, Health.WARN: 1, Health.FAIL: 2}
+# What the Streams page and ``make status`` show for a stream whose only FAIL is the lock of a live run.
+RUNNING = "RUNNING"
 
 
 @dataclass
@@ -52,6 +54,33 @@ class HealthReport:
         return bool(fails) and all(finding.code is FaultCode.LOCKED and "run_id" in finding.evidence
                                    for finding in fails)
 
+    def _held_by_a_run(self, finding: Finding) -> bool:
+        return finding.code is FaultCode.LOCKED and "run_id" in finding.evidence
+
+    @property
+    def running(self) -> dict[str, Any] | None:
+        """The live run that holds the stream's lock: its run id, since when, host and pid; None when no run holds
+        it (a lock Sluice cannot use is no run's, and stays a FAIL)."""
+        held = next((finding for finding in self.findings if self._held_by_a_run(finding)), None)
+        return None if held is None else {key: held.evidence.get(key) for key in ("run_id", "since", "host", "pid")}
+
+    @property
+    def shown_status(self) -> str:
+        """The status people see (the Streams page, ``make status``): RUNNING while a live run holds the lock and
+        nothing else fails, else the gate's OK, WARN or FAIL. The gate itself still waits on the LOCKED finding."""
+        return RUNNING if self.waits_for_a_run else self.status.value
+
+    def shown_findings(self) -> list[dict[str, Any]]:
+        """The findings as people see them: the lock of a live run as RUNNING, not as a FAIL."""
+        return [{**asdict(finding), "code": finding.code.value,
+                 "severity": RUNNING if self._held_by_a_run(finding) else finding.severity.value}
+                for finding in self.findings]
+
+    def shown_codes(self) -> list[str]:
+        """The codes of the findings that are not OK, the lock of a live run aside (it is shown as RUNNING)."""
+        return list(dict.fromkeys(finding.code.value for finding in self.findings
+                                  if finding.severity is not Health.OK and not self._held_by_a_run(finding)))
+
     def add(self, code: FaultCode, severity: Health, message: str, **evidence: Any) -> None:
         self.findings.append(Finding(code, severity, message, evidence))
 
@@ -60,6 +89,7 @@ class HealthReport:
         data["status"] = self.status.value
         for finding in data["findings"]:
             finding["severity"] = finding["severity"].value
+        data["shown_status"], data["running"] = self.shown_status, self.running
         return data
 
     def describe(self) -> str:
@@ -89,8 +119,8 @@ def check_stream(stream: StreamSpec, roots: Roots, *, now: float | None = None) 
         report.add(FaultCode.LOCKED, Health.FAIL,
                    f"run {holder.run_id!r} on {holder.host} (pid {holder.pid}) holds the stream's lock; wait for it "
                    f"to finish. A dead holder's lock expires {holder.expires_after_seconds}s after its last heartbeat",
-                   run_id=holder.run_id, host=holder.host, pid=holder.pid,
-                   heartbeat_age_s=round(holder.age_seconds(now)))
+                   run_id=holder.run_id, since=iso_utc(holder.acquired_at, timespec="seconds"), host=holder.host,
+                   pid=holder.pid, heartbeat_age_s=round(holder.age_seconds(now)))
 
     report.findings += source_kind(stream.source).findings(stream, roots)
     offsets, commits = reader.offset_ids(), reader.commit_ids()

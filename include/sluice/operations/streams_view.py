@@ -13,11 +13,13 @@ import os
 import time
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import quote
 
 from sluice.catalog import Catalog
 from sluice.lag.observe import LagReport, check, error_report
 from sluice.lag.store import LagStore, default_path
 from sluice.model.stream import StreamSpec
+from sluice.operations.backfill import DAG_ID as BACKFILL_DAG_ID
 from sluice.operations.health import check_stream
 from sluice.paths import Roots
 from sluice.storage import runlog
@@ -51,10 +53,24 @@ def _report(stream: StreamSpec, roots: Roots, history: list[LagReport], now: flo
 
 
 def _health(stream: StreamSpec, roots: Roots, now: float) -> dict[str, Any]:
+    """The checkpoint report as the page shows it: ``status`` is RUNNING while a live run holds the lock and nothing
+    else fails (``running`` names that run), and that lock's finding is RUNNING, not FAIL."""
     try:
-        return check_stream(stream, roots, now=now).to_dict()
+        report = check_stream(stream, roots, now=now)
     except Exception as exc:
-        return {"status": "ERROR", "findings": [{"message": f"{type(exc).__name__}: {exc}"}], "facts": {}}
+        return {"status": "ERROR", "running": None, "codes": [],
+                "findings": [{"message": f"{type(exc).__name__}: {exc}"}], "facts": {}}
+    running = report.running
+    if running is not None:
+        running["link"] = run_link(str(running["run_id"]))
+    return {"stream": report.stream, "checkpoint": report.checkpoint, "status": report.shown_status,
+            "gate": report.status.value, "running": running, "codes": report.shown_codes(),
+            "findings": report.shown_findings(), "facts": report.facts}
+
+
+def _health_summary(health: dict[str, Any]) -> dict[str, Any]:
+    """The list's checkpoint column: the status, the run that holds the lock, and the codes of what is not OK."""
+    return {"health": health["status"], "running": health["running"], "health_codes": health.get("codes", [])}
 
 
 def _run_summary(row: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -70,9 +86,25 @@ def _plain(value: Any) -> Any:
 
 
 def dag_links(stream: StreamSpec) -> dict[str, str]:
-    """The Airflow UI's pages that start the stream's DAG and open the backfill form with the stream chosen."""
-    return {"dag": f"/dags/{stream.dag_id}", "trigger": f"/dags/{stream.dag_id}/trigger/single",
-            "backfill": f"/dags/backfill/trigger/single?stream={stream.name}"}
+    """The Airflow UI's pages for the stream: its DAG's page, whose Trigger button runs it, and the backfill DAG's,
+    whose Trigger button opens the backfill form. Airflow 3.3's UI has no address that opens the trigger form
+    itself (it is a dialog of the DAG's page), so "run" and "backfill" land on the page that holds it."""
+    dag = f"/dags/{quote(stream.dag_id, safe='')}"
+    return {"dag": dag, "trigger": dag, "backfill": f"/dags/{BACKFILL_DAG_ID}"}
+
+
+def run_link(run_id: str) -> str | None:
+    """The Airflow UI's page of the task run behind a Sluice run id (``<dag_id>/<dag_run_id>/<task_id>``, which the
+    maintenance prefixes with ``maintenance/`` in its lock), or of the backfill's DAG run (``backfill/<dag_run_id>``);
+    None for a run id of no Airflow run (a shell's)."""
+    kind, _, rest = run_id.partition("/")
+    if kind == BACKFILL_DAG_ID and rest and "/" not in rest:
+        return f"/dags/{BACKFILL_DAG_ID}/runs/{quote(rest, safe='')}"
+    dag_id, dag_run_id = runlog.split_run_id(rest if kind == "maintenance" else run_id)
+    if not dag_id or not dag_run_id:
+        return None
+    task_id = run_id.rsplit("/", 1)[1]
+    return f"/dags/{quote(dag_id, safe='')}/runs/{quote(dag_run_id, safe='')}/tasks/{quote(task_id, safe='')}"
 
 
 def overview(catalog: Catalog, roots: Roots, streams: Iterable[str] | None = None, *,
@@ -99,12 +131,19 @@ def overview(catalog: Catalog, roots: Roots, streams: Iterable[str] | None = Non
             "records": observation.backlog.records, "versions": observation.backlog.versions,
             "lag_seconds": observation.lag_seconds, "last_batch_id": observation.last_batch_id,
             "last_commit_at": None if observation.last_commit_at is None else iso_utc(observation.last_commit_at),
-            "health": _health(stream, roots, now)["status"],
+            **_health_summary(_health(stream, roots, now)),
             "last_run": _run_summary(last_runs.get(stream.name)),
             "trend": [seen.observation.backlog.units for seen in trend[-TREND_POINTS:]],
             "links": dag_links(stream),
         })
     return entries
+
+
+def _run_row(row: dict[str, Any]) -> dict[str, Any]:
+    duration = None if row["started_at"] is None or row["ended_at"] is None \
+        else round((row["ended_at"] - row["started_at"]).total_seconds(), 3)
+    return {**{key: _plain(value) for key, value in row.items()}, "duration_seconds": duration,
+            "link": run_link(row["run_id"] or "")}
 
 
 def _dead_letters(stream: StreamSpec, roots: Roots) -> dict[str, Any]:
@@ -126,8 +165,12 @@ def detail(stream: StreamSpec, roots: Roots, *, days: float = 30, now: float | N
     since = now - days * 86400
     history = [seen for seen in (store.history(stream.name, limit=int(days * 24 * 12) + 1) if store else [])
                if seen.observation.observed_at >= since]
-    runs = runlog.runs(roots.lake, stream.name, since=since)
-    ended = [row["ended_at"] for row in runs if row["kind"] == "run" and row["ended_at"] is not None]
+    logged = runlog.runs(roots.lake, stream.name, since=since)
+    # The stream's own runs are what the charts draw; a backfill, a repair or the nightly maintenance holds the
+    # stream's lock and is logged beside them, but reads nothing of its backlog: listed apart.
+    runs = [row for row in logged if row["kind"] == "run"]
+    operations = [row for row in logged if row["kind"] != "run"]
+    ended = [row["ended_at"] for row in runs if row["ended_at"] is not None]
     current = _report(stream, roots, history[-TREND_POINTS:], now, max(ended, default=None))
     return {
         "stream": stream.name, "description": stream.description, "status": current.to_dict(),
@@ -135,9 +178,8 @@ def detail(stream: StreamSpec, roots: Roots, *, days: float = 30, now: float | N
                      "files": seen.observation.backlog.files, "bytes": seen.observation.backlog.bytes,
                      "records": seen.observation.backlog.records, "units": seen.observation.backlog.units,
                      "lag_seconds": seen.observation.lag_seconds} for seen in history],
-        "runs": [{**{key: _plain(value) for key, value in row.items()},
-                  "duration_seconds": None if row["started_at"] is None or row["ended_at"] is None
-                  else round((row["ended_at"] - row["started_at"]).total_seconds(), 3)} for row in runs],
+        "runs": [_run_row(row) for row in runs],
+        "operations": [_run_row(row) for row in operations],
         "dead_letters": _dead_letters(stream, roots),
         "health": _health(stream, roots, now),
         "versions": table_history(stream.sink_path(roots), limit=20) if stream.sink.table else [],
