@@ -46,7 +46,6 @@ from sluice.storage.lock import HeldLock
 from sluice.storage.object_lock import waiting_lock
 from sluice.storage.store import Folder, LocalFolder, folder
 from sluice.times import iso_utc
-from sluice_spark.quality import expectation_counts
 from sluice_spark.runner import (
     await_query,
     batch_rows,
@@ -61,8 +60,9 @@ from sluice_spark.runner import (
     write_run_log,
 )
 from sluice_spark.session import activate, preload_case_mappings, require_hadoop_connector, resolve_engine
+from sluice_spark.steps.quality import expectation_counts
 from sluice_spark.targets import DEAD_LETTER_ROUTE, GOOD_ROUTE, RAW_COLUMN, ROUTE_COLUMN
-from sluice_spark.writers import BatchRouter
+from sluice_spark.write.batches import BatchRouter
 
 log = logging.getLogger(__name__)
 

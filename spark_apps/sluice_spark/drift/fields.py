@@ -69,7 +69,7 @@ def parse_json_text(frame: DataFrame, text: Column, schema: Schema, policy: Sche
     of a record Spark's parser rejected) and the policy's column (``_rescued_data`` under ``rescue``,
     :data:`NEW_FIELDS_COLUMN` under ``fail_on_new_columns``); ``keep`` are carried along (the lineage). A rejected
     record whose misfits were rescued is good after all: the dead-letter split
-    (:func:`sluice_spark.quality.dead_letter_reason`) reads both columns.
+    (:func:`sluice_spark.steps.quality.dead_letter_reason`) reads both columns.
 
     Under ``none`` this is Spark's JSON parser alone. Otherwise a record the variant parser cannot read as an object
     is corrupt too: not JSON, a top-level array, or an object with a key given twice (Spark's parser would keep the
@@ -291,7 +291,7 @@ def schema_struct(schema: Schema) -> Struct:
 
 def reads_by_header(source: SourceSpec) -> bool:
     """Whether a source's CSV files are matched to its schema by the names in their headers
-    (:mod:`sluice_spark.csv_drift`): under a drift policy, with ``header``, and without ``enforceSchema``, which asks
+    (:mod:`sluice_spark.drift.csv`): under a drift policy, with ``header``, and without ``enforceSchema``, which asks
     for columns by position."""
     return (source.format is FileFormat.CSV and source.schema_evolution is not SchemaEvolution.NONE
             and names_columns_by_header(source.options))
@@ -306,7 +306,7 @@ def reparse_as_text(source: SourceSpec) -> Column | None:
     columns = ", ".join(f"{quote(name)} STRING" for name in source.read_schema.names)
     schema = f"{columns}, `{CORRUPT_COLUMN}` STRING"
     options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}
-    if source.format is FileFormat.PARQUET:  # a record with a misfit, as JSON (:mod:`sluice_spark.parquet_drift`)
+    if source.format is FileFormat.PARQUET:  # a record with a misfit, as JSON (:mod:`sluice_spark.drift.parquet`)
         return F.from_json(F.col(CORRUPT_COLUMN), schema, options)
     options.update(source.record_options)
     if source.format is FileFormat.JSON:

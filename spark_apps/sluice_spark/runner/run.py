@@ -60,12 +60,9 @@ from sluice.storage.object_lock import lock_for
 from sluice.summary import PhaseClock, RunSummary, StreamRunSummary
 from sluice.times import iso_utc
 from sluice_spark import faults, kinds
-from sluice_spark import patterns as steps
-from sluice_spark.drift import reads_by_header
+from sluice_spark.drift.fields import reads_by_header
 from sluice_spark.kinds import explain_failure, read_stream
 from sluice_spark.kinds.files import RECORDS_METRIC
-from sluice_spark.patterns import with_watermark
-from sluice_spark.quality import check_expectations, expectation_counts, flag_dead_letters, rescued_count
 from sluice_spark.session import (
     activate,
     preload_case_mappings,
@@ -73,6 +70,10 @@ from sluice_spark.session import (
     require_hadoop_connector,
     resolve_engine,
 )
+from sluice_spark.steps import patterns as steps
+from sluice_spark.steps.patterns import with_watermark
+from sluice_spark.steps.quality import check_expectations, expectation_counts, flag_dead_letters, rescued_count
+from sluice_spark.steps.transforms import apply_transform
 from sluice_spark.targets import (
     DEAD_LETTER_ROUTE,
     FAILED_COLUMN,
@@ -86,8 +87,7 @@ from sluice_spark.targets import (
     ROUTE_COLUMN,
     TableTarget,
 )
-from sluice_spark.transforms import apply_transform
-from sluice_spark.writers import SinkRequest, sink_and_dead_letter
+from sluice_spark.write.batches import SinkRequest, sink_and_dead_letter
 
 log = logging.getLogger(__name__)
 

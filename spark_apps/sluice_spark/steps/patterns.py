@@ -28,7 +28,7 @@ from sluice.model.stream import StreamSpec
 from sluice.paths import Roots, join
 from sluice.times import spark_interval
 from sluice_spark.kinds import read_stream
-from sluice_spark.quality import flag_dead_letters
+from sluice_spark.steps.quality import flag_dead_letters
 
 
 def with_watermark(frame: DataFrame, watermark: WatermarkSpec | None) -> DataFrame:
