@@ -1,4 +1,5 @@
-"""A stopping query's cancelled batch goes back to Spark as one short line (sluice_spark.write.batches.briefly_stopped).
+"""A stopping query's cancelled batch goes back to Spark as one short line
+(sluice_spark.write.batches.briefly_stopped).
 
 Spark reads a foreachBatch error through a regex that recurses once per character (StreamExecution.PROXY_ERROR): a
 Py4J error with its Java stack trace, tens of KB, overflowed the stream thread's stack when a warm run was cancelled
