@@ -52,7 +52,7 @@ from sluice_spark.runner import (
     build_routed_frame,
     create_tables,
     error_message,
-    is_permanent_failure,
+    is_permanent,
     maps_case,
     sink_targets,
     tables_to_create,
@@ -279,7 +279,7 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
         summary.status, summary.error = RunStatus.FAILED, "lost the stream's lock to another run during the backfill"
     elif error is not None:
         summary.status, summary.error = RunStatus.FAILED, error_message(error)
-        summary.retryable = not is_permanent_failure(summary.error)
+        summary.retryable = not is_permanent(error)
     else:
         summary.status = RunStatus.SUCCEEDED
     return batch_rows(stream.name, request.run_id, query)
