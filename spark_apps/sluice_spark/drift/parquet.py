@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sluice.constants import CORRUPT_COLUMN, RESCUED_COLUMN, SOURCE_FILE_COLUMN, SchemaEvolution
-from sluice_spark.drift.fields import column_like, column_type, field_key
+from sluice_spark.drift.fields import column_like, field_key
+from sluice_spark.drift.typed import column_type
 from sluice_spark.targets import NEW_COLUMNS_COLUMN, NEW_FIELDS_COLUMN, NEW_TYPES_COLUMN
 
 if TYPE_CHECKING:
@@ -251,7 +252,7 @@ def _column_like(name: str, target: pa.StructType) -> bool:
 
 def _spark_type(arrow_type: pa.DataType) -> str | None:
     """A new column's type as the catalog would declare it; None for one Spark cannot hold, or whose values do not
-    come back from their JSON as they were (:func:`sluice_spark.drift.fields.column_type`): it is rescued."""
+    come back from their JSON as they were (:func:`sluice_spark.drift.typed.column_type`): it is rescued."""
     from pyspark.sql.pandas.types import from_arrow_type
 
     try:

@@ -3,7 +3,7 @@
 The source reads a table by version: delta-spark's ``format("delta")`` on the jvm engine, Sluice's ``sluice_delta``
 on rs. The declared columns are selected and cast; a row that lacks a required one goes to the dead-letter table like
 a file record. ``_source_file`` carries the upstream's lineage when the table has it. The table's other columns
-follow the stream's drift policy (:func:`sluice_spark.drift.fields.typed_drift`), except the upstream stream's own
+follow the stream's drift policy (:func:`sluice_spark.drift.typed.typed_drift`), except the upstream stream's own
 (its ingest time, and what its drift policy rescued, which stays in its table).
 
 The sink writes the stream's table, its dead-letter table and any fan-out tables, each exactly once per micro-batch.
@@ -32,7 +32,7 @@ from sluice.constants import (
 from sluice.errors import SluiceError
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.paths import Roots
-from sluice_spark.drift.fields import typed_drift
+from sluice_spark.drift.typed import typed_drift
 from sluice_spark.rs.datasource import DATA_SOURCE_NAME
 from sluice_spark.session import register_data_sources, resolve_engine
 from sluice_spark.targets import FAILED_COLUMN, NEW_FIELDS_COLUMN, RAW_COLUMN, ROUTE_COLUMN, encode_targets
