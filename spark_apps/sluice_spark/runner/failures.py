@@ -29,7 +29,7 @@ ANSI_HINT = ("; a value of the batch broke an expression of the stream (its tran
              "so every rerun fails the same way: write it with the try_* functions (try_cast, try_divide, "
              "try_element_at...) or catch such rows with an expectation; Spark names the expression above")
 
-# The last line of a Python traceback: the raised exception's qualified class name (``module.Class: message``).
+# The line of a Python traceback that names a raised exception by its qualified class name (``module.Class: message``).
 _RAISED = re.compile(r"^((?:[A-Za-z_]\w*\.)+[A-Z]\w*):")
 
 
@@ -47,9 +47,9 @@ def refused_by(error: BaseException) -> type[BatchRefused] | None:
     """The type of the :class:`~sluice.errors.BatchRefused` that stopped a query, or None.
 
     Raised in this process, it is in the error's chain. Raised in a ``foreachBatch`` function or a Python data
-    source's writer, it reaches the query's error through the JVM as its Python traceback, whose last line names its
-    class: it is known by that qualified name, as a Java exception is known by its class
-    (:func:`sluice_spark.kinds.explain_failure`), never by the words of its message.
+    source's writer, it reaches the query's error through the JVM as its Python traceback, whose line
+    ``module.Class: message`` names its class: it is known by that qualified name, as a Java exception is known by
+    its class (:func:`sluice_spark.kinds.explain_failure`), never by the words of its message.
     """
     known = {f"{kind.__module__}.{kind.__qualname__}": kind for kind in _subclasses(BatchRefused)}
     for cause in _chain(error):
