@@ -5,7 +5,7 @@ table, the run summary) over the same CSV exports, whose headers all name the de
 common case, which both sides can read):
 
 - ``none``: Spark's CSV reader with the declared schema, checking each file's header against it;
-- ``rescue``: each file's columns found by its header (:mod:`sluice_spark.csv_drift`): Spark's reader splits the
+- ``rescue``: each file's columns found by its header (:mod:`sluice_spark.drift.csv`): Spark's reader splits the
   records as text, a Python UDF reads each file's header once, and ``from_csv`` types the declared fields.
 
 Rounds alternate the order and the best time of each side is kept, because these machines are shared and noisy.

@@ -4,7 +4,7 @@ delta-spark's own writer (the jvm engine, with the jars `make venv` resolved).
 - append: ``--rows`` JSON rows in ``--files`` files (bench_ingest's events) ingested by a bronze stream, once per
   engine and round; the goal is ``rs_vs_jvm_append`` <= 1.0.
 - merge: ``--merge-rows`` rows, half updates of existing ids and half new ones, merged into a table of
-  ``--table-rows`` rows through each engine's idempotent writer (``sluice_spark.writers.table_writer``), the call
+  ``--table-rows`` rows through each engine's idempotent writer (``sluice_spark.write.tables.table_writer``), the call
   every foreachBatch sink makes; ``rs_vs_jvm_merge`` is reported (its goal is null: the issue asks for the figure).
 
 Every side is checked: the same rows in, the same table out. The last line is JSON with ``ratios`` and ``goals``.
@@ -31,7 +31,7 @@ from sluice.constants import DeltaEngine, SinkMode
 from sluice.paths import Roots
 from sluice.storage.delta import query
 from sluice_spark.targets import TableTarget
-from sluice_spark.writers import table_writer
+from sluice_spark.write.tables import table_writer
 
 ENGINES = ("jvm", "rs")
 

@@ -1,7 +1,7 @@
 """MERGE benchmark: what upserting a micro-batch costs against appending it, on the rs engine.
 
 A Delta table of ``--table-rows`` rows keyed by id; each round writes a batch of ``--batch-rows`` rows, half of them
-updates of existing ids and half new ones, through ``sluice_spark.writers.RsTableWriter``, the function every
+updates of existing ids and half new ones, through ``sluice_spark.write.tables.RsTableWriter``, the function every
 foreachBatch sink calls: once as a MERGE (keys + sequence column, with the batch's transaction id), and, as the
 baseline in the same run, once as an idempotent append of the same rows. The ratio is what a silver upsert pays
 per batch over a bronze-style append.
@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from sluice.constants import DeltaEngine, SinkMode
 from sluice_spark.session import configure_sluice, register_data_sources
 from sluice_spark.targets import TableTarget
-from sluice_spark.writers import table_writer
+from sluice_spark.write.tables import table_writer
 
 COLUMNS = (("id", "id"), ("plan", "plan"), ("updated_at", "updated_at"))
 

@@ -5,7 +5,7 @@ Parquet with pyarrow, one file in twenty with a schema that grew (a new top-leve
 
 - ``none``: Spark's Parquet reader with the declared schema; what the schema does not declare is not read;
 - ``rescue``: each file read as bytes and by pyarrow on the executors, compared with the declared schema, the new
-  fields kept in ``_rescued_data`` (:mod:`sluice_spark.parquet_drift`).
+  fields kept in ``_rescued_data`` (:mod:`sluice_spark.drift.parquet`).
 
 Rounds alternate the order and the best time of each side is kept, because these machines are shared and noisy.
 The goal (Sluice's own: the issue names none) is rescue / none <= 1.3. The last line is the result as JSON.

@@ -50,11 +50,17 @@ class StreamRunError(SluiceError):
     """A stream run failed: Spark failed, or a run could not produce its summary."""
 
 
-class ExpectationFailed(SluiceError):
+class BatchRefused(SluiceError):
+    """A micro-batch Sluice refused to commit because of the rows it holds: it committed nowhere, and every rerun of
+    the same checkpoint meets the same rows and is refused again, so the run is not retryable. The runner knows it
+    by its type, also when it crossed the JVM as a Python traceback (``sluice_spark.runner.failures``)."""
+
+
+class ExpectationFailed(BatchRefused):
     """Rows of a micro-batch broke an expectation whose action is ``fail``: the batch committed nowhere, and every
     run stops at it until the rule or the data changes."""
 
 
-class SchemaDriftError(SluiceError):
+class SchemaDriftError(BatchRefused):
     """A batch brought fields the declared schema does not have, under ``fail_on_new_columns``: it committed
     nowhere."""

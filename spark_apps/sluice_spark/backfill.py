@@ -46,14 +46,13 @@ from sluice.storage.lock import HeldLock
 from sluice.storage.object_lock import waiting_lock
 from sluice.storage.store import Folder, LocalFolder, folder
 from sluice.times import iso_utc
-from sluice_spark.quality import expectation_counts
 from sluice_spark.runner import (
     await_query,
     batch_rows,
     build_routed_frame,
     create_tables,
     error_message,
-    is_permanent_failure,
+    is_permanent,
     maps_case,
     sink_targets,
     tables_to_create,
@@ -61,8 +60,9 @@ from sluice_spark.runner import (
     write_run_log,
 )
 from sluice_spark.session import activate, preload_case_mappings, require_hadoop_connector, resolve_engine
+from sluice_spark.steps.quality import expectation_counts
 from sluice_spark.targets import DEAD_LETTER_ROUTE, GOOD_ROUTE, RAW_COLUMN, ROUTE_COLUMN
-from sluice_spark.writers import BatchRouter
+from sluice_spark.write.batches import BatchRouter
 
 log = logging.getLogger(__name__)
 
@@ -279,7 +279,7 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
         summary.status, summary.error = RunStatus.FAILED, "lost the stream's lock to another run during the backfill"
     elif error is not None:
         summary.status, summary.error = RunStatus.FAILED, error_message(error)
-        summary.retryable = not is_permanent_failure(summary.error)
+        summary.retryable = not is_permanent(error)
     else:
         summary.status = RunStatus.SUCCEEDED
     return batch_rows(stream.name, request.run_id, query)

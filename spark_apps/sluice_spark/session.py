@@ -117,7 +117,7 @@ def register_data_sources(spark: SparkSession) -> None:
     """Register Sluice's Python data sources on a session, once. Called where a query uses them (the rs engine's
     Delta source and its sink for large runs), not at start: on a cold JVM the registration costs over a second
     that a small run collected on the driver does not need."""
-    from sluice_spark.delta_rs_datasource import DeltaRsDataSource
+    from sluice_spark.rs.datasource import DeltaRsDataSource
 
     if getattr(spark, "_sluice_data_sources", False):
         return

@@ -23,7 +23,7 @@ FAILED_ROUTE = 2
 # The names of the ``fail`` rules such a row broke (NULL on every other row); only streams with such rules have it.
 FAILED_COLUMN = "_sluice_failed"
 # Under ``fail_on_new_columns``, the paths of a row's fields the schema does not declare (NULL on most rows): no table
-# takes such a row, and its batch commits nowhere (:mod:`sluice_spark.drift`).
+# takes such a row, and its batch commits nowhere (:mod:`sluice_spark.drift.fields`).
 NEW_FIELDS_COLUMN = "_sluice_new_fields"
 # Under ``add_new_columns``, a row's new top-level fields as a JSON object (NULL on most rows): the writer adds them to
 # its table as columns, in the commit of their batch.
@@ -32,7 +32,7 @@ NEW_COLUMNS_COLUMN = "_sluice_new_columns"
 # types; the writer gives each added column its type instead of one read from the JSON values.
 NEW_TYPES_COLUMN = "_sluice_new_types"
 # A CSV record read by its file's header: its declared fields as text (NULL when it is malformed), for the reasons of
-# its dead letter (:mod:`sluice_spark.csv_drift`); dropped once they are made.
+# its dead letter (:mod:`sluice_spark.drift.csv`); dropped once they are made.
 CSV_FIELDS_COLUMN = "_sluice_csv_fields"
 _MAX_EXAMPLE = 500
 _MAX_ORIGINS = 5

@@ -16,7 +16,7 @@ from sluice.constants import DeltaEngine, SinkMode
 from sluice.storage.delta import read_table
 from sluice_spark.runner import run_streams
 from sluice_spark.targets import TableTarget
-from sluice_spark.writers import table_writer
+from sluice_spark.write.tables import table_writer
 from tests.helpers import events_stream, expected_events, needs_jvm_jars, roots_in, table_rows, write_catalog
 
 pytestmark = [pytest.mark.spark, needs_jvm_jars]

@@ -111,7 +111,7 @@ def test_each_action_matches_a_python_oracle(spark: Any, tmp_path: Path, sink: d
     records, rejected = feed()
     write_feed(tmp_path / "landing" / "events", "a.json", records, rejected)
     catalog, roots = catalog_with(tmp_path, RULES, sink=sink), roots_in(tmp_path)
-    asked = preloads(monkeypatch, "sluice_spark.runner")
+    asked = preloads(monkeypatch, "sluice_spark.runner.run")
     [run] = run_streams(spark, catalog, ["events"], roots).streams
     assert asked == [spark]  # the transform lowers event_type
     assert run.status == "succeeded", run.error

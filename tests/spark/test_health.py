@@ -309,7 +309,7 @@ def test_run_that_loses_its_lock_stops_and_fails(spark: Any, tmp_path: Path, mon
     import threading
 
     from sluice.storage.object_lock import lock_for
-    from sluice_spark import runner
+    from sluice_spark.runner import run as runner
 
     monkeypatch.setattr(runner, "lock_for", functools.partial(lock_for, heartbeat_seconds=0.05))
     catalog = load_catalog(write_catalog(tmp_path, events_stream(trigger={"max_files_per_trigger": 1})))

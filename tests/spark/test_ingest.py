@@ -275,7 +275,7 @@ def test_existing_table_with_another_schema_is_refused(spark: Any, tmp_path: Pat
 
 def test_transform_that_drops_columns_is_refused(spark: Any, tmp_path: Path, events_catalog: Any,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from sluice_spark import transforms
+    from sluice_spark.steps import transforms
 
     monkeypatch.setattr(transforms, "bronze_events", lambda frame: frame.select("event_id"))
     with pytest.raises(SluiceError, match="dropped column"):

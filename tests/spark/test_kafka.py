@@ -18,8 +18,8 @@ from sluice.connections.kafka import env_name
 from sluice.constants import KAFKA_KEY_COLUMN, RESCUED_COLUMN, SOURCE_FILE_COLUMN
 from sluice.errors import SluiceError
 from sluice_spark.kinds.kafka import decode_records, kafka_records, require_avro
-from sluice_spark.quality import RAW_COLUMN, REASON_COLUMN, flag_dead_letters
 from sluice_spark.session import missing_classes
+from sluice_spark.steps.quality import RAW_COLUMN, REASON_COLUMN, flag_dead_letters
 from tests.helpers import roots_in, table_rows
 from tests.kafka_data import clicks, consume, expected, kafka_stream, new_topic, produce
 

@@ -310,7 +310,7 @@ def test_a_crash_between_the_merge_and_the_fan_out_is_finished_by_the_next_run(
         spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The batch's MERGE commits, then the run dies before its fan-out commit (foreachBatch runs in this process, so
     the crash point is raised here): the next run replays the batch, skips the MERGE and writes the fan-out."""
-    from sluice_spark import writers
+    from sluice_spark.write import batches as writers
 
     catalog = users_catalog(tmp_path)
     land_users(tmp_path, [("u1", "free", 1), ("u2", "paid", 2)])

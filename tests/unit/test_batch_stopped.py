@@ -1,4 +1,5 @@
-"""A stopping query's cancelled batch goes back to Spark as one short line (sluice_spark.writers.briefly_stopped).
+"""A stopping query's cancelled batch goes back to Spark as one short line
+(sluice_spark.write.batches.briefly_stopped).
 
 Spark reads a foreachBatch error through a regex that recurses once per character (StreamExecution.PROXY_ERROR): a
 Py4J error with its Java stack trace, tens of KB, overflowed the stream thread's stack when a warm run was cancelled
@@ -12,7 +13,7 @@ import traceback
 
 import pytest
 
-from sluice_spark.writers import BatchStopped, briefly_stopped
+from sluice_spark.write.batches import BatchStopped, briefly_stopped
 
 RUN_ID = "17239ccf-bc8b-4017-b594-13a1961c590f"
 JAVA_FRAMES = "".join(f"\tat org.apache.spark.Frame{n}.call(Frame.java:{n})\n" for n in range(3000))

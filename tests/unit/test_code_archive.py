@@ -27,8 +27,8 @@ def sha256(path: str | Path) -> str:
 def test_the_code_archive_holds_what_executors_import(folder: Path) -> None:
     path = project_archive(folder)
     names = zipfile.ZipFile(path).namelist()
-    assert {"sluice/__init__.py", "sluice/streams.yaml", "sluice_spark/delta_rs_sink.py",
-            "sluice_spark/runner.py"} <= set(names)
+    assert {"sluice/__init__.py", "sluice/streams.yaml", "sluice_spark/rs/sink.py",
+            "sluice_spark/runner/run.py"} <= set(names)
     assert not [name for name in names if name.startswith("sluice_airflow") or "__pycache__" in name]
     assert project_archive(folder) == path  # named by content: built once per version of the code
     assert [p.name for p in folder.iterdir()] == [Path(path).name], "no temporary is left behind"

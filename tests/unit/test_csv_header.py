@@ -1,12 +1,12 @@
 """The header of a CSV file as Spark's reader takes it (the first line that is not blank or a comment; under
-multiLine, as many lines as a quoted name spans), read from the file's first bytes by :mod:`sluice_spark.csv_drift`.
+multiLine, as many lines as a quoted name spans), read from the file's first bytes by :mod:`sluice_spark.drift.csv`.
 The header's split into names is Spark's own (from_csv), tested with real Spark in tests/spark/test_drift.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from sluice_spark.csv_drift import first_record
+from sluice_spark.drift.csv import first_record
 
 
 @pytest.mark.parametrize(("head", "options", "expected"), [

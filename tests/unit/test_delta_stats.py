@@ -10,8 +10,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sluice_spark.delta_rs_stats import file_stats as _file_stats
-from sluice_spark.delta_rs_stats import partition_string as _partition_string
+from sluice_spark.rs.stats import file_stats as _file_stats
+from sluice_spark.rs.stats import partition_string as _partition_string
 
 
 def stats_of(tmp_path: Path, table: pa.Table) -> dict:

@@ -1,4 +1,4 @@
-"""Parquet drift on the executors (:mod:`sluice_spark.parquet_drift`), against pyarrow data made here: every value of
+"""Parquet drift on the executors (:mod:`sluice_spark.drift.parquet`), against pyarrow data made here: every value of
 a file is either in a typed column, in ``_rescued_data``, or in the record of a dead letter. No Spark session: the
 function is what ``mapInArrow`` runs; the end-to-end runs are in ``tests/spark/test_drift.py``."""
 
@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sluice.constants import CORRUPT_COLUMN, RESCUED_COLUMN, SchemaEvolution
-from sluice_spark.parquet_drift import ParquetReadError, conform_files, output_columns
+from sluice_spark.drift.parquet import ParquetReadError, conform_files, output_columns
 from sluice_spark.targets import NEW_COLUMNS_COLUMN, NEW_TYPES_COLUMN
 
 

@@ -172,11 +172,11 @@ def test_the_bundled_catalog_uses_expectations_and_a_sql_transform() -> None:
     "[INVALID_ARRAY_INDEX_IN_ELEMENT_AT] The index 5 is out of bounds.",
 ])
 def test_an_ansi_error_of_a_value_is_permanent_and_says_what_to_do(message: str) -> None:
-    from sluice_spark.runner import explained, is_permanent_failure
+    from sluice_spark.runner import explained, is_permanent
 
-    assert is_permanent_failure(message)
+    assert is_permanent(RuntimeError(message))
     assert explained(message).startswith(message) and "try_* functions" in explained(message)
-    assert not is_permanent_failure("[STREAM_FAILED] Connection reset by peer")
+    assert not is_permanent(RuntimeError("[STREAM_FAILED] Connection reset by peer"))
     assert explained("Connection reset by peer") == "Connection reset by peer"
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from sluice.errors import SluiceError
 from sluice.model.transforms import TRANSFORMS
-from sluice_spark.transforms import get_transform
+from sluice_spark.steps.transforms import get_transform
 
 
 def test_every_declared_python_transform_has_its_implementation() -> None:

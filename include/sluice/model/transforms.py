@@ -3,7 +3,7 @@
 Most transforms are a few SQL expressions and belong in the catalog (``transform: {sql: ...}``,
 :mod:`sluice.model.sql`). A Python transform is for what SQL cannot say. It is declared here, where the catalog is
 validated without pyspark; its code is the function :attr:`TransformSpec.implementation` names, which the Spark side
-imports when a stream runs (``sluice_spark.transforms.get_transform``). A test imports every one.
+imports when a stream runs (``sluice_spark.steps.transforms.get_transform``). A test imports every one.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ class TransformSpec:
     # Lowers or uppers strings (Spark then loads its case mappings ahead: sluice_spark.session).
     maps_case: bool = False
     # ``module:function`` of the implementation, a ``DataFrame -> DataFrame`` function; by default the function of
-    # the transform's name in ``sluice_spark.transforms``.
+    # the transform's name in ``sluice_spark.steps.transforms``.
     implementation: str = ""
 
     @property
     def target(self) -> tuple[str, str]:
         """The module and the function that implement the transform."""
-        module, _, function = (self.implementation or f"sluice_spark.transforms:{self.name}").partition(":")
+        module, _, function = (self.implementation or f"sluice_spark.steps.transforms:{self.name}").partition(":")
         return module, function
 
 

@@ -21,7 +21,7 @@ from sluice.constants import SinkFormat, SourceType
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.paths import Roots
 from sluice_spark.kinds import delta, files, kafka
-from sluice_spark.writers import SinkRequest
+from sluice_spark.write.batches import SinkRequest
 
 Reader = Callable[..., DataFrame]
 

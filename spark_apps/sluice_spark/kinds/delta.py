@@ -3,12 +3,12 @@
 The source reads a table by version: delta-spark's ``format("delta")`` on the jvm engine, Sluice's ``sluice_delta``
 on rs. The declared columns are selected and cast; a row that lacks a required one goes to the dead-letter table like
 a file record. ``_source_file`` carries the upstream's lineage when the table has it. The table's other columns
-follow the stream's drift policy (:func:`sluice_spark.drift.typed_drift`), except the upstream stream's own
+follow the stream's drift policy (:func:`sluice_spark.drift.typed.typed_drift`), except the upstream stream's own
 (its ingest time, and what its drift policy rescued, which stays in its table).
 
 The sink writes the stream's table, its dead-letter table and any fan-out tables, each exactly once per micro-batch.
-Appends on ``rs`` go through :mod:`sluice_spark.delta_rs_sink`, which writes Parquet on the executors. Everything
-else runs in ``foreachBatch`` through :class:`sluice_spark.writers.BatchRouter`. On ``rs`` such a batch crosses to
+Appends on ``rs`` go through :mod:`sluice_spark.rs.sink`, which writes Parquet on the executors. Everything
+else runs in ``foreachBatch`` through :class:`sluice_spark.write.batches.BatchRouter`. On ``rs`` such a batch crosses to
 the driver as Arrow: merge and complete mode are meant for upserts and aggregates, whose batches are small next to
 a bronze append.
 """
@@ -32,11 +32,11 @@ from sluice.constants import (
 from sluice.errors import SluiceError
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.paths import Roots
-from sluice_spark.delta_rs_datasource import DATA_SOURCE_NAME
-from sluice_spark.drift import typed_drift
+from sluice_spark.drift.typed import typed_drift
+from sluice_spark.rs.datasource import DATA_SOURCE_NAME
 from sluice_spark.session import register_data_sources, resolve_engine
 from sluice_spark.targets import FAILED_COLUMN, NEW_FIELDS_COLUMN, RAW_COLUMN, ROUTE_COLUMN, encode_targets
-from sluice_spark.writers import BatchRouter, SinkRequest, stream_commit_info
+from sluice_spark.write.batches import BatchRouter, SinkRequest, stream_commit_info
 
 
 def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | None, trigger: TriggerSpec) -> DataFrame:

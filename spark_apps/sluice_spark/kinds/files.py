@@ -1,14 +1,13 @@
 """The file source in Spark: a landing-zone folder read with its declared schema.
 
 JSON and CSV are read in PERMISSIVE mode, so that a malformed record becomes a row with ``_corrupt_record`` set
-instead of failing the batch; :mod:`sluice_spark.quality` then routes it to the dead-letter table with a reason.
+instead of failing the batch; :mod:`sluice_spark.steps.quality` then routes it to the dead-letter table with a reason.
 ``_source_file`` is each row's file.
 
-Under a drift policy (:mod:`sluice_spark.drift`), JSON files are read as text, a record per line (a file per record,
-or per element of its top-level array, with ``multiLine``), so that each record's text is at hand to find what the
-schema does not declare. A CSV record's values that do not fit their type are rescued from its text as Spark's
-reader keeps it.
-"""
+Under a drift policy (:mod:`sluice_spark.drift.fields`), JSON files are read as text, a record per line (a file per
+record, or per element of its top-level array, with ``multiLine``), so that each record's text is at hand to find what
+the schema does not declare. A CSV record's values that do not fit their type are rescued from its text as Spark's
+reader keeps it. """
 
 from __future__ import annotations
 
@@ -24,9 +23,9 @@ from sluice.kinds.files import FileSource
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.model.types import quote
 from sluice.paths import Roots
-from sluice_spark import csv_drift
-from sluice_spark.drift import parse_json_text, reads_by_header, rescue_csv
-from sluice_spark.parquet_drift import conform_files, output_columns
+from sluice_spark.drift import csv as csv_drift
+from sluice_spark.drift.fields import parse_json_text, reads_by_header, rescue_csv
+from sluice_spark.drift.parquet import conform_files, output_columns
 from sluice_spark.session import require_hadoop_connector
 
 # The options of Spark's file source that the text reader takes as they are; a JSON record's own options (dates,
@@ -55,7 +54,7 @@ def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | N
     if source.format is FileFormat.PARQUET and policy is not SchemaEvolution.NONE:
         return _parquet_files(spark, stream, path, trigger)
     reader = _limited(spark.readStream.format(source.format.value).options(**source.options), trigger)
-    if reads_by_header(source):  # each file's columns found by its header (sluice_spark.csv_drift)
+    if reads_by_header(source):  # each file's columns found by its header (sluice_spark.drift.csv)
         frame = reader.option("enforceSchema", "true").schema(csv_drift.read_schema_ddl(source)) \
             .option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT_COLUMN).load(path)
         return csv_drift.conform(frame.select(*[quote(name) for name in source.read_schema.names], CORRUPT_COLUMN,
@@ -93,7 +92,7 @@ def _limited(reader: DataStreamReader, trigger: TriggerSpec) -> DataStreamReader
 
 def _parquet_files(spark: SparkSession, stream: StreamSpec, path: str, trigger: TriggerSpec) -> DataFrame:
     """Parquet files as bytes, each read whole by pyarrow on an executor and compared with the declared schema
-    (:mod:`sluice_spark.parquet_drift`)."""
+    (:mod:`sluice_spark.drift.parquet`)."""
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import StructType
 

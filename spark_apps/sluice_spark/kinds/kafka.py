@@ -6,7 +6,7 @@ The brokers and the security settings arrive in the driver's environment
 put there by the operator from the stream's Airflow connection; they never appear on the command line.
 
 Source: ``readStream.format("kafka")`` with the catalog's options. Values are decoded with the declared schema, JSON
-in PERMISSIVE mode (an undecodable value keeps its text in ``_corrupt_record``, so :mod:`sluice_spark.quality`
+in PERMISSIVE mode (an undecodable value keeps its text in ``_corrupt_record``, so :mod:`sluice_spark.steps.quality`
 routes it to the dead-letter table with a reason, like a malformed line of a file) or Avro binary with the inline
 ``value_schema`` (spark-avro). Every row keeps its lineage: ``_source_file`` is ``kafka://<topic>/<partition>/
 <offset>``, ``_kafka_key`` the key as a string and ``_kafka_timestamp`` the broker's timestamp.
@@ -39,10 +39,10 @@ from sluice.kinds.kafka import KafkaSink, KafkaSource
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.paths import Roots
 from sluice_spark import faults
-from sluice_spark.drift import parse_json_text
+from sluice_spark.drift.fields import parse_json_text
 from sluice_spark.session import missing_classes
 from sluice_spark.targets import GOOD_ROUTE, RAW_COLUMN, ROUTE_COLUMN
-from sluice_spark.writers import BatchRouter, SinkRequest, sink_and_dead_letter, stream_commit_info
+from sluice_spark.write.batches import BatchRouter, SinkRequest, sink_and_dead_letter, stream_commit_info
 
 # A class of each jar the connector needs, and the jar's name.
 CONNECTOR_CLASSES = {
@@ -171,7 +171,7 @@ def decode_records(frame: DataFrame, stream: StreamSpec) -> DataFrame:
         columns = [F.col(f"{_VALUE}.`{column.name}`").cast(column.sql_type).alias(column.name)
                    for column in source.schema.columns]
         return staged.select(*columns, CORRUPT_COLUMN, *lineage)
-    # JSON, under the source's drift policy (:mod:`sluice_spark.drift`).
+    # JSON, under the source's drift policy (:mod:`sluice_spark.drift.fields`).
     decoded = parse_json_text(frame, F.col("value").cast("string"), source.read_schema, source.schema_evolution, {},
                               {**lineage, _TOMBSTONE: F.col("value").isNull()})
     tombstone = F.when(F.col(_TOMBSTONE), F.lit("")).otherwise(F.col(CORRUPT_COLUMN))

@@ -13,12 +13,12 @@ pyarrow on the executors, in the same task, so the schema it compares is the sch
 Names match as Spark's reader matches them: exactly, else without case when only one field matches. Timestamps of
 any unit read as microseconds (nanoseconds are truncated, INT96 included), as Spark keeps them.
 
-What each policy does with them is :mod:`sluice_spark.drift`'s: ``rescue`` keeps both in ``_rescued_data`` (values as
-JSON: timestamps and dates in ISO 8601, decimals as text to keep their digits, bytes in base64); ``add_new_columns``
-also gives a new top-level column its Parquet type (:data:`~sluice_spark.targets.NEW_TYPES_COLUMN`);
-``fail_on_new_columns`` lists the new fields' paths. A row with a misfit carries its whole record as JSON in
-``_corrupt_record``, which the dead-letter split reads as it reads a JSON record's text. A file that is no Parquet
-(its footer does not read) is one dead letter, with the error.
+What each policy does with them is :mod:`sluice_spark.drift.fields`'s: ``rescue`` keeps both in ``_rescued_data``
+(values as JSON: timestamps and dates in ISO 8601, decimals as text to keep their digits, bytes in base64);
+``add_new_columns`` also gives a new top-level column its Parquet type
+(:data:`~sluice_spark.targets.NEW_TYPES_COLUMN`); ``fail_on_new_columns`` lists the new fields' paths. A row with a
+misfit carries its whole record as JSON in ``_corrupt_record``, which the dead-letter split reads as it reads a JSON
+record's text. A file that is no Parquet (its footer does not read) is one dead letter, with the error.
 
 A file crosses to the executor whole (``binaryFile``'s ``content``) and is decoded a row group at a time: an executor
 holds each file of its partition in memory once.
@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sluice.constants import CORRUPT_COLUMN, RESCUED_COLUMN, SOURCE_FILE_COLUMN, SchemaEvolution
-from sluice_spark.drift import column_like, column_type, field_key
+from sluice_spark.drift.fields import column_like, field_key
+from sluice_spark.drift.typed import column_type
 from sluice_spark.targets import NEW_COLUMNS_COLUMN, NEW_FIELDS_COLUMN, NEW_TYPES_COLUMN
 
 if TYPE_CHECKING:
@@ -251,7 +252,7 @@ def _column_like(name: str, target: pa.StructType) -> bool:
 
 def _spark_type(arrow_type: pa.DataType) -> str | None:
     """A new column's type as the catalog would declare it; None for one Spark cannot hold, or whose values do not
-    come back from their JSON as they were (:func:`sluice_spark.drift.column_type`): it is rescued."""
+    come back from their JSON as they were (:func:`sluice_spark.drift.typed.column_type`): it is rescued."""
     from pyspark.sql.pandas.types import from_arrow_type
 
     try:

@@ -28,8 +28,8 @@ from sluice.errors import CatalogError
 from sluice.model.expectations import QUARANTINE_REASON, NullResult, Violation
 from sluice.model.stream import StreamSpec
 from sluice.model.types import dotted, quote
-from sluice_spark.drift import reparse_as_text
-from sluice_spark.parquet_drift import UNREADABLE_PARQUET
+from sluice_spark.drift.fields import reparse_as_text
+from sluice_spark.drift.parquet import UNREADABLE_PARQUET
 from sluice_spark.targets import (
     CSV_FIELDS_COLUMN,
     FAILED_COLUMN,
@@ -63,7 +63,7 @@ def dead_letter_reason(stream: StreamSpec) -> Column:
     if reparsed is not None:
         malformed = F.lit(f"malformed {kind} record")
         if stream.source.format is FileFormat.PARQUET:
-            # A file pyarrow could not read says why in its one dead letter (sluice_spark.parquet_drift).
+            # A file pyarrow could not read says why in its one dead letter (sluice_spark.drift.parquet).
             unreadable = F.col(CORRUPT_COLUMN).startswith(UNREADABLE_PARQUET)
             malformed = F.when(unreadable, F.col(CORRUPT_COLUMN)).otherwise(malformed)
         cast_failures.append(F.when(reparsed[CORRUPT_COLUMN].isNotNull() | reparsed.isNull(), malformed))

@@ -28,7 +28,6 @@ from sluice.model.stream import StreamSpec
 from sluice.paths import Roots, join
 from sluice.times import spark_interval
 from sluice_spark.kinds import read_stream
-from sluice_spark.quality import flag_dead_letters
 
 
 def with_watermark(frame: DataFrame, watermark: WatermarkSpec | None) -> DataFrame:
@@ -43,11 +42,17 @@ def dedupe(frame: DataFrame, spec: DedupeSpec) -> DataFrame:
     return frame.dropDuplicatesWithinWatermark(list(spec.keys))
 
 
+def joined_side(stream: StreamSpec, spec: JoinSpec) -> StreamSpec:
+    """The joined stream as a stream of its own: the same stream over the join's source, whose schema decides its
+    dead letters."""
+    return replace(stream, source=spec.source)
+
+
 def read_joined(spark: SparkSession, stream: StreamSpec, spec: JoinSpec, roots: Roots) -> DataFrame:
-    """The joined stream's source as the runner reads a source: the declared columns, flagged for dead letters.
-    Its watermark goes on its good rows (see the runner)."""
-    side = replace(stream, source=spec.source)
-    return flag_dead_letters(read_stream(spark, side, roots), side)
+    """The joined stream's source as the runner reads a source: the declared columns, ``_corrupt_record`` and
+    ``_source_file``. The routing step flags its dead letters and puts its watermark on its good rows
+    (:func:`sluice_spark.steps.route.route`)."""
+    return read_stream(spark, joined_side(stream, spec), roots)
 
 
 def stream_join(left: DataFrame, right: DataFrame, spec: JoinSpec, left_columns: list[str]) -> DataFrame:

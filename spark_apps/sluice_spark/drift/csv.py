@@ -47,7 +47,7 @@ from sluice.model.sources import SourceSpec
 from sluice.model.types import quote
 from sluice.storage.checkpoint import local_file_path
 from sluice.storage.store import folder, is_local
-from sluice_spark.drift import column_like_key, field_key, key_of
+from sluice_spark.drift.fields import column_like_key, field_key, key_of
 from sluice_spark.targets import CSV_FIELDS_COLUMN, NEW_COLUMNS_COLUMN, NEW_FIELDS_COLUMN
 
 #: How many more columns than the schema declares a file's header may name.

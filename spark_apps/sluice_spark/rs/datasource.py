@@ -1,8 +1,8 @@
 """The ``sluice_delta`` Spark Python Data Source: the rs Delta engine's entry point for Spark.
 
-``df.writeStream.format("sluice_delta")`` appends micro-batches to Delta tables (:mod:`sluice_spark.delta_rs_sink`);
+``df.writeStream.format("sluice_delta")`` appends micro-batches to Delta tables (:mod:`sluice_spark.rs.sink`);
 ``spark.readStream.format("sluice_delta").load(path)`` reads a table's new versions
-(:mod:`sluice_spark.delta_rs_source`).
+(:mod:`sluice_spark.rs.source`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader
 
 from sluice.constants import SinkMode
-from sluice_spark.delta_rs_sink import DeltaRsStreamWriter
+from sluice_spark.rs.sink import DeltaRsStreamWriter
 from sluice_spark.targets import TableTarget
 
 if TYPE_CHECKING:
@@ -28,14 +28,14 @@ class DeltaRsDataSource(DataSource):
     rows name a broken ``fail`` expectation there commits nothing; ``exampleColumn`` is what its error shows.
 
     ``spark.readStream.format("sluice_delta").load(path)`` reads a table's new versions
-    (:mod:`sluice_spark.delta_rs_source`)."""
+    (:mod:`sluice_spark.rs.source`)."""
 
     @classmethod
     def name(cls) -> str:
         return DATA_SOURCE_NAME
 
     def schema(self) -> StructType:
-        from sluice_spark.delta_rs_source import table_schema
+        from sluice_spark.rs.source import table_schema
 
         path = {key.lower(): value for key, value in self.options.items()}.get("path")
         if not path:
@@ -43,7 +43,7 @@ class DeltaRsDataSource(DataSource):
         return table_schema(path)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        from sluice_spark.delta_rs_source import DeltaRsStreamReader
+        from sluice_spark.rs.source import DeltaRsStreamReader
 
         return DeltaRsStreamReader(schema, dict(self.options))
 

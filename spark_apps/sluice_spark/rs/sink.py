@@ -1,5 +1,5 @@
 """The ``rs`` Delta engine's streaming sink: the writer of the ``sluice_delta`` data source
-(:mod:`sluice_spark.delta_rs_datasource`), which writes Delta tables through delta-rs.
+(:mod:`sluice_spark.rs.datasource`), which writes Delta tables through delta-rs.
 
 Executors turn Arrow record batches into Parquet files inside the table folders and send the file list back to the
 driver. The driver commits every file of a micro-batch in one Delta transaction per table, tagged with the
@@ -30,7 +30,7 @@ from sluice.constants import (
 )
 from sluice.storage.delta import commit_metadata, holds_batch
 from sluice_spark import faults
-from sluice_spark.delta_rs_stats import file_stats, partition_string
+from sluice_spark.rs.stats import file_stats, partition_string
 from sluice_spark.targets import TableTarget, drift_failure, expectation_failure, failed_in, new_fields_in
 
 if TYPE_CHECKING:
