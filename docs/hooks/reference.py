@@ -20,6 +20,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -151,8 +152,10 @@ def _airflow_classes() -> list[tuple[str, type]]:
     import sluice_airflow
 
     found: dict[tuple[int, str], tuple[str, type]] = {}
-    for module_info in pkgutil.iter_modules(sluice_airflow.__path__, "sluice_airflow."):
-        module = importlib.import_module(module_info.name)
+    for module_info in pkgutil.walk_packages(sluice_airflow.__path__, "sluice_airflow."):
+        with warnings.catch_warnings():  # what Airflow's and FastAPI's imports say of their own dependencies
+            warnings.simplefilter("ignore", DeprecationWarning)
+            module = importlib.import_module(module_info.name)
         for _, value in inspect.getmembers(module, inspect.isclass):
             kind = _kind(value) if value.__module__ == module.__name__ else None
             if kind is not None:

@@ -67,7 +67,7 @@ class StreamLagSensor(BaseSensorOperator):
         from sluice.lag.store import check_against_history
 
         roots = resolve_roots(self.landing_root, self.lake_root, self.checkpoint_root)
-        os.environ.update(StorageConnectionHook(self.storage_conn_id, logger=self.log).environment(
+        os.environ.update(StorageConnectionHook(self.storage_conn_id).environment(
             places(roots, self.catalog, [self.stream])))
         return check_against_history(load_catalog(self.catalog).get(self.stream), roots)
 

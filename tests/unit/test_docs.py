@@ -96,3 +96,19 @@ def test_the_health_codes_are_generated_into_the_docs() -> None:
     assert module.HEALTH_CODES_MARK in guide
     assert fault_code_table() in module.on_page_markdown(guide, None, None, None)
     assert fault_code_table() in module.health_codes_page()
+
+
+def test_the_airflow_reference_documents_every_operator_sensor_trigger_and_hook() -> None:
+    """Every class the plugin's packages export (operators and hooks are packages of modules) has its section."""
+    import importlib
+
+    from airflow.sdk import BaseHook, BaseOperator
+    from airflow.triggers.base import BaseTrigger
+
+    exported = {name for package in ("operators", "hooks", "sensors", "triggers")
+                for name, value in vars(importlib.import_module(f"sluice_airflow.{package}")).items()
+                if isinstance(value, type) and value.__module__.startswith("sluice_airflow.")
+                and issubclass(value, BaseOperator | BaseHook | BaseTrigger)}
+    assert {"StreamRunOperator", "CheckpointHealthCheckOperator", "WarmServerHook"} <= exported
+    page = hooks().airflow_page()
+    assert {name for name in exported if f"\n## {name}\n" not in page} == set()

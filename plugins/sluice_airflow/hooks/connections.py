@@ -9,26 +9,23 @@ while a DAG file is parsed), each secret registered with Airflow's masker before
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
-from typing import Any
 
+from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from sluice.connections.storage import DEFAULT_CONNECTION as STORAGE_CONNECTION
 from sluice.errors import SluiceError
 from sluice.model.stream import StreamSpec
 
-log = logging.getLogger(__name__)
 
-
-class StorageConnectionHook:
+class StorageConnectionHook(BaseHook):
     """The object store's credentials from the Airflow connection ``conn_id`` (aws, wasb/adls or
     google_cloud_platform); without it, the machine's own credentials are used."""
 
-    def __init__(self, conn_id: str = STORAGE_CONNECTION, *, logger: Any = log) -> None:
+    def __init__(self, conn_id: str = STORAGE_CONNECTION) -> None:
+        super().__init__()
         self.conn_id = conn_id
-        self.log = logger
 
     def environment(self, where: Iterable[str]) -> dict[str, str]:
         """The connection as the environment the store's readers take; empty when every place in ``where`` is
@@ -54,13 +51,13 @@ class StorageConnectionHook:
         return env
 
 
-class StreamConnectionsHook:
+class StreamConnectionsHook(BaseHook):
     """The Airflow connections the streams' sources and sinks name, as the driver's secret environment: the
     variables each kind declares (:class:`sluice.kinds.base.Credentials`)."""
 
-    def __init__(self, streams: Iterable[StreamSpec], *, logger: Any = log) -> None:
+    def __init__(self, streams: Iterable[StreamSpec]) -> None:
+        super().__init__()
         self.streams = list(streams)
-        self.log = logger
 
     def environment(self) -> dict[str, str]:
         from airflow.sdk.log import mask_secret

@@ -7,6 +7,7 @@ import contextlib
 import socket
 from collections.abc import Callable
 
+from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from sluice.paths import Roots
@@ -17,7 +18,6 @@ from sluice.warm import CONNECTION_ID, WarmAddress
 def warm_address(conn_id: str = CONNECTION_ID) -> WarmAddress | None:
     """The warm server of this deployment: the Airflow connection ``conn_id`` (host, port, and the token as its
     password), read in the worker at run time; None (a cold run through spark-submit) when it is not defined."""
-    from airflow.sdk import BaseHook
     from airflow.sdk.exceptions import AirflowNotFoundException
 
     from sluice.errors import SluiceError
@@ -34,12 +34,13 @@ def warm_address(conn_id: str = CONNECTION_ID) -> WarmAddress | None:
         raise AirflowFailException(str(exc)) from None
 
 
-class WarmServerHook:
+class WarmServerHook(BaseHook):
     """Runs streams on the warm server of the connection ``conn_id``. :meth:`close` (a task's ``on_kill``, from
     another thread) closes the run's connection, and the server stops the run; closed before the connection is
     made, the run never starts."""
 
     def __init__(self, conn_id: str = CONNECTION_ID) -> None:
+        super().__init__()
         self.conn_id = conn_id
         self._connection: socket.socket | None = None
         self._closed = False

@@ -61,7 +61,7 @@ class SluiceOperator(BaseOperator):
 
         if self._storage_env is None:
             where = places(self.resolved_roots(), self.catalog_path(), self.stream_names())
-            self._storage_env = StorageConnectionHook(self.storage_conn_id, logger=self.log).environment(where)
+            self._storage_env = StorageConnectionHook(self.storage_conn_id).environment(where)
         return self._storage_env
 
     def resolved_roots(self) -> Roots:

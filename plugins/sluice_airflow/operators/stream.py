@@ -166,7 +166,7 @@ class StreamRunOperator(SparkAppOperator):
         from sluice_airflow.hooks import StreamConnectionsHook
 
         streams = self.stream_catalog().select(list(self.streams))
-        return {**super().secret_env(), **StreamConnectionsHook(streams, logger=self.log).environment()}
+        return {**super().secret_env(), **StreamConnectionsHook(streams).environment()}
 
     def small_run(self) -> bool:
         from sluice.constants import DeltaEngine
