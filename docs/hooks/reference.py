@@ -164,7 +164,7 @@ def _airflow_classes() -> list[tuple[str, type]]:
 
 
 def _shown(value: Any) -> str:
-    return f"`{value!r}`".replace("|", "&#124;")
+    return f"`{value!r}`"  # a pipe inside a code span splits no table cell (Python-Markdown's tables)
 
 
 def _annotation(parameter: inspect.Parameter) -> str:
@@ -172,7 +172,7 @@ def _annotation(parameter: inspect.Parameter) -> str:
         return ""
     text = parameter.annotation if isinstance(parameter.annotation, str) else inspect.formatannotation(
         parameter.annotation)
-    return f"`{text}`".replace("|", "&#124;")
+    return f"`{text}`"
 
 
 def _markdown(text: str) -> str:

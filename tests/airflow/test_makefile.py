@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -245,6 +246,7 @@ def test_make_run_after_make_demo_runs_the_dags_on_loopback_and_make_stop_stops_
             return expected_dags <= states.keys() and not any(states[dag_id] for dag_id in expected_dags)
 
         wait_for(dags_unpaused, f"the bundled DAGs {sorted(expected_dags)} to be registered and unpaused", 180)
+        assert "[http.access]" not in run.output(), "make run's console has a line per HTTP request"
         sockets = listening(run.note_processes())
         assert ("127.0.0.1", port) in sockets
         assert all(is_loopback(ip) for ip, _ in sockets), f"make run listens beyond loopback: {sockets}"
@@ -276,6 +278,10 @@ def trigger_and_wait(run: MakeRun, base: str, dag: str, timeout: float) -> dict[
     return xcom["value"] if isinstance(xcom["value"], dict) else json.loads(xcom["value"])
 
 
+# A line of Spark's own log (include/sluice/spark-log4j2.properties: "26/11/27 18:00:00 INFO SparkContext: ...").
+SPARK_INFO_LINE = re.compile(r"\d\d/\d\d/\d\d \d\d:\d\d:\d\d INFO \w+: ")
+
+
 def test_make_run_warm_sends_the_runs_to_a_warm_server_and_make_stop_stops_it(after_make_demo: dict[str, str],
                                                                               tmp_path: Path) -> None:
     env = after_make_demo
@@ -288,6 +294,8 @@ def test_make_run_warm_sends_the_runs_to_a_warm_server_and_make_stop_stops_it(af
         summary = trigger_and_wait(run, base, "ingest_events_bronze", 240)
         ready = next(line for line in run.output().splitlines() if "SLUICE_WARM_READY" in line)
         assert summary["app_id"] == ready.split()[-1], "the run went to a Spark application of its own, not warm"
+        spark_info = [line for line in run.output().splitlines() if SPARK_INFO_LINE.search(line)]
+        assert not spark_info, f"Spark's INFO log reached make run's console: {spark_info[:3]}"
         # The warm server's driver (its UI, RPC and block manager) as much as Airflow: loopback only.
         sockets = listening(run.note_processes())
         assert ("127.0.0.1", 15041) in sockets

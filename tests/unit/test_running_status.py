@@ -128,3 +128,34 @@ def test_a_run_is_named_when_another_finding_fails_the_check(world: tuple[Path, 
     assert any(line.startswith("events: health LANDING_SYMLINK [FAIL]: ") for line in lines)
     assert (listed["health"], listed["running"]["run_id"], listed["health_codes"]) == ("FAIL", RUN_ID,
                                                                                       ["LANDING_SYMLINK"])
+
+
+def test_the_batch_a_live_run_is_writing_is_part_of_the_run_and_a_fault_once_it_stopped(
+        world: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """A run plans a batch (its offsets file) before it commits it: while the run lives, that one uncommitted batch
+    is the run's work in progress, not "the last run stopped during it"."""
+    catalog, checkpoint = world
+    stream = load_catalog(catalog).get("events")
+    roots = roots_in(checkpoint.parents[2])
+    (checkpoint / "metadata").write_text('{"id":"5d9b0c9e-1111-4222-8333-944455556666"}')
+    (checkpoint / "offsets").mkdir()
+    (checkpoint / "offsets" / "0").write_text('v1\n{"batchWatermarkMs":0,"batchTimestampMs":0,"conf":{}}\n'
+                                              '{"logOffset":0}')
+    (checkpoint / "sources" / "0").mkdir(parents=True)  # the files that batch 0 reads
+    (checkpoint / "sources" / "0" / "0").write_text('v1\n{"path":"file:///landing/a.json","timestamp":0,"batchId":0}')
+    with StreamLock(checkpoint, "events", RUN_ID):
+        report = check_stream(stream, roots)
+        assert {finding.code.value for finding in report.findings} >= {"LOCKED", "UNCOMMITTED_BATCH"}
+        assert report.shown_status == "RUNNING" and report.shown_codes() == []
+        assert status.main(["--catalog", str(catalog), "--reasons"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert health_column(lines) == "RUNNING"
+        assert "events: health UNCOMMITTED_BATCH [RUNNING]: batch 0 is being written by the running run" in lines
+
+    stopped = check_stream(stream, roots)
+    assert stopped.shown_status == "WARN" and stopped.shown_codes() == ["UNCOMMITTED_BATCH"]
+    assert status.main(["--catalog", str(catalog), "--reasons"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert health_column(lines) == "WARN UNCOMMITTED_BATCH"
+    assert any(line.startswith("events: health UNCOMMITTED_BATCH [WARN]: batch 0 was planned but never committed")
+               for line in lines)

@@ -303,9 +303,16 @@ def passwords_file(airflow_home: str, environ: Mapping[str, str]) -> str:
             or f"{airflow_home}/simple_auth_manager_passwords.json.generated")
 
 
+# Airflow's loggers that `make run` quiets to WARNING on its console, unless AIRFLOW__LOGGING__NAMESPACE_LEVELS is set:
+# the API server's line per HTTP request (the UI polls every few seconds: half the console) and the DAG processor's
+# lines per DAG per parse about the next run's date.
+QUIET_LOGGERS = "http.access=warning airflow.models.dag=warning airflow.serialization.definitions.dag=warning"
+
+
 def run_environment(address: Address, airflow_home: str, data_root: str, environ: Mapping[str, str]) -> dict[str, str]:
     """The settings `make run` gives Airflow on top of the Makefile's."""
     return {
+        "AIRFLOW__LOGGING__NAMESPACE_LEVELS": environ.get("AIRFLOW__LOGGING__NAMESPACE_LEVELS", QUIET_LOGGERS),
         "AIRFLOW_HOME": airflow_home,
         "SLUICE_DATA_ROOT": data_root,
         "AIRFLOW__API__HOST": address.host,

@@ -57,6 +57,13 @@ class HealthReport:
     def _held_by_a_run(self, finding: Finding) -> bool:
         return finding.code is FaultCode.LOCKED and "run_id" in finding.evidence
 
+    def _part_of_the_run(self, finding: Finding) -> bool:
+        """The live run's lock, or the one batch it has planned and not yet committed: what a run in progress looks
+        like, not a fault (the same batch after a run that stopped is one, and the gate sees it then)."""
+        return self._held_by_a_run(finding) or (
+            finding.code is FaultCode.UNCOMMITTED_BATCH and finding.severity is Health.WARN
+            and any(self._held_by_a_run(other) for other in self.findings))
+
     @property
     def running(self) -> dict[str, Any] | None:
         """The live run that holds the stream's lock: its run id, since when, host and pid; None when no run holds
@@ -71,15 +78,17 @@ class HealthReport:
         return RUNNING if self.waits_for_a_run else self.status.value
 
     def shown_findings(self) -> list[dict[str, Any]]:
-        """The findings as people see them: the lock of a live run as RUNNING, not as a FAIL."""
+        """The findings as people see them: the lock of a live run, and the batch it is writing, as RUNNING."""
         return [{**asdict(finding), "code": finding.code.value,
-                 "severity": RUNNING if self._held_by_a_run(finding) else finding.severity.value}
+                 "severity": RUNNING if self._part_of_the_run(finding) else finding.severity.value,
+                 **({"message": f"batch {finding.evidence['batches'][0]} is being written by the running run"}
+                    if self._part_of_the_run(finding) and finding.code is FaultCode.UNCOMMITTED_BATCH else {})}
                 for finding in self.findings]
 
     def shown_codes(self) -> list[str]:
-        """The codes of the findings that are not OK, the lock of a live run aside (it is shown as RUNNING)."""
+        """The codes of the findings that are not OK, a live run's lock and batch aside (shown as RUNNING)."""
         return list(dict.fromkeys(finding.code.value for finding in self.findings
-                                  if finding.severity is not Health.OK and not self._held_by_a_run(finding)))
+                                  if finding.severity is not Health.OK and not self._part_of_the_run(finding)))
 
     def add(self, code: FaultCode, severity: Health, message: str, **evidence: Any) -> None:
         self.findings.append(Finding(code, severity, message, evidence))

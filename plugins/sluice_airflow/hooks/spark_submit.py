@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+from airflow.sdk import Connection
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowNotFoundException
 
 from sluice.constants import BACKFILL_MARKER, SUMMARY_MARKER
@@ -130,15 +131,15 @@ class SluiceSparkSubmitHook(SparkSubmitHook):
         self._env = {**local_env, **(self._env or {}), **self._secret_env}
         return command
 
-    def _resolve_connection(self) -> dict[str, Any]:
-        data = super()._resolve_connection()
+    @classmethod
+    def get_connection(cls, conn_id: str) -> Connection:
+        """The Spark connection ``conn_id``; when it is not defined, a local one (``local[*]``) in its place, so that
+        the provider's fallback (yarn, and a log line that says so) never applies."""
         try:
-            self.get_connection(self._conn_id)
+            return super().get_connection(conn_id)
         except AirflowNotFoundException:
-            self.log.info("Spark connection %r is not defined; running on %s", self._conn_id, DEFAULT_LOCAL_MASTER)
-            data["master"] = DEFAULT_LOCAL_MASTER
-            data["deploy_mode"] = None
-        return data
+            log.info("Spark connection %r is not defined; running on %s", conn_id, DEFAULT_LOCAL_MASTER)
+            return Connection(conn_id=conn_id, conn_type="spark", host=DEFAULT_LOCAL_MASTER)
 
     @property
     def master(self) -> str:
