@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
+from sluice.operations import jvm
+
 PROJECT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = PROJECT / "docker-compose.yaml"
 # Warm mode's override file: docker compose -f docker-compose.yaml -f docker-compose.warm.yaml up
@@ -565,6 +567,8 @@ def test_the_warm_override_adds_a_warm_server_and_points_the_run_tasks_at_it(mon
         return str(command[command.index(name) + 1])
 
     assert (PROJECT / option("--catalog").removeprefix("/opt/sluice/")).is_file()
+    log_config = option("--driver-java-options").removeprefix("-Dlog4j2.configurationFile=file:/opt/sluice/")
+    assert PROJECT / log_config == jvm.LOG_CONFIG, "the warm server's Spark log is Sluice's, at WARN"
     assert any(PROJECT / str(part).removeprefix("/opt/sluice/") == PROJECT / "spark_apps" / "warm_server.py"
                for part in command)
     scheduler_env = base["airflow-scheduler"]["environment"]
