@@ -8,30 +8,15 @@ their locks. The apps (``stream_runner.py``, the warm server, the backfill) impo
 
 from __future__ import annotations
 
-from sluice_spark.runner.failures import ANSI_HINT, error_message, explained, is_permanent, refused_by
-from sluice_spark.runner.prepare import (
-    PreparedStream,
-    build_routed_frame,
-    collects_on_driver,
-    maps_case,
-    prepare_stream,
-)
-from sluice_spark.runner.query import (
-    CANCELLED,
-    LOST_LOCK,
-    Stopped,
-    await_query,
-    await_sources,
-    finish_stream,
-    start_stream,
-)
-from sluice_spark.runner.run import run_or_refuse, run_streams, scrub_errors, scrubbed
+from sluice_spark.runner.failures import error_message, explained, is_permanent, refused_by
+from sluice_spark.runner.prepare import build_routed_frame, collects_on_driver, maps_case, prepare_stream
+from sluice_spark.runner.query import CANCELLED, await_query
+from sluice_spark.runner.run import run_or_refuse, run_streams, scrubbed
 from sluice_spark.runner.runlog import batch_rows, write_run_log
 from sluice_spark.runner.tables import create_tables, sink_targets, tables_to_create, with_added_columns
 
 __all__ = [
-    "ANSI_HINT", "CANCELLED", "LOST_LOCK", "PreparedStream", "Stopped", "await_query", "await_sources", "batch_rows",
-    "build_routed_frame", "collects_on_driver", "create_tables", "error_message", "explained", "finish_stream",
-    "is_permanent", "maps_case", "prepare_stream", "refused_by", "run_or_refuse", "run_streams", "scrub_errors",
-    "scrubbed", "sink_targets", "start_stream", "tables_to_create", "with_added_columns", "write_run_log",
+    "CANCELLED", "await_query", "batch_rows", "build_routed_frame", "collects_on_driver", "create_tables",
+    "error_message", "explained", "is_permanent", "maps_case", "prepare_stream", "refused_by", "run_or_refuse",
+    "run_streams", "scrubbed", "sink_targets", "tables_to_create", "with_added_columns", "write_run_log",
 ]
