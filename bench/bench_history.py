@@ -14,9 +14,14 @@ alternate the order and keep the best time of each side:
 What grows with history and what keeps it flat: the checkpoint's offsets and commits (Spark keeps the last 100
 batches), the file source's log (compacted every 10 batches by Spark, and it lists every file it has read), the
 Delta log (a checkpoint every 10 commits, and maintenance's), the data files (compacted by maintenance) and the
-landing folder's listing (1,000 files). The goal is aged / fresh <= 1.5. The last line is the result as JSON.
+landing folder's listing (1,000 files). The goal is aged / fresh <= 1.5.
 
-    python bench/bench_history.py [--runs 1000] [--maintain-every 288] [--rounds 3]
+A third side, ``cleaned``, is the same stream with ``source.clean`` (delete, ``after: 1s``) and a longer history
+(``--clean-runs``, 10,000 by default: five-minute runs for five weeks): each run deletes the files it read, so the
+landing folder's listing stays the size of one run's files, and what grows is the checkpoint's file source log.
+Its goal is ``after_10000_vs_fresh`` <= 1.2. The last line is the result as JSON.
+
+    python bench/bench_history.py [--runs 1000] [--clean-runs 10000] [--maintain-every 288] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -41,15 +46,17 @@ from sluice.operations.maintenance import maintain
 from sluice.paths import Roots
 
 STREAM = "events_bronze"
-GOALS = {"aged_vs_fresh": 1.5}
+GOALS = {"aged_vs_fresh": 1.5, "after_10000_vs_fresh": 1.2}
 START = dt.datetime(2026, 8, 1, tzinfo=dt.timezone.utc)
 
 
-def stream_catalog(landing: str, *, files_per_batch: int | None = None) -> Catalog:
-    """The bundled stream reading ``landing`` (relative to the landing root)."""
+def stream_catalog(landing: str, *, files_per_batch: int | None = None, clean: bool = False) -> Catalog:
+    """The bundled stream reading ``landing`` (relative to the landing root), deleting what it read with ``clean``."""
     bundled = yaml.safe_load(DEFAULT_CATALOG.read_text(encoding="utf-8"))
     stream = copy.deepcopy(next(entry for entry in bundled["streams"] if entry["name"] == STREAM))
     stream["source"]["path"] = landing
+    if clean:
+        stream["source"]["clean"] = {"action": "delete", "after": "1s"}
     if files_per_batch is not None:
         stream["trigger"] = {"max_files_per_trigger": files_per_batch}
     return parse_catalog({"version": 1, "streams": [stream]})
@@ -62,34 +69,25 @@ def run_once(spark: SparkSession, catalog: Catalog, roots: Roots) -> tuple[float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--clean-runs", type=int, default=10000, help="the history of the side with source.clean")
     parser.add_argument("--maintain-every", type=int, default=288)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="sluice-bench-history-"))
     try:
         spark = local_spark()
-        aged_roots = Roots(landing=str(work / "landing"), lake=str(work / "aged" / "lake"),
-                           checkpoints=str(work / "aged" / "checkpoints"))
-        producer = DemoProducer(work / "landing" / "aged", seed=3, malformed_rate=0.02)
-        builder = stream_catalog("aged", files_per_batch=1)
-        aged = stream_catalog("aged")
-        moment, built, started = START, 0, time.perf_counter()
-        while built < args.runs:
-            chunk = min(args.maintain_every, args.runs - built)
-            for _ in range(chunk):
-                moment += dt.timedelta(minutes=5)
-                producer.events_file(lines=30, now=moment)
-            _, summary = run_once(spark, builder, aged_roots)
-            built += summary.batches
-            maintain(aged, aged_roots, [STREAM], run_id=f"nightly-{built}")
-            print(f"history: {built} runs in {time.perf_counter() - started:.0f}s, maintained")
+        moment = START
+        histories = {}
+        for side, runs in (("aged", args.runs), ("cleaned", args.clean_runs)):
+            if runs:
+                histories[side] = History(work, side, clean=side == "cleaned")
+                moment = histories[side].build(spark, runs, args.maintain_every, START)
 
         def timed(side: str, round_index: int) -> float:
-            if side == "aged":
-                nonlocal moment
-                moment += dt.timedelta(minutes=5)
-                producer.events_file(lines=30, now=moment)
-                elapsed, summary = run_once(spark, aged, aged_roots)
+            nonlocal moment
+            moment += dt.timedelta(minutes=5)
+            if side in histories:
+                elapsed, summary = histories[side].run(spark, moment)
             else:
                 name = f"fresh{round_index}"
                 DemoProducer(work / "landing" / name, seed=round_index).events_file(lines=30, now=moment)
@@ -102,15 +100,54 @@ def main() -> None:
             return elapsed
 
         run_once(spark, *_warm_up(work))
-        best = best_of_rounds(["aged", "fresh"], args.rounds, timed)
-        ratio = best["aged"] / best["fresh"]
-        print(f"a one-file run after {built} runs: {best['aged']:.2f}s; on a fresh stream: {best['fresh']:.2f}s; "
-              f"{ratio:.2f}x (goal <= {GOALS['aged_vs_fresh']})")
-        print(json.dumps({"ratios": {"aged_vs_fresh": round(ratio, 3)}, "goals": GOALS,
-                          "seconds": {side: round(value, 2) for side, value in best.items()}, "history_runs": built}))
+        best = best_of_rounds([*histories, "fresh"], args.rounds, timed)
+        names = {"aged": "aged_vs_fresh", "cleaned": "after_10000_vs_fresh"}
+        ratios = {names[side]: round(best[side] / best["fresh"], 3) for side in histories}
+        for side, history in histories.items():
+            print(f"a one-file run after {history.built} runs ({side}): {best[side]:.2f}s; on a fresh stream: "
+                  f"{best['fresh']:.2f}s; {ratios[names[side]]:.2f}x (goal <= {GOALS[names[side]]})")
+        print(json.dumps({"ratios": ratios, "goals": {key: GOALS[key] for key in ratios},
+                          "seconds": {side: round(value, 2) for side, value in best.items()},
+                          "history_runs": {side: history.built for side, history in histories.items()},
+                          "landing_files": {side: history.landing_files() for side, history in histories.items()}}))
         spark.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+class History:
+    """One aged stream: its landing folder, roots and the runs built behind it."""
+
+    def __init__(self, work: Path, side: str, *, clean: bool) -> None:
+        self.landing = work / "landing" / side
+        self.roots = Roots(landing=str(work / "landing"), lake=str(work / side / "lake"),
+                           checkpoints=str(work / side / "checkpoints"))
+        self.producer = DemoProducer(self.landing, seed=3, malformed_rate=0.02)
+        self.builder = stream_catalog(side, files_per_batch=1, clean=clean)
+        self.catalog = stream_catalog(side, clean=clean)
+        self.side, self.built = side, 0
+
+    def build(self, spark: SparkSession, runs: int, maintain_every: int, moment: dt.datetime) -> dt.datetime:
+        """``runs`` one-file batches, in rounds of ``maintain_every`` each followed by the nightly maintenance."""
+        started = time.perf_counter()
+        while self.built < runs:
+            for _ in range(min(maintain_every, runs - self.built)):
+                moment += dt.timedelta(minutes=5)
+                self.producer.events_file(lines=30, now=moment)
+            time.sleep(1.1)  # clean's `after: 1s`: the files of this round are old enough once it ran
+            _, summary = run_once(spark, self.builder, self.roots)
+            self.built += summary.batches
+            maintain(self.catalog, self.roots, [STREAM], run_id=f"nightly-{self.built}")
+            print(f"{self.side} history: {self.built} runs in {time.perf_counter() - started:.0f}s, maintained, "
+                  f"{self.landing_files()} landing files")
+        return moment
+
+    def run(self, spark: SparkSession, moment: dt.datetime) -> tuple[float, Any]:
+        self.producer.events_file(lines=30, now=moment)
+        return run_once(spark, self.catalog, self.roots)
+
+    def landing_files(self) -> int:
+        return sum(1 for _ in self.landing.rglob("*.json"))
 
 
 def _warm_up(work: Path) -> tuple[Catalog, Roots]:

@@ -66,6 +66,13 @@ class BackfillMode(Word):
     REPLACE = "replace"
 
 
+class CleanAction(Word):
+    """What ``source.clean`` does with a landing file that committed batches have read, once it is old enough."""
+
+    ARCHIVE = "archive"
+    DELETE = "delete"
+
+
 class AlertChannel(Word):
     """Where the lag monitor sends an alert; each channel keeps its own alert state."""
 

@@ -56,6 +56,9 @@ class StreamRunSummary:
     expectations: list[dict[str, Any]] = field(default_factory=list)
     # "driver" when a small run's batches were collected to the driver and appended there (rs engine).
     write_path: str | None = None
+    # ``source.clean`` after the run: files archived, deleted and left (:class:`sluice.storage.clean.CleanReport`),
+    # or {"error": ...} when cleaning failed (the run's commits stand; the next run cleans again).
+    cleaned: dict[str, Any] | None = None
 
 
 @dataclass

@@ -49,13 +49,30 @@ def table_asset(stream: StreamSpec) -> Asset:
     return Asset(name=f"sluice.{stream.name}", uri=uri, group="delta")
 
 
-def stream_schedule(stream: StreamSpec, catalog: Catalog) -> Any:
+def arrival_asset(stream: StreamSpec) -> Asset:
+    """The Asset of the data arriving at a stream's source, watched on the triggerer
+    (:class:`~sluice_airflow.triggers.StreamArrivalTrigger`): each event it fires is new data, and starts the
+    stream's DAG."""
+    from airflow.sdk import AssetWatcher
+
+    from sluice.connections.storage import DEFAULT_CONNECTION
+    from sluice_airflow.triggers import StreamArrivalTrigger
+
+    watcher = AssetWatcher(name=f"arrivals_{stream.name}",
+                           trigger=StreamArrivalTrigger(stream=stream.name, storage_conn_id=DEFAULT_CONNECTION))
+    return Asset(name=f"sluice.{stream.name}.arrivals", uri=f"sluice://arrivals/{stream.name}", group="arrivals",
+                 watchers=[watcher])
+
+
+def stream_schedule(stream: StreamSpec, catalog: Catalog | None) -> Any:
     """A stream's cron; for a stream that reads other streams' tables, those tables' Assets (data-aware: it runs
-    after each update of any of them, so a join runs when either side has news), or the Assets or the cron when
-    it has both."""
+    after each update of any of them, so a join runs when either side has news); for a stream with ``arrival``,
+    its arrival Asset; the Assets or the cron when it has both."""
     from airflow.sdk import AssetAny, AssetOrTimeSchedule, CronTriggerTimetable
 
-    upstreams = [table_asset(upstream) for upstream in catalog.upstreams_of(stream)]
+    upstreams = [table_asset(upstream) for upstream in catalog.upstreams_of(stream)] if catalog is not None else []
+    if stream.arrival is not None:
+        upstreams.append(arrival_asset(stream))
     if not upstreams:
         return stream.schedule
     assets = AssetAny(*upstreams) if len(upstreams) > 1 else upstreams
@@ -70,7 +87,7 @@ def ingest_dag(stream: StreamSpec, *, catalog: Catalog | None = None, doc: str =
     with sluice_dag(
         stream.dag_id,
         description=stream.description.strip() or f"Ingest {stream.name}",
-        schedule=stream_schedule(stream, catalog) if catalog is not None else stream.schedule,
+        schedule=stream_schedule(stream, catalog),
         tags=["ingest", *stream.tags],
         doc=f"{doc}\n\n### Stream `{stream.name}`\n\n{stream.description}".strip(),
         owner=stream.owner,

@@ -41,6 +41,7 @@ from sluice.operations.backfill import BackfillError, BackfillPlan, BackfillRequ
 from sluice.paths import Roots, join
 from sluice.storage import runlog
 from sluice.storage.checkpoint import ensure_query_id
+from sluice.storage.clean import BACKFILL_DONE, BACKFILL_ROOT
 from sluice.storage.delta import table_version
 from sluice.storage.lock import HeldLock
 from sluice.storage.object_lock import waiting_lock
@@ -66,7 +67,6 @@ from sluice_spark.write.batches import BatchRouter
 
 log = logging.getLogger(__name__)
 
-BACKFILL_ROOT = "_backfill"
 # Whether a good row's event time is in the backfill's range: only those are written.
 IN_RANGE_COLUMN = "_sluice_in_range"
 _GLOB_SPECIAL = "\\{}[]*?,^"
@@ -209,6 +209,8 @@ def run_backfill(spark: SparkSession, catalog: Catalog, request: BackfillRequest
                                                         "start": summary.start, "end": summary.end,
                                                         "reason": summary.reason, "files": summary.files}))
             write_run_log(roots, [row], [{**batch, "run_id": run_id} for batch in batches])
+            if summary.ok:  # its plan no longer holds landing files back from source.clean
+                own.write_bytes(BACKFILL_DONE, b"")
     return summary
 
 

@@ -124,3 +124,25 @@ def test_a_join_runs_when_either_side_has_news() -> None:
     assert isinstance(schedule, AssetAny)
     assert set(schedule.objects) == {dags[f"ingest_{side}"].get_task("run_stream").outlets[0]
                                      for side in ("impressions", "clicks")}
+
+
+def test_a_stream_with_arrival_runs_on_its_watched_asset_and_its_cron() -> None:
+    from airflow.sdk import AssetOrTimeSchedule
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    from sluice.catalog import parse_catalog
+    from sluice_airflow.dag_factory import ingest_dags
+    from sluice_airflow.triggers import StreamArrivalTrigger
+    from tests.helpers import events_stream
+
+    only = ingest_dags(parse_catalog({"version": 1, "streams": [events_stream(schedule=None, arrival={})]}))
+    [asset] = only["ingest_events"].schedule
+    [watcher] = asset.watchers
+    assert isinstance(watcher.trigger, StreamArrivalTrigger) and watcher.trigger.stream == "events"
+    assert only["ingest_events"].max_active_runs == 1, "never two runs of a stream at once"
+    serialized = DagSerialization.to_dict(only["ingest_events"])
+    assert "sluice_airflow.triggers.StreamArrivalTrigger" in str(serialized), "the watcher reaches the triggerer"
+
+    both = ingest_dags(parse_catalog({"version": 1, "streams": [events_stream(arrival={})]}))["ingest_events"]
+    assert isinstance(both.schedule, AssetOrTimeSchedule)
+    assert both.schedule.asset_condition.objects == (asset,)

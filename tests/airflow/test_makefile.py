@@ -24,12 +24,14 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
+from sluice.cli.demo_producer import DemoProducer
 from sluice.operations.loopback import is_loopback
 
 pytestmark = pytest.mark.airflow
@@ -460,3 +462,63 @@ def test_make_clean_deletes_nothing_when_a_path_is_not_inside_the_checkout(check
     assert "deleting nothing" in cleaned.stderr
     assert (elsewhere / "precious").read_text() == "not the checkout's to delete"
     assert files_under(checkout) == before
+
+
+def test_make_run_starts_a_stream_when_files_land_one_run_per_burst_each_row_once(
+        after_make_demo: dict[str, str], tmp_path: Path) -> None:
+    """A stream with ``arrival`` and no cron under `make run` (the triggerer watches its landing folder): a burst of
+    files landing while Airflow idles starts one DAG run, which lands them; a later file starts one more; the table
+    holds each good row once (the oracle reads the files with the json module)."""
+    from tests.helpers import events_stream, expected_events, table_rows, write_catalog
+
+    stream = events_stream("drops", schedule=None, arrival={"poll": "1s", "settle": "2s", "max_wait": "20s"},
+                           source={**events_stream()["source"], "path": "drops"})
+    catalog = write_catalog(tmp_path, stream)
+    env = {**after_make_demo, "SLUICE_CATALOG": str(catalog), "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "True"}
+    data = Path(env["SLUICE_DATA_ROOT"])
+    producer = DemoProducer(data / "landing" / "drops", seed=41, malformed_rate=0.05)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    run = MakeRun(tmp_path / "make-run.log", env, f"PORT={port}")
+    try:
+        run.wait_until_up(f"{base}/api/v2/monitor/health")
+        _, login = http(f"{base}/auth/token")
+        token = login["access_token"]
+        wait_for(lambda: http(f"{base}/api/v2/dags/ingest_drops", token=token)[1] is not None,
+                 "the stream's DAG", 180)
+        watcher_runs = Path(env["AIRFLOW_HOME"]) / "airflow.db"
+
+        def watching() -> bool:
+            with sqlite3.connect(watcher_runs) as connection:
+                return bool(connection.execute(
+                    "SELECT count(*) FROM trigger WHERE classpath = 'sluice_airflow.triggers.StreamArrivalTrigger' "
+                    "AND triggerer_id IS NOT NULL").fetchone()[0])
+
+        wait_for(watching, "the triggerer to run the stream's watcher", 180)
+
+        def runs() -> list[dict[str, Any]]:
+            _, body = http(f"{base}/api/v2/dags/ingest_drops/dagRuns?order_by=run_after", token=token)
+            return list(body["dag_runs"])
+
+        def finished(count: int) -> list[dict[str, Any]] | None:
+            found = runs()
+            done = len(found) >= count and all(r["state"] in ("success", "failed") for r in found)
+            return found if done else None
+
+        start = datetime.now(timezone.utc)
+        for minute in range(3):  # a burst
+            producer.events_file(lines=30, now=start + timedelta(minutes=minute))
+        first = wait_for(lambda: finished(1), "a run started by the burst", 300)
+        assert [r["run_type"] for r in first] == ["asset_triggered"] and first[0]["state"] == "success", first
+        time.sleep(5)  # the absence of a second run: settle and a poll have passed since the run's start
+        assert len(runs()) == 1, "a burst of files is one run"
+        producer.events_file(lines=30, now=start + timedelta(minutes=10))
+        second = wait_for(lambda: finished(2), "a run started by the later file", 300)
+        assert [r["state"] for r in second] == ["success", "success"], second
+
+        good, _ = expected_events(data / "landing" / "drops")
+        rows = table_rows(str(data / "lake" / "bronze" / "drops"),
+                          ["event_id", "event_type", "user_id", "amount", "event_date"])
+        assert [(*row[:4], row[4].isoformat()) for row in rows] == good
+    finally:
+        run.close()

@@ -46,6 +46,8 @@ EXAMPLES: dict[str, tuple[Callable[[], dict[str, Any]], tuple[Any, ...]]] = {
         **events_stream()["source"], "format": "csv", "options": {"header": True}})), ("streams", 0, "source")),
     "source (files, parquet)": (lambda: catalog_with(events_stream(source={
         **events_stream()["source"], "format": "parquet", "options": {}})), ("streams", 0, "source")),
+    "clean": (lambda: catalog_with(events_stream(source={**events_stream()["source"], "clean": {
+        "action": "archive", "after": "7 days", "archive_to": "archive/events"}})), ("streams", 0, "source", "clean")),
     "source (delta)": (lambda: catalog_with(events_stream(), delta_stream()), ("streams", 1, "source")),
     "source (kafka)": (lambda: catalog_with(kafka_stream()), ("streams", 0, "source")),
     "sink (delta)": (lambda: catalog_with(events_stream()), ("streams", 0, "sink")),
@@ -70,6 +72,8 @@ EXAMPLES: dict[str, tuple[Callable[[], dict[str, Any]], tuple[Any, ...]]] = {
                 ("streams", 0, "fan_out", 0)),
     "dead_letter": (lambda: catalog_with(events_stream(dead_letter={"path": "bronze/events_rejected"})),
                     ("streams", 0, "dead_letter")),
+    "arrival": (lambda: catalog_with(events_stream(arrival={"settle": "10s", "max_wait": "2 minutes"})),
+                ("streams", 0, "arrival")),
     "trigger": (lambda: catalog_with(events_stream(trigger={"max_files_per_trigger": 5})), ("streams", 0, "trigger")),
     "alerts": (lambda: catalog_with(events_stream(alerts={"warn_files": 10})), ("streams", 0, "alerts")),
     "backfill": (lambda: catalog_with(events_stream(backfill={"max_range_days": 3})), ("streams", 0, "backfill")),

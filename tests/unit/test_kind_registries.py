@@ -31,14 +31,20 @@ def test_every_kind_declares_the_catalog_keys_of_its_own_section() -> None:
     """A kind's keys live in its own module: the catalog reference and the JSON Schema take them from the kind."""
     from sluice.catalog.keys import SINK_BLOCKS, SOURCE_BLOCKS
 
+    def sections(kind: SourceKind | SinkKind, path: str) -> tuple[Block, ...]:
+        """The kind's variants of the section; the rest are blocks inside it (``source.clean``)."""
+        blocks = kind.catalog_blocks()
+        assert all(block.path == path or block.path.startswith(f"{path}.") for block in blocks)
+        return tuple(block for block in blocks if block.path == path)
+
     for key, kind in SOURCE_KINDS.items():
-        assert kind.catalog_blocks(), f"{type(kind).__name__} declares no keys"
-        assert {block.when for block in kind.catalog_blocks()} == {("type", key.value)}
+        assert sections(kind, "source"), f"{type(kind).__name__} declares no keys"
+        assert {block.when for block in sections(kind, "source")} == {("type", key.value)}
     for key, kind in SINK_KINDS.items():
-        assert kind.catalog_blocks(), f"{type(kind).__name__} declares no keys"
-        assert {block.when for block in kind.catalog_blocks()} == {("format", key.value)}
-    assert tuple(block for kind in SOURCE_KINDS.values() for block in kind.catalog_blocks()) == SOURCE_BLOCKS
-    assert tuple(block for kind in SINK_KINDS.values() for block in kind.catalog_blocks()) == SINK_BLOCKS
+        assert sections(kind, "sink"), f"{type(kind).__name__} declares no keys"
+        assert {block.when for block in sections(kind, "sink")} == {("format", key.value)}
+    assert tuple(block for kind in SOURCE_KINDS.values() for block in sections(kind, "source")) == SOURCE_BLOCKS
+    assert tuple(block for kind in SINK_KINDS.values() for block in sections(kind, "sink")) == SINK_BLOCKS
 
 
 def test_a_kind_whose_streams_name_a_connection_declares_its_credentials() -> None:

@@ -63,7 +63,9 @@ BLOCKS: tuple[Block, ...] = (
         Key("dead_letter", Type.BLOCK, "the dead-letter table", block="dead_letter"),
         Key("checkpoint", Type.FOLDER, "the checkpoint folder under the checkpoint root", default_text="the name"),
         Key("schedule", Type.CRON, "the DAG's cron (five fields); a delta source without one runs on its upstream "
-            "table's updates", default_text="required, except for a delta source"),
+            "table's updates", default_text="required, except for a delta source or a stream with `arrival`"),
+        Key("arrival", Type.BLOCK, "also run when data arrives: the source is watched on Airflow's triggerer",
+            block="arrival"),
         Key("trigger", Type.BLOCK, "per-micro-batch admission limits (files sources)", block="trigger"),
         Key("alerts", Type.BLOCK, "lag thresholds and alerting", block="alerts"),
         Key("allow_new_query_id", Type.BOOLEAN, "accept a new checkpoint in front of a table this stream already fed "
@@ -130,6 +132,16 @@ BLOCKS: tuple[Block, ...] = (
         Key("path", Type.FOLDER, "the table under the lake root",
             default_text="`<sink.path>_dead_letter` (a Kafka sink: `_dead_letter/<name>`)"),
     )),
+    Block("arrival", "arrival", "Run when data arrives (an Airflow AssetWatcher on the source, without a JVM): "
+          "new data starts a run once nothing newer came for `settle`, at the latest `max_wait` after it came.", (
+              Key("poll", Type.DURATION, "how often the source is looked at", default="5s", pattern=DURATION_PATTERN),
+              Key("settle", Type.DURATION, "how long no newer data must come before a run starts (a burst of files is "
+                  "one run)", default="5s", pattern=DURATION_PATTERN),
+              Key("max_wait", Type.DURATION, "the longest new data waits for its run while more keeps coming",
+                  default="1 minute", pattern=DURATION_PATTERN),
+              Key("min_interval", Type.DURATION, "the least time between two arrival-started runs",
+                  default_text="none", pattern=DURATION_PATTERN),
+          )),
     Block("trigger", "trigger", "Per-micro-batch admission limits of a files or delta source (Kafka: "
           "source.options.maxOffsetsPerTrigger); at most one of them.", (
               positive("max_files_per_trigger", "files per micro-batch", TRIGGER_MAX_FILES),

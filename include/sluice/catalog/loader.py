@@ -42,7 +42,7 @@ from sluice.model.patterns import Patterns
 from sluice.model.section import Section
 from sluice.model.sinks import SinkSpec
 from sluice.model.sources import SourceSpec
-from sluice.model.stream import AlertSpec, BackfillSpec, StreamSpec, TriggerSpec, WrittenPath
+from sluice.model.stream import AlertSpec, ArrivalSpec, BackfillSpec, StreamSpec, TriggerSpec, WrittenPath
 from sluice.paths import is_absolute, path_key
 
 DEFAULT_CATALOG = Path(__file__).parent.parent / "streams.yaml"
@@ -58,6 +58,21 @@ def _parse_trigger(section: Section) -> TriggerSpec:
     if trigger.max_files_per_trigger and trigger.max_bytes_per_trigger:
         raise section.error("max_bytes_per_trigger", "set max_files_per_trigger or max_bytes_per_trigger, not both")
     return trigger
+
+
+def _parse_arrival(section: Section) -> ArrivalSpec:
+    defaults = ArrivalSpec()
+    arrival = ArrivalSpec(
+        poll_seconds=section.interval("poll") or defaults.poll_seconds,
+        settle_seconds=section.interval("settle") or defaults.settle_seconds,
+        max_wait_seconds=section.interval("max_wait") or defaults.max_wait_seconds,
+        min_interval_seconds=section.interval("min_interval") or defaults.min_interval_seconds,
+    )
+    section.done()
+    if arrival.settle_seconds > arrival.max_wait_seconds:
+        raise section.error("settle", f"must not be longer than max_wait ({arrival.max_wait_seconds}s): the first "
+                                      "new data would wait for max_wait whatever came after it")
+    return arrival
 
 
 _MEASURES = ("records", "files", "bytes", "seconds")
@@ -135,7 +150,9 @@ def parse_stream(raw: object, *, index: int) -> StreamSpec:
     dead_letter_path = dead_letter.folder("path", f"{sink.table}_dead_letter" if sink.table else f"_dead_letter/{name}")
     dead_letter.done()
     checkpoint = top.folder("checkpoint", name)
-    schedule = top.get("schedule", str, required=kind.needs_schedule)
+    arrival_section = top.section("arrival")
+    arrival = _parse_arrival(arrival_section) if "arrival" in top.raw else None
+    schedule = top.get("schedule", str, required=kind.needs_schedule and arrival is None)
     if schedule is not None and not croniter.is_valid(schedule):
         raise top.error("schedule", f"{schedule!r} is not a valid cron expression (five fields, e.g. '*/5 * * * *')")
     trigger = _parse_trigger(top.section("trigger"))
@@ -148,6 +165,9 @@ def parse_stream(raw: object, *, index: int) -> StreamSpec:
     group = top.get("group", str)
     if group is not None and not _STREAM_NAME.match(group):
         raise top.error("group", f"must match {_STREAM_NAME.pattern} (it becomes part of a DAG id), got {group!r}")
+    if group is not None and arrival is not None:
+        raise top.error("arrival", f"the streams of group {group!r} run together on one cron; run this stream on "
+                                   "arrival outside the group")
     health_gate = top.enum("health_gate", HealthGate, HealthGate.TASK)
     owner = top.get("owner", str, "data-eng")
     tags = top.get("tags", list, [])
@@ -174,6 +194,7 @@ def parse_stream(raw: object, *, index: int) -> StreamSpec:
         expectations=expectations,
         group=group,
         health_gate=health_gate,
+        arrival=arrival,
     )
     for written in stream.written_paths:
         _check_own_name(written)
@@ -250,11 +271,36 @@ def parse_catalog(raw: object, *, source_file: str | None = None) -> Catalog:
         upstreams = catalog.upstreams_of(stream)
         if any(upstream.name == stream.name for upstream in upstreams):
             raise CatalogError("a stream cannot read its own table", stream=stream.name, field="source.path")
-        if stream.schedule is None and not upstreams:
+        if stream.schedule is None and stream.arrival is None and not upstreams:
             raise CatalogError(f"is required: no stream of the catalog writes {stream.source.table!r}, so there is no "
                                "table update to schedule the stream on", stream=stream.name, field="schedule")
     _check_groups(catalog)
+    _check_cleaning(catalog)
     return catalog
+
+
+def _check_cleaning(catalog: Catalog) -> None:
+    """``source.clean`` moves or deletes the files of one stream's landing folder: no other stream may read that
+    folder (it would lose files it has not read), and no stream may read the archive (it would read them again)."""
+
+    def overlap(one: str, other: str) -> bool:
+        (storage, parts), (other_storage, other_parts) = path_key(one), path_key(other)
+        shorter = min(len(parts), len(other_parts))
+        return storage == other_storage and parts[:shorter] == other_parts[:shorter]
+
+    readers = [(stream.name, stream.source.landing) for stream in catalog if stream.source.landing is not None]
+    for stream in catalog:
+        clean = getattr(stream.source, "clean", None)
+        if clean is None or stream.source.landing is None:
+            continue
+        for name, landing in readers:
+            if name != stream.name and overlap(stream.source.landing, landing):
+                raise CatalogError(f"stream '{name}' also reads {landing!r}; cleaning would take its unread files "
+                                   "away", stream=stream.name, field="source.clean")
+            if clean.archive_to is not None and overlap(clean.archive_to, landing):
+                raise CatalogError(f"the archive {clean.archive_to!r} overlaps the landing folder {landing!r} that "
+                                   f"stream '{name}' reads: archived files would be read again",
+                                   stream=stream.name, field="source.clean.archive_to")
 
 
 def _check_groups(catalog: Catalog) -> None:

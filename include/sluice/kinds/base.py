@@ -51,6 +51,9 @@ class Backlog:
     partitions: dict[str, int] = field(default_factory=dict)
     new_partitions: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: The unread data by identity (a file's path, a partition's end offset, a table's version): a member the last
+    #: look did not see is new data, which is what the arrival watcher starts runs on.
+    arrivals: frozenset[str] = frozenset()
 
     @property
     def units(self) -> int | None:

@@ -186,7 +186,8 @@ def delta_backlog(table_path: str, next_version: int) -> Backlog:
     from sluice.storage.delta import commit_actions, open_table
 
     latest = open_table(table_path).version()
-    backlog = Backlog(versions=max(latest - next_version + 1, 0), bytes=0, records=0)
+    backlog = Backlog(versions=max(latest - next_version + 1, 0), bytes=0, records=0,
+                      arrivals=frozenset({f"version {latest}"}) if latest >= next_version else frozenset())
     for version in range(next_version, latest + 1):
         try:
             actions = commit_actions(table_path, version)

@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from sluice.constants import FaultCode, FileFormat, SchemaEvolution, Severity, SourceType
+from sluice.constants import CleanAction, FaultCode, FileFormat, SchemaEvolution, Severity, SourceType
 from sluice.kinds.base import Backlog, SourceKind, declared_schema, reader_options, schema_evolution
 from sluice.model.findings import Finding
-from sluice.model.keys import SCHEMA, Block, Key, Type, evolution
+from sluice.model.keys import DURATION_PATTERN, SCHEMA, Block, Key, Type, evolution
 from sluice.model.section import Section
 from sluice.model.sources import SourceSpec
 from sluice.paths import Roots, join
@@ -56,12 +56,24 @@ _NEW_COLUMN_POLICIES = (SchemaEvolution.ADD_NEW_COLUMNS, SchemaEvolution.FAIL_ON
 LENIENT_JSON_OPTIONS = {"allowComments": "true", "allowSingleQuotes": "true"}
 
 
+@dataclass(frozen=True)
+class CleanSpec:
+    """``source.clean``: what becomes of a landing file once committed batches have read it and it is older than
+    ``after_seconds`` (by its modification time): moved to ``archive_to`` (a folder under the landing root, the
+    file's path below the source folder kept), or deleted (:mod:`sluice.storage.clean`)."""
+
+    action: CleanAction
+    after_seconds: int
+    archive_to: str | None = None
+
+
 @dataclass(frozen=True, kw_only=True)
 class FileSource(SourceSpec):
     """Files in ``path`` under the landing root."""
 
     type: ClassVar[SourceType] = SourceType.FILES
     path: str
+    clean: CleanSpec | None = None
 
     def location(self, roots: Roots) -> str:
         return join(roots.landing, self.path)
@@ -110,9 +122,35 @@ def _files_source(file_format: FileFormat) -> Block:
                 sorted(FORMAT_OPTIONS[file_format]))),
             evolution(policies, SchemaEvolution.RESCUE if SchemaEvolution.RESCUE in policies else SchemaEvolution.NONE,
                        "schema drift"),
+            Key("clean", Type.BLOCK, "archive or delete the files committed batches have read", block="clean"),
         ),
         when=("type", "files"),
     )
+
+
+_CLEAN = Block("clean", "source.clean", "What becomes of a landing file once committed batches have read it and it is "
+               "older than `after`: archived (moved under `archive_to`) or deleted. Unread files are never touched.", (
+                   Key("action", Type.CHOICE, "what is done with a read file", required=True,
+                       choices=tuple(action.value for action in CleanAction)),
+                   Key("after", Type.DURATION, "how old (by modification time) a read file must be", required=True,
+                       pattern=DURATION_PATTERN),
+                   Key("archive_to", Type.FOLDER, "the archive folder under the landing root (archive only); the "
+                       "files keep their path below the source folder", default_text="required to archive"),
+               ))
+
+
+def _parse_clean(section: Section) -> CleanSpec:
+    action = section.enum("action", CleanAction, required=True)
+    after = section.interval("after", required=True)
+    assert after is not None
+    archive_to = section.folder("archive_to") if "archive_to" in section.raw else None
+    section.done()
+    if action is CleanAction.ARCHIVE and archive_to is None:
+        raise section.error("archive_to", "is required to archive: the folder under the landing root that read "
+                                          "files are moved to")
+    if action is CleanAction.DELETE and archive_to is not None:
+        raise section.error("archive_to", "is for action archive; action delete keeps no copy")
+    return CleanSpec(action, after, archive_to)
 
 
 class FilesKind(SourceKind):
@@ -120,7 +158,7 @@ class FilesKind(SourceKind):
     backfill_refusal = None
 
     def catalog_blocks(self) -> tuple[Block, ...]:
-        return tuple(_files_source(file_format) for file_format in FORMAT_OPTIONS)
+        return (*(_files_source(file_format) for file_format in FORMAT_OPTIONS), _CLEAN)
 
     def parse(self, section: Section) -> FileSource:
         file_format = section.enum("format", FileFormat, required=True)
@@ -134,6 +172,8 @@ class FilesKind(SourceKind):
             raise section.error(f"schema.{complex_columns[0]}", "a csv field holds text, not a struct, an array or a "
                                                                 "map; declare it as a string, or read JSON or Parquet")
         options = reader_options(section, FORMAT_OPTIONS[file_format], file_format.value)
+        clean_section = section.section("clean")
+        clean = _parse_clean(clean_section) if "clean" in section.raw else None
         policy = schema_evolution(section, POLICIES[file_format], file_format.value)
         if file_format is FileFormat.JSON and policy is not SchemaEvolution.NONE:
             check_strict_json(section, options, policy)
@@ -156,13 +196,15 @@ class FilesKind(SourceKind):
                                                             "with pyarrow, which takes no Spark reader option; set "
                                                             "schema_evolution: none to read with Spark's reader")
         section.done()
-        return FileSource(format=file_format, path=path, schema=schema, options=options, schema_evolution=policy)
+        return FileSource(format=file_format, path=path, schema=schema, options=options, schema_evolution=policy,
+                          clean=clean)
 
     def backlog(self, stream: StreamSpec, roots: Roots, reader: CheckpointReader) -> Backlog:
         """Files (and their bytes) the next run will read, and when the oldest of them was written."""
         unread = unread_files(stream, roots, SourceState.of(stream, reader))
         backlog = Backlog(files=len(unread.files), bytes=sum(f.size for f in unread.files),
-                          oldest_unread_at=min((f.modified for f in unread.files), default=None))
+                          oldest_unread_at=min((f.modified for f in unread.files), default=None),
+                          arrivals=frozenset(f.path for f in unread.files))
         if unread.behind_horizon:
             backlog.notes.append(f"{unread.behind_horizon} file(s) are older than the stream's maxFileAge horizon "
                                  "and will never be read by it; backfill them (mode append) if they belong in the "

@@ -252,6 +252,8 @@ def kafka_backlog(processed: Mapping[str, Mapping[str, int]] | None, watermarks:
         backlog.partitions[key] = max(end - offset, 0)
         total += backlog.partitions[key]
     backlog.records = total
+    backlog.arrivals = frozenset(f"{topic}:{partition}@{end}" for (topic, partition), (_, end) in watermarks.items()
+                                 if backlog.partitions.get(f"{topic}:{partition}"))
     return backlog
 
 

@@ -89,6 +89,7 @@ class LagObservation:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        del data["backlog"]["arrivals"]  # the watcher's, not the report's: a landing zone's every unread path
         data["seconds_since_last_commit"] = _rounded(self.seconds_since_last_commit)
         data["lag_seconds"] = _rounded(self.lag_seconds)
         return data

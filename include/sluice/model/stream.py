@@ -52,6 +52,19 @@ class AlertSpec:
 
 
 @dataclass(frozen=True)
+class ArrivalSpec:
+    """When the stream's DAG runs on the arrival of data (besides or instead of its cron): its source is looked at
+    every ``poll_seconds`` on the triggerer (without a JVM); new data starts a run once nothing newer has come for
+    ``settle_seconds`` (a burst of files is one run), or ``max_wait_seconds`` after the first of it at the latest
+    (a steady trickle still runs), and never sooner than ``min_interval_seconds`` after the previous start."""
+
+    poll_seconds: int = 5
+    settle_seconds: int = 5
+    max_wait_seconds: int = 60
+    min_interval_seconds: int = 0
+
+
+@dataclass(frozen=True)
 class BackfillSpec:
     """What a backfill of the stream may do: the event-time column that ranges select on (none: file time
     only), the longest range one backfill may cover, and how far an event may be ahead of its file's time."""
@@ -91,6 +104,8 @@ class StreamSpec:
     group: str | None = None
     # Where the DAG checks the stream's checkpoint before each run: a task of its own, or the run's task.
     health_gate: HealthGate = HealthGate.TASK
+    # Run on the arrival of data too (an Airflow AssetWatcher on the source); None: on the schedule only.
+    arrival: ArrivalSpec | None = None
 
     @property
     def dag_id(self) -> str:

@@ -198,6 +198,14 @@ def parse_request(params: Mapping[str, Any], catalog: Catalog, *, run_id: str) -
         raise BackfillError("end", f"the range is {end - start}, longer than the {stream.backfill.max_range_days} "
                                    f"days stream '{name}' allows (backfill.max_range_days); split it into several "
                                    "backfills")
+    clean = getattr(stream.source, "clean", None)
+    if clean is not None:
+        kept_from = pendulum.now("UTC").replace(microsecond=0) - timedelta(seconds=clean.after_seconds)
+        if start < kept_from:
+            gone = f"moved to {clean.archive_to!r}" if clean.archive_to else "deleted"
+            raise BackfillError("start", f"stream '{name}' cleans its landing zone (source.clean): the files it read "
+                                         f"are {gone} {timedelta(seconds=clean.after_seconds)} after they landed, so "
+                                         f"a backfill starts at {kept_from.isoformat()} at the earliest")
     raw_mode = params.get("mode") or BackfillMode.APPEND.value
     if raw_mode not in MODES:
         raise BackfillError("mode", f"unknown mode {raw_mode!r}; expected one of {', '.join(MODES)}")

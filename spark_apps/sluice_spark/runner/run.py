@@ -95,6 +95,7 @@ def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: 
                 # A stopped query reports no error, and the batches it ran reconcile: it did not reach the end.
                 summary.status, summary.retryable = RunStatus.FAILED, True
                 summary.error = CANCELLED
+        clean_after(summaries, catalog, roots)
         clock.lap("finish")
         scrub_errors(summaries)
         write_run_log(roots, [runlog.run_row(summary) for summary in summaries],
@@ -102,6 +103,23 @@ def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: 
         faults.reach("run_logged")
         clock.lap("run_log")
     return RunSummary(app_id=spark.sparkContext.applicationId, streams=summaries, phases_seconds=clock.seconds)
+
+
+def clean_after(summaries: Iterable[StreamRunSummary], catalog: Catalog, roots: Roots) -> None:
+    """``source.clean`` for each stream whose run succeeded, with its lock still held (no backfill runs meanwhile).
+    A failure to clean is reported in the summary and fails nothing: the run's commits stand, and the next run
+    cleans again."""
+    from sluice.storage.clean import clean_landing
+
+    for summary in summaries:
+        if summary.status != RunStatus.SUCCEEDED:
+            continue
+        try:
+            report = clean_landing(catalog.get(summary.stream), roots, after_each=lambda: faults.reach("cleaning"))
+        except (SluiceError, OSError) as exc:
+            summary.cleaned = {"error": str(exc)}
+            continue
+        summary.cleaned = report.to_dict() if report is not None else None
 
 
 def run_or_refuse(spark: SparkSession, catalog: Catalog, names: list[str], roots: Roots, **options: Any) -> RunSummary:
