@@ -55,6 +55,7 @@ def stream_catalog(landing: str, *, files_per_batch: int | None = None, clean: b
     bundled = yaml.safe_load(DEFAULT_CATALOG.read_text(encoding="utf-8"))
     stream = copy.deepcopy(next(entry for entry in bundled["streams"] if entry["name"] == STREAM))
     stream["source"]["path"] = landing
+    stream["sink"]["engine"] = "rs"  # as the docstring says: the bundled stream's `auto` is jvm where the jars load
     if clean:
         stream["source"]["clean"] = {"action": "delete", "after": "1s"}
     if files_per_batch is not None:
