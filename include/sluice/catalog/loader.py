@@ -245,7 +245,7 @@ def parse_catalog(raw: object, *, source_file: str | None = None) -> Catalog:
             key = (storage or f"<{written.root} root>/", parts)
             claims.claim(key, written, shown=repr(written.path))
         streams[stream.name] = stream
-    catalog = Catalog(streams=streams, source_file=source_file)
+    catalog = _follow_change_feeds(Catalog(streams=streams, source_file=source_file))
     for stream in catalog:
         upstreams = catalog.upstreams_of(stream)
         if any(upstream.name == stream.name for upstream in upstreams):
@@ -255,6 +255,35 @@ def parse_catalog(raw: object, *, source_file: str | None = None) -> Catalog:
                                "table update to schedule the stream on", stream=stream.name, field="schedule")
     _check_groups(catalog)
     return catalog
+
+
+def _follow_change_feeds(catalog: Catalog) -> Catalog:
+    """Mark the sink of every stream whose table another stream reads with ``read: changes``: its table records its
+    changes (``delta.enableChangeDataFeed``), set when the run creates it, or by its next run. A table no stream of
+    the catalog writes must have it already; the reading run says so otherwise."""
+    from sluice.kinds.delta import DeltaRead, DeltaSink
+
+    followed: set[str] = set()
+    for stream in catalog:
+        if getattr(stream.source, "read", None) is not DeltaRead.CHANGES:
+            continue
+        upstream = catalog.upstream_of(stream)
+        if upstream is None:
+            continue
+        if not isinstance(upstream.sink, DeltaSink) or os.path.normpath(upstream.sink.path) != os.path.normpath(
+                stream.source.table or ""):
+            raise CatalogError(f"read: changes follows a stream's own table; {stream.source.table!r} is a fan-out "
+                               f"table of stream '{upstream.name}', whose changes are not recorded",
+                               stream=stream.name, field="source.read")
+        followed.add(upstream.name)
+    if not followed:
+        return catalog
+    streams = dict(catalog.streams)
+    for name in followed:
+        sink = streams[name].sink
+        assert isinstance(sink, DeltaSink)
+        streams[name] = dataclasses.replace(streams[name], sink=dataclasses.replace(sink, change_feed=True))
+    return dataclasses.replace(catalog, streams=streams)
 
 
 def _check_groups(catalog: Catalog) -> None:
