@@ -154,10 +154,6 @@ class DeltaSourceKind(SourceKind):
         policy = schema_evolution(section, POLICIES, "delta")
         read = section.enum("read", DeltaRead, DeltaRead.APPENDS)
         section.done()
-        clash = sorted(set(CHANGE_COLUMNS) & {name.lower() for name in schema.names})
-        if read is DeltaRead.CHANGES and clash:
-            raise section.error("schema", f"declares {', '.join(clash)}, which read: changes adds to each row; "
-                                "leave them out of the schema")
         if read is DeltaRead.CHANGES and options.get("skipChangeCommits", "").lower() == "true":
             raise section.error("options", "skipChangeCommits skips the versions read: changes is there to read; "
                                 "leave it out")
