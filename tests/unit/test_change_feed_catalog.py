@@ -54,3 +54,11 @@ def test_a_changes_read_of_a_table_no_stream_writes_is_left_to_the_run() -> None
     (tests/spark/test_change_feed.py)."""
     catalog = parse_catalog(catalog_with({**changes(), "schedule": "@hourly"}))
     assert catalog.upstream_of(catalog.get("events_silver")) is None
+
+
+def test_a_merge_orders_the_changes_by_their_commit_version() -> None:
+    stream = changes()
+    stream["sink"] = {"path": "silver/events", "mode": "merge", "keys": ["event_id"], "sequence_by": "_commit_version"}
+    stream["fan_out"] = [{"path": "silver/deleted", "where": "_change_type = 'delete'"}]
+    catalog = parse_catalog(catalog_with(events_stream(), stream))
+    assert catalog.get("events_silver").sink.sequence_by == "_commit_version"  # type: ignore[attr-defined]

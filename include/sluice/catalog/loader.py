@@ -126,7 +126,7 @@ def parse_stream(raw: object, *, index: int) -> StreamSpec:
     transform, columns = read_transform(top, source)
     expectations = read_expectations(top, columns)
     data_columns = {column: kind for column, kind in columns.items() if column not in source.lineage}
-    output_columns = check_patterns(name, patterns, data_columns, source, sink, required=set(source.schema.required))
+    output_columns = check_patterns(name, patterns, data_columns, source, sink, required=source.never_null)
     sink_kind(sink).check_output(sink, output_columns, stream=name)
     if sink.table is None and patterns.fan_out:
         raise CatalogError(f"a {sink.format.value} sink takes no fan_out: fan-out tables are cut from the batch a "

@@ -73,6 +73,10 @@ class DeltaSource(SourceSpec):
         return {**super().columns, **changes}
 
     @property
+    def never_null(self) -> set[str]:
+        return super().never_null | (set(CHANGE_COLUMNS) if self.read is DeltaRead.CHANGES else set())
+
+    @property
     def table(self) -> str:
         return self.path
 
