@@ -267,3 +267,20 @@ def test_sigkill_in_the_chain_then_rerun_gives_the_oracles_tables(spark: Any, tm
         if committed is not None:
             assert DeltaTable(gold).version() == committed, "the replayed batch committed again"
     assert_follows(tmp_path, oracle)
+
+
+def test_the_rs_reader_stops_at_an_ending_version(spark: Any, tmp_path: Path) -> None:
+    """A range backfill's bound: ``startingVersion`` to ``endingVersion``, both included, appends or changes."""
+    table = str(tmp_path / "t")
+    schema = pa.schema([("id", pa.int64())])
+    DeltaTable.create(table, schema=schema, configuration={"delta.enableChangeDataFeed": "true"})
+    for first in (0, 10, 20, 30):
+        write_deltalake(table, pa.table({"id": list(range(first, first + 3))}, schema=schema), mode="append")
+    for changes in ("false", "true"):
+        rows: list[int] = []
+        query = (spark.readStream.format("sluice_delta").option("readChangeFeed", changes)
+                 .option("startingVersion", "2").option("endingVersion", "3").load(table).writeStream
+                 .foreachBatch(lambda frame, _, into=rows: into.extend(row.id for row in frame.collect()))
+                 .option("checkpointLocation", str(tmp_path / f"ckpt-{changes}")).trigger(availableNow=True).start())
+        query.awaitTermination()
+        assert sorted(rows) == [10, 11, 12, 20, 21, 22]

@@ -11,6 +11,8 @@ Options:
 
 - ``startingVersion``: the first version to read (default 0), or ``latest`` for only what is committed after the
   query starts; ``startingTimestamp``: the first version committed at or after an ISO time.
+- ``endingVersion``: the last version to read (a range backfill's bound, :mod:`sluice.operations.delta_range`);
+  not a catalog option: a live stream reads on.
 - ``maxFilesPerTrigger`` / ``maxBytesPerTrigger``: the rate limit.
 - ``skipChangeCommits``: skip versions that remove data (a DELETE, UPDATE or MERGE); without it such a version
   fails the query, as delta-spark's source does, because an append-only reader cannot apply it.
@@ -149,6 +151,7 @@ class DeltaRsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.max_bytes = int(options["maxbytespertrigger"]) if "maxbytespertrigger" in options else None
         self.skip_changes = options.get("skipchangecommits", "false").lower() == "true"
         self.changes = reads_changes(options)
+        self.ending = int(options["endingversion"]) if "endingversion" in options else None
         self.target: int | None = None
         self.schema_string: str | None = None
         # Whether the table recorded its changes as of the last version planned (``readChangeFeed``).
@@ -164,7 +167,10 @@ class DeltaRsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"version": first - 1}
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self.target = latest_version(self.path)
+        self.target = self._bounded(latest_version(self.path))
+
+    def _bounded(self, version: int) -> int:
+        return version if self.ending is None else min(version, self.ending)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.max_files is not None:
@@ -174,7 +180,7 @@ class DeltaRsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
-        upper = self.target if self.target is not None else latest_version(self.path)
+        upper = self.target if self.target is not None else self._bounded(latest_version(self.path))
         version = start["version"]
         files = size = 0
         while version < upper:
