@@ -53,6 +53,7 @@ from sluice_spark.runner import (
     build_routed_frame,
     create_tables,
     error_message,
+    feeds_changes,
     is_permanent,
     maps_case,
     sink_targets,
@@ -226,7 +227,7 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
     targets = sink_targets(stream, roots, data_columns)
     resolved = resolve_engine(spark, engine or stream.sink.engine, stream.locations(roots))
     if not request.dry_run:  # as for a run (see sluice_spark.runner.prepare_stream)
-        create_tables(stream, routed, tables_to_create(targets, resolved))
+        create_tables(stream, routed, tables_to_create(targets, resolved, change_feed=feeds_changes(stream)))
     column = plan.event_time_column
     in_range = (F.col(column) >= F.lit(request.start)) & (F.col(column) < F.lit(request.end)) if column \
         else F.lit(True)

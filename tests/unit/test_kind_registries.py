@@ -13,7 +13,9 @@ import pytest
 from sluice.catalog import load_catalog
 from sluice.constants import SinkFormat, SourceType
 from sluice.kinds import SINK_KINDS, SOURCE_KINDS
+from sluice.kinds.base import SinkKind, SourceKind
 from sluice.kinds.credentials import needed, run_environment, run_secrets, scrub_secrets
+from sluice.model.keys import Block
 from sluice_spark.kinds import READERS, SINKS
 
 KAFKA_CATALOG = Path(__file__).resolve().parents[2] / "include" / "sluice" / "streams_kafka.yaml"

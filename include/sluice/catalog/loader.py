@@ -141,7 +141,7 @@ def parse_stream(raw: object, *, index: int) -> StreamSpec:
     transform, columns = read_transform(top, source)
     expectations = read_expectations(top, columns)
     data_columns = {column: kind for column, kind in columns.items() if column not in source.lineage}
-    output_columns = check_patterns(name, patterns, data_columns, source, sink, required=set(source.schema.required))
+    output_columns = check_patterns(name, patterns, data_columns, source, sink, required=source.never_null)
     sink_kind(sink).check_output(sink, output_columns, stream=name)
     if sink.table is None and patterns.fan_out:
         raise CatalogError(f"a {sink.format.value} sink takes no fan_out: fan-out tables are cut from the batch a "
@@ -266,7 +266,7 @@ def parse_catalog(raw: object, *, source_file: str | None = None) -> Catalog:
             key = (storage or f"<{written.root} root>/", parts)
             claims.claim(key, written, shown=repr(written.path))
         streams[stream.name] = stream
-    catalog = Catalog(streams=streams, source_file=source_file)
+    catalog = _follow_change_feeds(Catalog(streams=streams, source_file=source_file))
     for stream in catalog:
         upstreams = catalog.upstreams_of(stream)
         if any(upstream.name == stream.name for upstream in upstreams):
@@ -301,6 +301,35 @@ def _check_cleaning(catalog: Catalog) -> None:
                 raise CatalogError(f"the archive {clean.archive_to!r} overlaps the landing folder {landing!r} that "
                                    f"stream '{name}' reads: archived files would be read again",
                                    stream=stream.name, field="source.clean.archive_to")
+
+
+def _follow_change_feeds(catalog: Catalog) -> Catalog:
+    """Mark the sink of every stream whose table another stream reads with ``read: changes``: its table records its
+    changes (``delta.enableChangeDataFeed``), set when the run creates it, or by its next run. A table no stream of
+    the catalog writes must have it already; the reading run says so otherwise."""
+    from sluice.kinds.delta import DeltaRead, DeltaSink
+
+    followed: set[str] = set()
+    for stream in catalog:
+        if getattr(stream.source, "read", None) is not DeltaRead.CHANGES:
+            continue
+        upstream = catalog.upstream_of(stream)
+        if upstream is None:
+            continue
+        if not isinstance(upstream.sink, DeltaSink) or os.path.normpath(upstream.sink.path) != os.path.normpath(
+                stream.source.table or ""):
+            raise CatalogError(f"read: changes follows a stream's own table; {stream.source.table!r} is a fan-out "
+                               f"table of stream '{upstream.name}', whose changes are not recorded",
+                               stream=stream.name, field="source.read")
+        followed.add(upstream.name)
+    if not followed:
+        return catalog
+    streams = dict(catalog.streams)
+    for name in followed:
+        sink = streams[name].sink
+        assert isinstance(sink, DeltaSink)
+        streams[name] = dataclasses.replace(streams[name], sink=dataclasses.replace(sink, change_feed=True))
+    return dataclasses.replace(catalog, streams=streams)
 
 
 def _check_groups(catalog: Catalog) -> None:

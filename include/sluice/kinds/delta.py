@@ -5,6 +5,11 @@ streaming source on the jvm engine, Sluice's ``sluice_delta`` on rs. A stream of
 is its upstream; the source's stream may run on that upstream's commits instead of a schedule. Its lag is the
 versions after the last one processed, with the bytes and records they add, read from the table's JSON commits.
 
+With ``read: changes`` the source reads the table's change data feed instead of its appends: every insert, update
+(its new row) and delete, with Delta's ``_change_type``, ``_commit_version`` and ``_commit_timestamp`` (the change
+feed guide). The table must record it (``delta.enableChangeDataFeed``): Sluice turns it on for a table a stream of
+the catalog writes when another stream reads its changes.
+
 A Delta sink is a table written exactly once per micro-batch: appended to, merged into by ``keys`` (the row with the
 highest ``sequence_by`` wins), or rewritten whole (``complete``).
 """
@@ -16,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from sluice.constants import DeltaEngine, FileFormat, SchemaEvolution, SinkFormat, SinkMode, SourceType
+from sluice.constants import DeltaEngine, FileFormat, SchemaEvolution, SinkFormat, SinkMode, SourceType, Word
 from sluice.errors import SluiceError
 from sluice.kinds.base import Backlog, SinkKind, SourceKind, declared_schema, reader_options, schema_evolution
 from sluice.model.keys import SCHEMA, Block, Key, Type, choices, evolution
@@ -33,6 +38,21 @@ if TYPE_CHECKING:
 SOURCE_OPTIONS = frozenset({"startingVersion", "startingTimestamp", "skipChangeCommits"})
 
 
+class DeltaRead(Word):
+    """What a Delta source reads of its table's new versions."""
+
+    # The rows each version adds; a version that updates or deletes rows fails the run, naming it.
+    APPENDS = "appends"
+    # The change data feed: inserts, updates (their new rows) and deletes, each row with its kind and version.
+    CHANGES = "changes"
+
+
+# The columns a ``changes`` read adds to each row, with their Spark SQL types: what the change is (``insert``,
+# ``update_postimage``, ``delete``; an update's old row, ``update_preimage``, is not passed), and the version and time
+# of the commit that made it. Delta's own names, so a downstream filter reads as Delta's documentation writes it.
+CHANGE_COLUMNS = {"_change_type": "STRING", "_commit_version": "BIGINT", "_commit_timestamp": "TIMESTAMP"}
+
+
 @dataclass(frozen=True, kw_only=True)
 class DeltaSource(SourceSpec):
     """The Delta table at ``path`` under the lake root, read by version."""
@@ -40,9 +60,21 @@ class DeltaSource(SourceSpec):
     type: ClassVar[SourceType] = SourceType.DELTA
     format: FileFormat = FileFormat.DELTA
     path: str
+    read: DeltaRead = DeltaRead.APPENDS
 
     def location(self, roots: Roots) -> str:
         return join(roots.lake, self.path)
+
+    @property
+    def columns(self) -> dict[str, str]:
+        """The declared columns and the lineage, and under ``read: changes`` the change columns: data the stream
+        writes to its table like a declared column (a CDC sink's ``delete_when`` reads ``_change_type``)."""
+        changes = CHANGE_COLUMNS if self.read is DeltaRead.CHANGES else {}
+        return {**super().columns, **changes}
+
+    @property
+    def never_null(self) -> set[str]:
+        return super().never_null | (set(CHANGE_COLUMNS) if self.read is DeltaRead.CHANGES else set())
 
     @property
     def table(self) -> str:
@@ -59,6 +91,9 @@ class DeltaSink(SinkSpec):
     mode: SinkMode = SinkMode.APPEND
     keys: tuple[str, ...] = ()
     sequence_by: str | None = None
+    #: Another stream of the catalog reads the table's changes (``read: changes``): its table records them
+    #: (:data:`sluice.storage.delta.CHANGE_FEED_PROPERTY`). Set by the catalog, not a key.
+    change_feed: bool = False
 
     @property
     def table(self) -> str:
@@ -81,6 +116,9 @@ _DELTA_SOURCE = Block(
         SCHEMA,
         Key("options", Type.OPTIONS, "Delta streaming reader options", choices=tuple(sorted(
             SOURCE_OPTIONS))),
+        Key("read", Type.CHOICE, "the rows each new version appends, or its changes (inserts, updates, deletes) "
+            "from the table's change data feed, with `_change_type`, `_commit_version`, `_commit_timestamp` "
+            "(change feed guide)", default=DeltaRead.APPENDS, choices=choices(DeltaRead)),
         evolution(POLICIES, SchemaEvolution.RESCUE, "schema drift"),
     ),
     when=("type", "delta"),
@@ -118,8 +156,12 @@ class DeltaSourceKind(SourceKind):
         schema = declared_schema(section, "delta")
         options = reader_options(section, SOURCE_OPTIONS, "delta")
         policy = schema_evolution(section, POLICIES, "delta")
+        read = section.enum("read", DeltaRead, DeltaRead.APPENDS)
         section.done()
-        return DeltaSource(path=path, schema=schema, options=options, schema_evolution=policy)
+        if read is DeltaRead.CHANGES and options.get("skipChangeCommits", "").lower() == "true":
+            raise section.error("options", "skipChangeCommits skips the versions read: changes is there to read; "
+                                "leave it out")
+        return DeltaSource(path=path, schema=schema, options=options, schema_evolution=policy, read=read)
 
     def backlog(self, stream: StreamSpec, roots: Roots, reader: CheckpointReader) -> Backlog:
         """The versions of the stream's source table that its next run reads."""
@@ -135,7 +177,8 @@ class DeltaSourceKind(SourceKind):
         else:
             next_version = delta_next_version(offset)
         try:
-            return delta_backlog(stream.source_path(roots), next_version)
+            return delta_backlog(stream.source_path(roots), next_version,
+                                 changes=getattr(stream.source, "read", None) is DeltaRead.CHANGES)
         except TableNotFoundError:
             return Backlog(versions=0, bytes=0, records=0,
                            notes=[f"the source table {stream.source.table} does not exist yet"])
@@ -180,9 +223,12 @@ def delta_next_version(offset: Mapping[str, Any] | None) -> int:
     raise SluiceError(f"not a Delta source offset: {json.dumps(offset)[:200]}")
 
 
-def delta_backlog(table_path: str, next_version: int) -> Backlog:
+def delta_backlog(table_path: str, next_version: int, *, changes: bool = False) -> Backlog:
     """Versions of a Delta table from ``next_version`` on, with the bytes and records their data files add and the
-    time of the oldest of them, read from the table's JSON commit files."""
+    time of the oldest of them, read from the table's JSON commit files. With ``changes`` (a ``read: changes``
+    source), a version that updates or deletes rows is waiting too: its change files (``cdc``) are its bytes, and its
+    records are not counted (a change file has no statistics; the files a MERGE rewrites hold unchanged rows too), so
+    records are then a lower bound."""
     from sluice.storage.delta import commit_actions, open_table
 
     latest = open_table(table_path).version()
@@ -194,17 +240,20 @@ def delta_backlog(table_path: str, next_version: int) -> Backlog:
         except FileNotFoundError:
             backlog.notes.append(f"version {version}'s commit file was cleaned up; bytes and records are partial")
             continue
-        adds_data, committed_at = False, None
+        change_files = [action["cdc"] for action in actions if changes and "cdc" in action]
+        removes = changes and any(action.get("remove", {}).get("dataChange", False) for action in actions)
+        adds_data, committed_at = bool(change_files) or removes, None
         for action in actions:
             add = action.get("add")
-            if add and add.get("dataChange", True):
+            if add and add.get("dataChange", True) and not change_files:
                 adds_data = True
                 backlog.bytes = (backlog.bytes or 0) + int(add.get("size", 0))
-                stats = json.loads(add["stats"]) if add.get("stats") else {}
+                stats = json.loads(add["stats"]) if add.get("stats") and not removes else {}
                 backlog.records = (backlog.records or 0) + int(stats.get("numRecords", 0))
             info = action.get("commitInfo")
             if info and "timestamp" in info:
                 committed_at = int(info["timestamp"]) / 1000
+        backlog.bytes = (backlog.bytes or 0) + sum(int(change.get("size", 0)) for change in change_files)
         # A version without new data (a compaction, a vacuum) is nothing to wait for: it does not age the lag.
         if adds_data and committed_at is not None and backlog.oldest_unread_at is None:
             backlog.oldest_unread_at = committed_at

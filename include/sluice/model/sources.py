@@ -42,6 +42,11 @@ class SourceSpec:
         return {**{column.name: column.data_type.sql() for column in self.schema.columns}, **rescued, **self.lineage}
 
     @property
+    def never_null(self) -> set[str]:
+        """The columns a record always has a value in: the declared ``not null`` ones, and what the kind adds so."""
+        return set(self.schema.required)
+
+    @property
     def rescues(self) -> bool:
         """Its rows carry ``_rescued_data``: under ``rescue``, and under ``add_new_columns`` for what is not a new
         top-level column (a new nested field, a value that does not fit its type)."""

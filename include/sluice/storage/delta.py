@@ -94,8 +94,12 @@ def added_columns(path: str) -> dict[str, str]:
     return {name: kind for name, kind in added.items() if kind is not None}
 
 
-def ensure_table(path: str, schema: Any, partition_by: Iterable[str], *, name: str, description: str = "") -> bool:
+def ensure_table(path: str, schema: Any, partition_by: Iterable[str], *, name: str, description: str = "",
+                 change_feed: bool = False) -> bool:
     """Create an empty Delta table with ``schema`` (an Arrow schema) unless one exists. True when created.
+
+    With ``change_feed`` (another stream reads the table's changes), the table records them
+    (``delta.enableChangeDataFeed``) from its first version, and an existing table from its next version on.
 
     An existing table must have the same partition columns, and the same types for the columns both have. Columns it
     lacks are added to it (as nullable columns, which every reader of the older rows reads as NULL): a stream whose
@@ -117,7 +121,8 @@ def ensure_table(path: str, schema: Any, partition_by: Iterable[str], *, name: s
             partition_by=partitions or None,
             name=name,
             description=description or None,
-            configuration={"delta.checkpointInterval": str(DEFAULT_CHECKPOINT_INTERVAL)},
+            configuration={"delta.checkpointInterval": str(DEFAULT_CHECKPOINT_INTERVAL),
+                           **({CHANGE_FEED_PROPERTY: "true"} if change_feed else {})},
         )
         return True
     import pyarrow as pa
@@ -153,7 +158,19 @@ def ensure_table(path: str, schema: Any, partition_by: Iterable[str], *, name: s
 
         existing.alter.add_columns(list(Schema.from_arrow(pa.schema(added)).fields))
         log.info("Delta table %s: added the column(s) %s", path, ", ".join(field.name for field in added))
+    if change_feed and not records_changes(existing):
+        existing.alter.set_table_properties({CHANGE_FEED_PROPERTY: "true"})
+        log.info("Delta table %s: records its changes from version %s on (%s)", path, existing.version(),
+                 CHANGE_FEED_PROPERTY)
     return False
+
+
+CHANGE_FEED_PROPERTY = "delta.enableChangeDataFeed"
+
+
+def records_changes(table: Any) -> bool:
+    """Whether a delta-rs table records its changes now (its change data feed is on)."""
+    return str(table.metadata().configuration.get(CHANGE_FEED_PROPERTY, "false")).lower() == "true"
 
 
 @dataclass(frozen=True)

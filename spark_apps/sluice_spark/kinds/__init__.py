@@ -46,7 +46,7 @@ def read_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: 
 
 # What a source kind knows about a query's failure that Spark's message does not say: a sentence for the user, or None.
 EXPLAINERS: dict[SourceType, Callable[[StreamSpec, BaseException], str | None]] = {
-    SourceType.KAFKA: kafka.explain_failure}
+    SourceType.KAFKA: kafka.explain_failure, SourceType.DELTA: delta.explain_failure}
 
 
 def explain_failure(stream: StreamSpec, error: BaseException) -> str | None:

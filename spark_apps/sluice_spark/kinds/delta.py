@@ -2,7 +2,10 @@
 
 The source reads a table by version: delta-spark's ``format("delta")`` on the jvm engine, Sluice's ``sluice_delta``
 on rs. The declared columns are selected and cast; a row that lacks a required one goes to the dead-letter table like
-a file record. ``_source_file`` carries the upstream's lineage when the table has it. The table's other columns
+a file record. ``_source_file`` carries the upstream's lineage when the table has it. Under ``read: changes`` the
+frame is the table's change data feed (delta-spark's ``readChangeFeed``, or ``sluice_delta``'s), read from version 0
+unless ``startingVersion`` or ``startingTimestamp`` says otherwise (on both engines: delta-spark alone would start
+with a snapshot), without the updates' old rows, and with the change columns. The table's other columns
 follow the stream's drift policy (:func:`sluice_spark.drift.typed.typed_drift`), except the upstream stream's own
 (its ingest time, and what its drift policy rescued, which stays in its table).
 
@@ -16,6 +19,7 @@ a bronze append.
 from __future__ import annotations
 
 import json
+import re
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -30,9 +34,11 @@ from sluice.constants import (
     SinkMode,
 )
 from sluice.errors import SluiceError
+from sluice.kinds.delta import CHANGE_COLUMNS, DeltaRead, DeltaSource
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.paths import Roots
 from sluice_spark.drift.typed import typed_drift
+from sluice_spark.kinds.files import RECORDS_METRIC
 from sluice_spark.rs.datasource import DATA_SOURCE_NAME
 from sluice_spark.session import register_data_sources, resolve_engine
 from sluice_spark.targets import FAILED_COLUMN, NEW_FIELDS_COLUMN, RAW_COLUMN, ROUTE_COLUMN, encode_targets
@@ -47,6 +53,12 @@ def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | N
         register_data_sources(spark)
     reader = spark.readStream.format("delta" if engine is DeltaEngine.JVM else DATA_SOURCE_NAME)
     reader = reader.options(**stream.source.options)
+    changes = isinstance(stream.source, DeltaSource) and stream.source.read is DeltaRead.CHANGES
+    if changes:
+        refuse_without_change_feed(stream, path)
+        reader = reader.option("readChangeFeed", "true")
+        if not {"startingVersion", "startingTimestamp"} & set(stream.source.options):
+            reader = reader.option("startingVersion", "0")
     if trigger.max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", trigger.max_files_per_trigger)
     if trigger.max_bytes_per_trigger:
@@ -62,12 +74,51 @@ def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | N
         raise SluiceError(f"stream '{stream.name}': the Delta table {path} has no column(s) {', '.join(missing)}; "
                           f"it has {', '.join(frame.columns)}")
     lineage = F.col(SOURCE_FILE_COLUMN) if SOURCE_FILE_COLUMN in frame.columns else F.lit(path)
+    carried = {SOURCE_FILE_COLUMN: lineage}
+    if changes:
+        # Spark counts the updates' old rows as input rows too: the stream's records are counted here.
+        frame = frame.where(F.col("_change_type") != F.lit("update_preimage")).observe(
+            RECORDS_METRIC.format(stream=stream.name), F.count(F.lit(1)).alias("records"))
+        carried.update({name: F.col(name).cast(kind) for name, kind in CHANGE_COLUMNS.items()})
     try:
-        return typed_drift(frame, stream.source.read_schema, stream.source.schema_evolution,
-                           {SOURCE_FILE_COLUMN: lineage},
-                           ignored=(SOURCE_FILE_COLUMN, INGEST_TIME_COLUMN, RESCUED_COLUMN))
+        return typed_drift(frame, stream.source.read_schema, stream.source.schema_evolution, carried,
+                           ignored=(SOURCE_FILE_COLUMN, INGEST_TIME_COLUMN, RESCUED_COLUMN, *carried))
     except SluiceError as error:
         raise SluiceError(f"stream '{stream.name}': the Delta table {path}: {error}") from None
+
+
+def refuse_without_change_feed(stream: StreamSpec, path: str) -> None:
+    """Refuse, before any query starts, a ``read: changes`` of a table that does not record its changes now (a table
+    no stream of the catalog writes, or whose writer has not run since a stream began to read its changes)."""
+    from deltalake.exceptions import TableNotFoundError
+
+    from sluice.storage.delta import CHANGE_FEED_PROPERTY, open_table, records_changes
+
+    try:
+        table = open_table(path)
+    except TableNotFoundError:
+        return  # the read says the table is missing, as for appends
+    if not records_changes(table):
+        raise SluiceError(f"stream '{stream.name}': source.read is changes, but the Delta table {path} does not record "
+                          f"its changes ({CHANGE_FEED_PROPERTY} is not true at version {table.version()}); a table a "
+                          "stream of the catalog writes gets it on that stream's next run, any other needs ALTER "
+                          f"TABLE ... SET TBLPROPERTIES ({CHANGE_FEED_PROPERTY} = true)")
+
+
+def explain_failure(stream: StreamSpec, error: BaseException) -> str | None:
+    """A ``read: changes`` run on the jvm engine that reached a version committed before the table recorded its
+    changes: delta-spark's error class ``DELTA_MISSING_CHANGE_DATA``, which names the version. (The rs engine's
+    source says so itself.)"""
+    found = _MISSING_CHANGE_DATA.search(str(error))
+    if found is None or not isinstance(stream.source, DeltaSource) or stream.source.read is not DeltaRead.CHANGES:
+        return None
+    return (f"stream '{stream.name}': the Delta table {stream.source.table} has no change data for version "
+            f"{found.group(1)}: it was committed before the table recorded its changes (delta.enableChangeDataFeed). "
+            "Start the stream after it (source.options.startingVersion) with a new checkpoint (python -m sluice "
+            f"repair reset --stream {stream.name})")
+
+
+_MISSING_CHANGE_DATA = re.compile(r"DELTA_MISSING_CHANGE_DATA\].*?recorded for version \[(\d+)\]", re.DOTALL)
 
 
 # Spark's output mode for each way a table is written.

@@ -35,12 +35,15 @@ class DeltaRsDataSource(DataSource):
         return DATA_SOURCE_NAME
 
     def schema(self) -> StructType:
-        from sluice_spark.rs.source import table_schema
+        from pyspark.sql.types import StructType
 
-        path = {key.lower(): value for key, value in self.options.items()}.get("path")
-        if not path:
+        from sluice_spark.rs.source import change_columns, reads_changes, table_schema
+
+        options = {key.lower(): value for key, value in self.options.items()}
+        if not options.get("path"):
             raise ValueError(f"{DATA_SOURCE_NAME} source needs a path: spark.readStream.format(...).load(path)")
-        return table_schema(path)
+        schema = table_schema(options["path"])
+        return StructType([*schema.fields, *change_columns()]) if reads_changes(options) else schema
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from sluice_spark.rs.source import DeltaRsStreamReader

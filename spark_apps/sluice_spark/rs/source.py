@@ -11,9 +11,16 @@ Options:
 
 - ``startingVersion``: the first version to read (default 0), or ``latest`` for only what is committed after the
   query starts; ``startingTimestamp``: the first version committed at or after an ISO time.
+- ``endingVersion``: the last version to read (a range backfill's bound, :mod:`sluice.operations.delta_range`);
+  not a catalog option: a live stream reads on.
 - ``maxFilesPerTrigger`` / ``maxBytesPerTrigger``: the rate limit.
 - ``skipChangeCommits``: skip versions that remove data (a DELETE, UPDATE or MERGE); without it such a version
   fails the query, as delta-spark's source does, because an append-only reader cannot apply it.
+- ``readChangeFeed``: read each version's changes instead of its appends: delta-rs's change data feed
+  (``DeltaTable.load_cdf``) of that one version, on an executor, one partition per version. The rows are the
+  inserts, the updates' new rows (``update_postimage``; their old rows are left out) and the deletes, with Delta's
+  ``_change_type``, ``_commit_version`` and ``_commit_timestamp``. A version committed while the table did not
+  record its changes (``delta.enableChangeDataFeed``) fails the query, naming it.
 
 The query reads with the table's schema when it starts. A version of that run with an older schema is read with it
 when the change was additive (a file without a column reads it as NULL); any other change (a column dropped,
@@ -45,7 +52,7 @@ from sluice.storage.store import folder, is_local
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql.types import StructType
+    from pyspark.sql.types import StructField, StructType
 
 
 class DeltaSourceError(Exception):
@@ -60,6 +67,10 @@ class VersionFiles:
     files: list[dict[str, Any]] = field(default_factory=list)
     removes_data: bool = False
     schema_string: str | None = None
+    # The table's properties when the version sets them (its metaData action), else None.
+    configuration: dict[str, str] | None = None
+    # It has change files (``cdc`` actions): the changes of an UPDATE, DELETE or MERGE.
+    has_change_files: bool = False
 
     @property
     def size(self) -> int:
@@ -82,7 +93,7 @@ def read_version(table: str, version: int) -> VersionFiles:
     except FileNotFoundError:
         raise DeltaSourceError(f"{table}: the commit file of version {version} is gone (log cleanup); start the "
                                "stream from a later version (startingVersion) with a new checkpoint") from None
-    files, removes, schema = [], False, None
+    files, removes, schema, configuration, change_files = [], False, None, None, False
     for action in actions:
         if "add" in action and action["add"].get("dataChange", True):
             if action["add"].get("deletionVector"):
@@ -91,10 +102,13 @@ def read_version(table: str, version: int) -> VersionFiles:
             files.append(action["add"])
         elif "remove" in action and action["remove"].get("dataChange", True):
             removes = True
+        elif "cdc" in action:
+            change_files = True
         elif "metaData" in action:
             schema = action["metaData"].get("schemaString")
-            _refuse_column_mapping(table, version, action["metaData"].get("configuration") or {})
-    return VersionFiles(version, files, removes, schema)
+            configuration = action["metaData"].get("configuration") or {}
+            _refuse_column_mapping(table, version, configuration)
+    return VersionFiles(version, files, removes, schema, configuration, change_files)
 
 
 def _refuse_column_mapping(table: str, version: int, configuration: dict[str, str]) -> None:
@@ -136,8 +150,12 @@ class DeltaRsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.max_files = int(options["maxfilespertrigger"]) if "maxfilespertrigger" in options else None
         self.max_bytes = int(options["maxbytespertrigger"]) if "maxbytespertrigger" in options else None
         self.skip_changes = options.get("skipchangecommits", "false").lower() == "true"
+        self.changes = reads_changes(options)
+        self.ending = int(options["endingversion"]) if "endingversion" in options else None
         self.target: int | None = None
         self.schema_string: str | None = None
+        # Whether the table recorded its changes as of the last version planned (``readChangeFeed``).
+        self.records_changes: bool | None = None
 
     def initialOffset(self) -> dict[str, int]:
         if "startingtimestamp" in self.options:
@@ -149,7 +167,10 @@ class DeltaRsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"version": first - 1}
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self.target = latest_version(self.path)
+        self.target = self._bounded(latest_version(self.path))
+
+    def _bounded(self, version: int) -> int:
+        return version if self.ending is None else min(version, self.ending)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.max_files is not None:
@@ -159,7 +180,7 @@ class DeltaRsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
-        upper = self.target if self.target is not None else latest_version(self.path)
+        upper = self.target if self.target is not None else self._bounded(latest_version(self.path))
         version = start["version"]
         files = size = 0
         while version < upper:
@@ -180,10 +201,15 @@ class DeltaRsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.schema_string is None and start["version"] >= 0:
             # The versions before the range may have set the schema its first files were written with.
             self._check_schema(VersionFiles(start["version"], schema_string=_schema_at(self.path, start["version"])))
+        if self.changes and self.records_changes is None:
+            self.records_changes = start["version"] >= 0 and _records_changes_at(self.path, start["version"])
         parts: list[InputPartition] = []
         for version in range(start["version"] + 1, end["version"] + 1):
             commit = read_version(self.path, version)
             self._check_schema(commit)
+            if self.changes:
+                parts += self._changes_of(commit)
+                continue
             if commit.removes_data:
                 if self.skip_changes:
                     continue
@@ -194,6 +220,20 @@ class DeltaRsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             parts += [InputPartition((version, add["path"], add.get("partitionValues") or {}))
                       for add in commit.files]
         return parts
+
+    def _changes_of(self, commit: VersionFiles) -> list[InputPartition]:
+        """The partition that reads one version's changes on an executor; none for a version without any (a
+        property set, a compaction). A version committed while the table did not record its changes fails."""
+        if commit.configuration is not None:
+            self.records_changes = _change_feed_on(commit.configuration)
+        if not (commit.files or commit.removes_data or commit.has_change_files):
+            return []
+        if not self.records_changes:
+            raise DeltaSourceError(
+                f"{self.path}: version {commit.version} was committed while the table did not record its changes "
+                "(delta.enableChangeDataFeed), so it has no change data to read; start the stream after it "
+                "(startingVersion) with a new checkpoint")
+        return [InputPartition((commit.version, None, {}))]
 
     def _check_schema(self, commit: VersionFiles) -> None:
         """Refuse a version whose schema the query's cannot read: one with a column the query's schema lacks or
@@ -218,8 +258,11 @@ class DeltaRsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         import pyarrow as pa
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        _, relative, partition_values = partition.value
+        version, relative, partition_values = partition.value
         target = to_arrow_schema(self.schema, timezone="UTC")
+        if relative is None:
+            yield from _version_changes(self.path, version, target)
+            return
         data_file = _data_file(self.path, unquote(relative))
         # A file written before the table gained a column has none: it reads as NULL.
         present = set(data_file.schema_arrow.names)
@@ -237,6 +280,49 @@ class DeltaRsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict[str, int]) -> None:
         pass
+
+
+def reads_changes(options: dict[str, str]) -> bool:
+    """Whether the reader's (lower-cased) options ask for the change data feed."""
+    return options.get("readchangefeed", "false").lower() == "true"
+
+
+def change_columns() -> list[StructField]:
+    """The columns a change feed read adds to the table's (delta-spark's types)."""
+    from pyspark.sql.types import LongType, StringType, StructField, TimestampType
+
+    return [StructField("_change_type", StringType()), StructField("_commit_version", LongType()),
+            StructField("_commit_timestamp", TimestampType())]
+
+
+def _version_changes(table: str, version: int, target: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """One version's changes from delta-rs's change data feed, without the updates' old rows, in ``target``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from sluice.storage.delta import open_table
+
+    changes = pa.table(open_table(table).load_cdf(starting_version=version, ending_version=version))
+    # In the target's types first: delta-rs gives strings as string_view, which Arrow cannot filter yet.
+    columns = [changes.column(field.name).cast(field.type) if field.name in changes.column_names
+               else pa.nulls(changes.num_rows, field.type) for field in target]
+    typed = pa.Table.from_arrays(columns, schema=target)
+    yield from typed.filter(pc.not_equal(typed.column("_change_type"), "update_preimage")).to_batches()
+
+
+def _change_feed_on(configuration: dict[str, str]) -> bool:
+    return str(configuration.get("delta.enableChangeDataFeed", "false")).lower() == "true"
+
+
+def _records_changes_at(table: str, version: int) -> bool:
+    """Whether the table recorded its changes at ``version``; False when its log no longer reaches that far back
+    (the versions after carry their own properties when they change them)."""
+    from deltalake import DeltaTable
+
+    try:
+        return _change_feed_on(DeltaTable(table, version=version).metadata().configuration)
+    except Exception:  # cleaned up past it
+        return False
 
 
 def _data_file(table: str, path: str) -> Any:

@@ -13,10 +13,17 @@ from sluice_spark.runner.prepare import build_routed_frame, collects_on_driver, 
 from sluice_spark.runner.query import CANCELLED, await_query
 from sluice_spark.runner.run import run_or_refuse, run_streams, scrubbed
 from sluice_spark.runner.runlog import batch_rows, write_run_log
-from sluice_spark.runner.tables import create_tables, sink_targets, tables_to_create, with_added_columns
+from sluice_spark.runner.tables import (
+    create_tables,
+    feeds_changes,
+    sink_targets,
+    tables_to_create,
+    with_added_columns,
+)
 
 __all__ = [
     "CANCELLED", "await_query", "batch_rows", "build_routed_frame", "collects_on_driver", "create_tables",
-    "error_message", "explained", "is_permanent", "maps_case", "prepare_stream", "refused_by", "run_or_refuse",
-    "run_streams", "scrubbed", "sink_targets", "tables_to_create", "with_added_columns", "write_run_log",
+    "error_message", "explained", "feeds_changes", "is_permanent", "maps_case", "prepare_stream", "refused_by",
+    "run_or_refuse", "run_streams", "scrubbed", "sink_targets", "tables_to_create", "with_added_columns",
+    "write_run_log",
 ]

@@ -21,7 +21,13 @@ from sluice.summary import StreamRunSummary
 from sluice_spark import kinds
 from sluice_spark.drift.fields import reads_by_header
 from sluice_spark.kinds import read_stream
-from sluice_spark.runner.tables import create_tables, sink_targets, tables_to_create, with_added_columns
+from sluice_spark.runner.tables import (
+    create_tables,
+    feeds_changes,
+    sink_targets,
+    tables_to_create,
+    with_added_columns,
+)
 from sluice_spark.session import refuse_script_transforms, resolve_engine
 from sluice_spark.steps import patterns as steps
 from sluice_spark.steps.route import route
@@ -95,7 +101,7 @@ def prepare_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, run
     routed, data_columns = build_routed_frame(spark, stream, roots, engine=resolved)
     targets = sink_targets(stream, roots, data_columns)
     kinds.sink(stream).check(spark, stream)
-    create_tables(stream, routed, tables_to_create(targets, resolved))
+    create_tables(stream, routed, tables_to_create(targets, resolved, change_feed=feeds_changes(stream)))
     collect = collects_on_driver(stream, roots, resolved, targets)
     sink, dead = sink_and_dead_letter(targets)
     summary = StreamRunSummary(

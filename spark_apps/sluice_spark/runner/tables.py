@@ -40,14 +40,22 @@ def sink_targets(stream: StreamSpec, roots: Roots, data_columns: list[str]) -> l
     return targets
 
 
-def tables_to_create(targets: list[TableTarget], engine: DeltaEngine) -> list[TableTarget]:
+def tables_to_create(targets: list[TableTarget], engine: DeltaEngine, *, change_feed: bool = False
+                     ) -> list[TableTarget]:
     """The targets :func:`create_tables` prepares before a run: all of them on the rs engine. The jvm engine creates
     an appended table on its first write, but needs the table of a merge (delta-spark merges only into a table), and
     an existing table gains the stream's new columns here all the same (delta-spark would refuse the append, or a
-    merge would drop them)."""
+    merge would drop them). A table whose changes another stream reads (``change_feed``) is created here too, to
+    record them from its first version."""
     if engine is DeltaEngine.RS:
         return targets
-    return [target for target in targets if target.mode is SinkMode.MERGE or table_version(target.path) is not None]
+    return [target for target in targets if target.mode is SinkMode.MERGE or table_version(target.path) is not None
+            or (change_feed and target.route == GOOD_ROUTE and not target.flag)]
+
+
+def feeds_changes(stream: StreamSpec) -> bool:
+    """Whether another stream of the catalog reads the changes of this stream's table (``read: changes``)."""
+    return isinstance(stream.sink, DeltaSink) and stream.sink.change_feed
 
 
 def create_tables(stream: StreamSpec, routed: DataFrame, targets: list[TableTarget]) -> None:
@@ -60,7 +68,8 @@ def create_tables(stream: StreamSpec, routed: DataFrame, targets: list[TableTarg
             name = target.path.rstrip("/").rsplit("/", 1)[-1]
         else:
             name = stream.name if target.route == GOOD_ROUTE else f"{stream.name}_dead_letter"
-        ensure_table(target.path, pa.schema(fields), target.partition_by, name=name, description=stream.description)
+        ensure_table(target.path, pa.schema(fields), target.partition_by, name=name, description=stream.description,
+                     change_feed=feeds_changes(stream) and target.route == GOOD_ROUTE and not target.flag)
 
 
 def with_added_columns(stream: StreamSpec, roots: Roots) -> StreamSpec:
