@@ -8,9 +8,11 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from sluice.constants import DeltaEngine, SchemaEvolution, SinkMode, TableRole
+from sluice.catalog.patterns import default_delete_when
+from sluice.constants import CDC_END_COLUMN, CDC_START_COLUMN, DeltaEngine, SchemaEvolution, SinkMode, TableRole
 from sluice.kinds.delta import DeltaSink
 from sluice.model.schema import Column as DeclaredColumn
+from sluice.model.sinks import CdcSpec
 from sluice.model.stream import StreamSpec
 from sluice.model.types import parse as parse_type
 from sluice.paths import Roots
@@ -28,8 +30,11 @@ def sink_targets(stream: StreamSpec, roots: Roots, data_columns: list[str]) -> l
         if table.role is TableRole.SINK:
             assert isinstance(sink, DeltaSink)
             keys = aggregate.key_columns if aggregate is not None and sink.mode is SinkMode.MERGE else sink.keys
-            targets.append(TableTarget(GOOD_ROUTE, table.path, tuple((c, c) for c in data_columns), sink.partition_by,
-                                       mode=sink.mode, keys=keys, sequence_by=sink.sequence_by))
+            cdc = _resolved_cdc(stream) if sink.mode is SinkMode.CDC else None
+            # A cdc table takes the changes' columns (not the except_columns); its writer drops the rest itself.
+            written = [c for c in data_columns if cdc is None or c not in cdc.except_columns]
+            targets.append(TableTarget(GOOD_ROUTE, table.path, tuple((c, c) for c in written), sink.partition_by,
+                                       mode=sink.mode, keys=keys, sequence_by=sink.sequence_by, cdc=cdc))
         elif table.role is TableRole.DEAD_LETTER:
             targets.append(TableTarget(DEAD_LETTER_ROUTE, table.path, DEAD_LETTER_FIELDS))
         else:
@@ -40,6 +45,16 @@ def sink_targets(stream: StreamSpec, roots: Roots, data_columns: list[str]) -> l
     return targets
 
 
+def _resolved_cdc(stream: StreamSpec) -> CdcSpec:
+    """The sink's cdc block with its delete predicate resolved: a Debezium envelope's default when none is set."""
+    sink = stream.sink
+    assert isinstance(sink, DeltaSink)
+    cdc = sink.cdc or CdcSpec()
+    if cdc.delete_when is None:
+        cdc = replace(cdc, delete_when=default_delete_when(stream.source))
+    return cdc
+
+
 def tables_to_create(targets: list[TableTarget], engine: DeltaEngine) -> list[TableTarget]:
     """The targets :func:`create_tables` prepares before a run: all of them on the rs engine. The jvm engine creates
     an appended table on its first write, but needs the table of a merge (delta-spark merges only into a table), and
@@ -47,7 +62,8 @@ def tables_to_create(targets: list[TableTarget], engine: DeltaEngine) -> list[Ta
     merge would drop them)."""
     if engine is DeltaEngine.RS:
         return targets
-    return [target for target in targets if target.mode is SinkMode.MERGE or table_version(target.path) is not None]
+    return [target for target in targets
+            if target.mode in (SinkMode.MERGE, SinkMode.CDC) or table_version(target.path) is not None]
 
 
 def create_tables(stream: StreamSpec, routed: DataFrame, targets: list[TableTarget]) -> None:
@@ -56,6 +72,9 @@ def create_tables(stream: StreamSpec, routed: DataFrame, targets: list[TableTarg
     arrow_schema = to_arrow_schema(routed.schema, timezone="UTC")
     for target in targets:
         fields = [arrow_schema.field(source).with_name(name) for source, name in target.columns]
+        if target.cdc is not None and target.cdc.scd_type == 2:  # each version's validity, in the sequence's type
+            sequence = arrow_schema.field(target.sequence_by or "").type
+            fields += [pa.field(CDC_START_COLUMN, sequence), pa.field(CDC_END_COLUMN, sequence)]
         if target.flag:  # a fan-out table is named after its folder
             name = target.path.rstrip("/").rsplit("/", 1)[-1]
         else:
