@@ -31,9 +31,9 @@ def sink_targets(stream: StreamSpec, roots: Roots, data_columns: list[str]) -> l
             assert isinstance(sink, DeltaSink)
             keys = aggregate.key_columns if aggregate is not None and sink.mode is SinkMode.MERGE else sink.keys
             cdc = _resolved_cdc(stream) if sink.mode is SinkMode.CDC else None
-            # A cdc table takes the changes' columns (not the except_columns); its writer drops the rest itself.
-            written = [c for c in data_columns if cdc is None or c not in cdc.except_columns]
-            targets.append(TableTarget(GOOD_ROUTE, table.path, tuple((c, c) for c in written), sink.partition_by,
+            # A cdc table's writer gets every column (delete_when may read one of the except_columns) and drops
+            # the except_columns itself; its table is created without them.
+            targets.append(TableTarget(GOOD_ROUTE, table.path, tuple((c, c) for c in data_columns), sink.partition_by,
                                        mode=sink.mode, keys=keys, sequence_by=sink.sequence_by, cdc=cdc))
         elif table.role is TableRole.DEAD_LETTER:
             targets.append(TableTarget(DEAD_LETTER_ROUTE, table.path, DEAD_LETTER_FIELDS))
@@ -71,7 +71,8 @@ def create_tables(stream: StreamSpec, routed: DataFrame, targets: list[TableTarg
     own on first write); an existing table must have the same schema."""
     arrow_schema = to_arrow_schema(routed.schema, timezone="UTC")
     for target in targets:
-        fields = [arrow_schema.field(source).with_name(name) for source, name in target.columns]
+        skipped = target.cdc.except_columns if target.cdc is not None else ()
+        fields = [arrow_schema.field(source).with_name(name) for source, name in target.columns if name not in skipped]
         if target.cdc is not None and target.cdc.scd_type == 2:  # each version's validity, in the sequence's type
             sequence = arrow_schema.field(target.sequence_by or "").type
             fields += [pa.field(CDC_START_COLUMN, sequence), pa.field(CDC_END_COLUMN, sequence)]

@@ -29,7 +29,7 @@ from typing import Any
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from sluice.constants import CDC_END_COLUMN, CDC_START_COLUMN, CommitInfo, DeltaEngine
+from sluice.constants import CDC_END_COLUMN, CDC_START_COLUMN, DEBEZIUM_OP_COLUMN, CommitInfo, DeltaEngine
 from sluice.model.sinks import CdcSpec
 from sluice.model.types import quote
 from sluice.storage.delta import ensure_table, holds_batch, open_table
@@ -65,6 +65,8 @@ class CdcResult:
 def flagged(rows: DataFrame, target: TableTarget) -> DataFrame:
     """The batch's changes, each marked as a delete or not, without the columns the table does not take."""
     cdc = target.cdc or CdcSpec()
+    if DEBEZIUM_OP_COLUMN in rows.columns:  # a truncate let through (envelope_truncate: ignore) changes no row
+        rows = rows.where(F.col(DEBEZIUM_OP_COLUMN).isNull() | (F.col(DEBEZIUM_OP_COLUMN) != "t"))
     is_delete = F.coalesce(F.expr(cdc.delete_when), F.lit(False)) if cdc.delete_when else F.lit(False)
     kept = [name for name in rows.columns if name not in cdc.except_columns]
     return rows.select(*[F.col(quote(name)) for name in kept], is_delete.alias(DELETE_COLUMN))
