@@ -45,7 +45,8 @@ def debezium_text(text: Column, source: SourceSpec, *, key: Column | None = None
         ts_ms = F.when(tombstone, F.unix_millis(timestamp)).otherwise(ts_ms)
     tiebreak = (F.lit(0) if source.envelope_tiebreak is None
                 else F.try_variant_get(event, f"$.{source.envelope_tiebreak}", "bigint"))
-    digits = F.concat(ts_ms.cast("string"), F.lpad(F.coalesce(tiebreak, F.lit(0)).cast("string"), _TIEBREAK_DIGITS, "0"))
+    padded = F.lpad(F.coalesce(tiebreak, F.lit(0)).cast("string"), _TIEBREAK_DIGITS, "0")
+    digits = F.concat(ts_ms.cast("string"), padded)
     sequence = F.when(ts_ms.isNotNull(), digits).cast("decimal(38,0)")
     marks = F.to_json(F.struct(op.alias(DEBEZIUM_OP_COLUMN), ts_ms.alias(DEBEZIUM_TS_COLUMN),
                                sequence.alias(DEBEZIUM_SEQUENCE_COLUMN)))

@@ -32,7 +32,7 @@ from pyspark.sql import functions as F
 from sluice.constants import CDC_END_COLUMN, CDC_START_COLUMN, DEBEZIUM_OP_COLUMN, CommitInfo, DeltaEngine
 from sluice.model.sinks import CdcSpec
 from sluice.model.types import quote
-from sluice.storage.delta import ensure_table, holds_batch, open_table
+from sluice.storage.delta import ensure_table, holds_batch, open_table, table_version
 from sluice_spark import faults
 from sluice_spark.targets import TableTarget
 from sluice_spark.write.columns import in_schema, orderable
@@ -111,11 +111,14 @@ def _ensure_tombstones(path: str, rows: DataFrame, target: TableTarget) -> None:
                  name=f"{path.rstrip('/').rsplit('/', 2)[-2]}_tombstones")
 
 
-def _tombstones(rows: DataFrame, target: TableTarget, engine: DeltaEngine) -> DataFrame:
-    """The remembered deletes (keys, sequence) of the keys in ``rows``."""
+def _tombstones(rows: DataFrame, target: TableTarget) -> DataFrame | None:
+    """The remembered deletes (keys, sequence) of the keys in ``rows``; None when nothing was ever deleted. The
+    tombstone table is Sluice's own and small: delta-rs reads and writes it on both engines."""
     path = tombstones_path(target.path)
     _ensure_tombstones(path, rows, target)
-    stones = _read_delta(rows.sparkSession, path, engine).drop(_TOMB_AT)
+    if table_version(path) == 0:  # created, never written
+        return None
+    stones = _read_delta(rows.sparkSession, path, DeltaEngine.RS).drop(_TOMB_AT)
     return stones.join(rows.select(*[quote(k) for k in target.keys]).distinct(), list(target.keys), "left_semi")
 
 
@@ -132,13 +135,22 @@ class CdcApplier:
         assert seq is not None and target.keys, "a cdc target has keys and a sequence"
         cdc = target.cdc or CdcSpec()
         held_table = holds_batch(open_table(target.path), query_id, batch_id)
-        stones_path = tombstones_path(target.path)
         changes = flagged(rows, target)
         if cdc.scd_type == 1:
             changes = _ranked(changes, target.keys, seq)
         else:
             changes = _ranked(changes, (*target.keys, seq), seq)
-        changes = changes.localCheckpoint()  # read twice (the table's merge, the tombstones'), computed once
+        changes = changes.persist()  # read twice (the table's merge, the tombstones'), computed once
+        try:
+            return self._apply(rows, changes, target, query_id=query_id, batch_id=batch_id, metadata=metadata,
+                               held_table=held_table)
+        finally:
+            changes.unpersist()
+
+    def _apply(self, rows: DataFrame, changes: DataFrame, target: TableTarget, *, query_id: str, batch_id: int,
+               metadata: dict[str, Any], held_table: bool) -> CdcResult | None:
+        cdc = target.cdc or CdcSpec()
+        stones_path = tombstones_path(target.path)
         offered = rows.count()
         result = None
         if not held_table:
@@ -159,11 +171,12 @@ class CdcApplier:
     def _type1(self, changes: DataFrame, target: TableTarget, query_id: str, batch_id: int,
                metadata: dict[str, Any]) -> CdcResult:
         seq = target.sequence_by or ""
-        stones = _tombstones(changes, target, self.engine)
-        latest_stone = stones.groupBy(*[quote(k) for k in target.keys]).agg(F.max(_TOMB_SEQUENCE).alias("_stone"))
-        # A change no newer than the key's remembered delete was overtaken by it.
-        live = (changes.join(latest_stone, list(target.keys), "left")
-                .where(F.col("_stone").isNull() | (F.col(quote(seq)) > F.col("_stone"))).drop("_stone"))
+        stones = _tombstones(changes, target)
+        live = changes
+        if stones is not None:  # a change no newer than the key's remembered delete was overtaken by it
+            latest = stones.groupBy(*[quote(k) for k in target.keys]).agg(F.max(_TOMB_SEQUENCE).alias("_stone"))
+            live = (changes.join(F.broadcast(latest), list(target.keys), "left")
+                    .where(F.col("_stone").isNull() | (F.col(quote(seq)) > F.col("_stone"))).drop("_stone"))
         columns = [name for name in changes.columns if name != DELETE_COLUMN]
         on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in target.keys)
         newer = f"s.{quote(seq)} >= t.{quote(seq)}"
@@ -196,7 +209,8 @@ class CdcApplier:
                  .join(starts, [*[old[quote(k)] == starts[quote(k)] for k in keys],
                                 old[CDC_END_COLUMN] == starts["_next"]], "left_anti")
                  .select(*[quote(k) for k in keys], F.col(CDC_END_COLUMN).alias(_TOMB_SEQUENCE)))
-        stones = _tombstones(changes, target, self.engine).union(ended)
+        remembered = _tombstones(changes, target)
+        stones = ended if remembered is None else remembered.unionByName(ended)
         typed = {field.name: field.dataType for field in changes.schema.fields}
         as_deletes = stones.select(*[F.col(quote(name)) if name in keys
                                      else (F.col(_TOMB_SEQUENCE).cast(typed[name]) if name == seq
@@ -249,21 +263,16 @@ class CdcApplier:
             return
         deletes = changes.where(F.col(DELETE_COLUMN)).select(
             *[quote(k) for k in target.keys], F.col(quote(target.sequence_by or "")).alias(_TOMB_SEQUENCE),
-            F.current_timestamp().alias(_TOMB_AT))
-        if deletes.isEmpty():
+            F.current_timestamp().alias(_TOMB_AT)).toArrow()
+        if deletes.num_rows == 0:
             return
         cdc = target.cdc or CdcSpec()
         horizon = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(time.time() - cdc.delete_retention_seconds))
         on = " AND ".join([*(f"t.{quote(k)} = s.{quote(k)}" for k in target.keys),
                            f"t.{_TOMB_SEQUENCE} = s.{_TOMB_SEQUENCE}"])
         expired = f"t.{_TOMB_AT} < TIMESTAMP '{horizon}'"
-        meta = {**metadata, CommitInfo.RECORDS: 0}
-        if self.engine is DeltaEngine.JVM:
-            _jvm_merge(deletes, path, on, query_id, batch_id, meta, lambda merge: (
-                merge.whenNotMatchedInsertAll().whenNotMatchedBySourceDelete(condition=expired)))
-        else:
-            _rs_merge(deletes, path, on, query_id, batch_id, meta, lambda merge: (
-                merge.when_not_matched_insert_all().when_not_matched_by_source_delete(predicate=expired)))
+        _rs_merge(deletes, path, on, query_id, batch_id, {**metadata, CommitInfo.RECORDS: 0}, lambda merge: (
+            merge.when_not_matched_insert_all().when_not_matched_by_source_delete(predicate=expired)))
 
 
 def _tracked(target: TableTarget, columns: list[str]) -> list[str]:
@@ -327,7 +336,7 @@ def _jvm_merge(source: DataFrame, path: str, on: str, query_id: str, batch_id: i
             spark.conf.unset(key)
 
 
-def _rs_merge(source: DataFrame, path: str, on: str, query_id: str, batch_id: int, metadata: dict[str, Any],
+def _rs_merge(source: DataFrame | Any, path: str, on: str, query_id: str, batch_id: int, metadata: dict[str, Any],
               clauses: Any) -> dict[str, int]:
     """A delta-rs merge of the source's rows (collected as Arrow, in the table's types) under the batch's
     transaction id, and its metrics."""
@@ -335,7 +344,7 @@ def _rs_merge(source: DataFrame, path: str, on: str, query_id: str, batch_id: in
     from deltalake import CommitProperties, DeltaTable, Transaction
 
     table = DeltaTable(path)
-    data = source.toArrow()
+    data = source if isinstance(source, pa.Table) else source.toArrow()
     schema = pa.schema(table.schema().to_arrow())
     extra = [data.schema.field(name) for name in data.column_names if name not in schema.names]
     data = in_schema(data, pa.schema([*schema, *extra]))
