@@ -48,7 +48,7 @@ def events(seed: int, keys: int = 8, count: int = 60) -> list[Event]:
 
 
 def envelope(event: Event, *, wrapped: bool) -> bytes:
-    key, op, row, ts_ms, lsn = event
+    _, op, row, ts_ms, lsn = event
     body = {"before": row if op == "d" else None, "after": None if op == "d" else row, "op": op, "ts_ms": ts_ms,
             "source": {"connector": "postgresql", "lsn": lsn, "table": "customers"}}
     return json.dumps({"schema": {"type": "struct"}, "payload": body} if wrapped else body).encode()
