@@ -36,7 +36,7 @@ from deltalake import write_deltalake
 from pyspark.sql import SparkSession, Window
 from pyspark.sql import functions as F
 
-from bench.harness import best_of_rounds, local_spark
+from harness import best_of_rounds, local_spark
 from sluice.constants import DeltaEngine, SinkMode
 from sluice.model.sinks import CdcSpec
 from sluice.storage.delta import query
