@@ -33,10 +33,10 @@ from typing import Any
 
 import pyarrow as pa
 from deltalake import write_deltalake
+from harness import best_of_rounds, local_spark
 from pyspark.sql import SparkSession, Window
 from pyspark.sql import functions as F
 
-from harness import best_of_rounds, local_spark
 from sluice.constants import DeltaEngine, SinkMode
 from sluice.model.sinks import CdcSpec
 from sluice.storage.delta import query
