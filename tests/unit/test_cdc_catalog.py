@@ -4,6 +4,7 @@ setting refused in one line that names the field."""
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -73,3 +74,24 @@ def test_a_bad_setting_is_refused_naming_its_field(changes: dict[str, Any], frag
     assert "\n" not in message and "customers" in message
     for fragment in fragments:
         assert fragment in message, f"{fragment!r} not in {message!r}"
+
+
+def test_a_merge_commits_counts_are_read_from_either_engines_history() -> None:
+    """The run log's table_changes come from a MERGE commit's operationMetrics, in delta-spark's names (with
+    Sluice's keys in userMetadata) or delta-rs's (in the commit info itself); another operation has none."""
+    from sluice.constants import CommitInfo
+    from sluice.storage.delta import _batch_commit
+    from sluice.storage.runlog import run_row
+    from sluice.summary import StreamRunSummary
+
+    meta = {CommitInfo.QUERY: "q", CommitInfo.BATCH: 3, CommitInfo.RECORDS: 10, CommitInfo.VERSIONS_CLOSED: 2}
+    jvm = _batch_commit({"version": 7, "operation": "MERGE", "userMetadata": json.dumps(meta), "operationMetrics": {
+        "numTargetRowsInserted": "4", "numTargetRowsUpdated": "5", "numTargetRowsDeleted": "1"}})
+    rs = _batch_commit({"version": 8, "operation": "MERGE", **meta, "operationMetrics": {
+        "num_target_rows_inserted": 4, "num_target_rows_updated": 5, "num_target_rows_deleted": 1}})
+    append = _batch_commit({"version": 9, "operation": "WRITE", **meta})
+    assert jvm is not None and rs is not None and append is not None
+    assert jvm.changes == rs.changes == {"inserted": 4, "updated": 5, "deleted": 1, "versions_closed": 2}
+    assert append.changes is None
+    row = run_row(StreamRunSummary(stream="customers", run_id="r", table_changes=jvm.changes))
+    assert json.loads(row["table_changes"]) == jvm.changes
