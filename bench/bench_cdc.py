@@ -115,7 +115,8 @@ def try_sdp(root: Path, changes_path: Path) -> tuple[float | None, str]:
     project.mkdir()
     (project / "pipeline.py").write_text(SDP_PIPELINE.format(changes=changes_path), encoding="utf-8")
     (project / "spark-pipeline.yml").write_text(json.dumps({
-        "name": "bench_cdc", "storage": (project / "storage").as_uri(), "libraries": [{"glob": {"include": "pipeline.py"}}],
+        "name": "bench_cdc", "storage": (project / "storage").as_uri(),
+        "libraries": [{"glob": {"include": "pipeline.py"}}],
         "configuration": {"spark.sql.shuffle.partitions": "2"}}), encoding="utf-8")
     cli = Path(sys.executable).parent / "spark-pipelines"
     started = time.perf_counter()
