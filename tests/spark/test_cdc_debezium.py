@@ -6,6 +6,7 @@ its message unless the catalog lets it be skipped."""
 from __future__ import annotations
 
 import json
+import os
 import random
 from decimal import Decimal
 from pathlib import Path
@@ -146,3 +147,32 @@ def test_a_truncate_stops_the_run_unless_the_catalog_skips_it(spark: Any, tmp_pa
     [run] = run_streams(spark, skipping, ["customers"], roots).streams
     assert run.status == "succeeded", run.error
     assert table(path, 1) == [(2, "b", "free", sequence(TS, 2))]
+
+
+@pytest.mark.parametrize("engine", ["rs", "jvm"])
+def test_sigkill_between_the_table_and_its_tombstones_then_rerun(tmp_path: Path, engine: str) -> None:
+    """Three files of Debezium events, one batch each; the application is SIGKILLed in batch 1 after the table's
+    commit and before the tombstones' (the crash point between_commits is reached there first). The rerun replays
+    batch 1: the table's commit is skipped, the tombstones' made, and the table is the oracle's."""
+    import yaml
+
+    from tests.spark.test_crash_recovery import kill_at_then_rerun
+
+    roots = roots_in(tmp_path)
+    landing = Path(roots.landing) / "customers"
+    landing.mkdir(parents=True)
+    history = events(seed=11, keys=6, count=45)
+    arrival = list(history)
+    random.Random(2).shuffle(arrival)
+    for index in range(3):
+        part = arrival[index * len(arrival) // 3:(index + 1) * len(arrival) // 3]
+        (landing / f"changes-{index}.json").write_text(
+            "\n".join(envelope(event, wrapped=False).decode() for event in part) + "\n", encoding="utf-8")
+        os.utime(landing / f"changes-{index}.json", (1_800_000_000 + index, 1_800_000_000 + index))
+    definition = stream("customers", engine, 1, kafka=False)
+    definition["trigger"] = {"max_files_per_trigger": 1}
+    catalog_path = tmp_path / "catalog.yaml"
+    catalog_path.write_text(yaml.safe_dump({"version": 1, "streams": [definition]}), encoding="utf-8")
+    kill_at_then_rerun(catalog_path, roots, "between_commits:1", tmp_path / "faults", stream="customers")
+    path = parse_catalog({"version": 1, "streams": [definition]}).get("customers").sink_path(roots)
+    assert table(path, 1) == type1(changes(history))
