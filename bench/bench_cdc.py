@@ -10,7 +10,9 @@ Sides, on the jvm engine (delta-spark), each on a fresh copy of the same seeded 
   transaction id and without remembering deletes.
 - Spark Declarative Pipelines' Auto CDC (``pyspark.pipelines.create_auto_cdc_flow``) is tried once with the
   ``spark-pipelines`` CLI on the same changes; when it cannot run here, the line says why, and ``cdc_vs_sdp`` is
-  null.
+  null. On pyspark 4.2 here it stops with AUTOCDC_TARGET_DOES_NOT_SUPPORT_MERGE: the CLI's own Spark Connect server
+  creates the streaming table as Parquet, and Auto CDC needs a MERGE-capable target (Delta's jars and DeltaCatalog
+  on that server, which this bench does not pass yet).
 
 The cdc table is checked against a plain-Python oracle. The last line is JSON with ``ratios`` and ``goals``.
 
