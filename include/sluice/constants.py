@@ -57,6 +57,23 @@ class SinkMode(Word):
     APPEND = "append"
     MERGE = "merge"
     COMPLETE = "complete"
+    # A feed of changes (upserts and deletes) applied by key in sequence order: type 1 (the newest row per key) or
+    # type 2 (every version, with its validity), whatever order the changes arrive in (``sink.cdc``).
+    CDC = "cdc"
+
+
+class Envelope(Word):
+    """How a source's record wraps its row (``source.envelope``): not at all, or Debezium's change event."""
+
+    NONE = "none"
+    DEBEZIUM = "debezium"
+
+
+class OnTruncate(Word):
+    """What a Debezium truncate event does (``source.envelope_truncate``): stop the run, or be skipped."""
+
+    FAIL = "fail"
+    IGNORE = "ignore"
 
 
 class BackfillMode(Word):
@@ -150,6 +167,8 @@ class CommitInfo(Word):
     BATCH = "sluice.batchId"
     ROUTE = "sluice.route"
     RECORDS = "sluice.numRecords"
+    # A type 2 cdc batch's versions closed (a current version given its end).
+    VERSIONS_CLOSED = "sluice.cdc.versionsClosed"
     RUN = "sluice.runId"
     # A repair's commit: the action, and for a reset which query it set back, to which batch and sink version.
     ACTION = "sluice.action"
@@ -236,3 +255,14 @@ def fault_code_table() -> str:
     """The docs' table of health codes, as Markdown (docs/hooks/reference.py)."""
     rows = [f"| `{code.value}` | {severity.value} | {meaning} |" for code, (severity, meaning) in FAULT_CODES.items()]
     return "\n".join(["| code | status | meaning |", "| --- | --- | --- |", *rows])
+
+# A Debezium envelope, unwrapped (:mod:`sluice_spark.steps.envelope`): the row's columns plus its operation
+# (c, u, r, d, t), the event's ts_ms and one orderable sequence (ts_ms, then the catalog's tiebreak).
+DEBEZIUM_OP_COLUMN = "__op"
+DEBEZIUM_TS_COLUMN = "__ts_ms"
+DEBEZIUM_SEQUENCE_COLUMN = "__sequence"
+DEBEZIUM_COLUMNS = {DEBEZIUM_OP_COLUMN: "STRING", DEBEZIUM_TS_COLUMN: "BIGINT",
+                    DEBEZIUM_SEQUENCE_COLUMN: "DECIMAL(38,0)"}
+# A CDC table of type 2: when each version of a key became current, and when it stopped being (NULL: current).
+CDC_START_COLUMN = "__start_at"
+CDC_END_COLUMN = "__end_at"

@@ -48,6 +48,9 @@ class StreamRunSummary:
     state_rows: int = 0
     # Rows an expectation dropped (counted, written nowhere): rows in = written + dropped + dead-lettered.
     dropped_rows: int = 0
+    # A cdc or merge sink's changes to its table, summed over the run's batches, where the engine's commits say them:
+    # {"inserted", "updated", "deleted", "versions_closed" (type 2)}.
+    table_changes: dict[str, int] | None = None
     # Good rows that kept fields the schema does not read in ``_rescued_data`` (the ``rescue`` policy; else None).
     rescued_rows: int | None = None
     # Columns ``add_new_columns`` added to the stream's table in this run, with their Spark SQL types.

@@ -9,6 +9,7 @@ from typing import Any
 
 from sluice.constants import SinkMode
 from sluice.errors import ExpectationFailed, SchemaDriftError
+from sluice.model.sinks import CdcSpec
 
 # The routed frame's column that says where a row goes, and its values.
 ROUTE_COLUMN = "_sluice_route"
@@ -117,6 +118,8 @@ class TableTarget:
     mode: SinkMode = SinkMode.APPEND
     keys: tuple[str, ...] = ()
     sequence_by: str | None = None
+    #: Under mode cdc: how the changes are applied, its ``delete_when`` resolved (a Debezium envelope's default).
+    cdc: CdcSpec | None = None
 
     def selects(self, route: Any, flag: Any = None) -> Any:
         """The row mask of this table over the Arrow arrays of the route and flag columns."""
@@ -132,7 +135,8 @@ class TableTarget:
     def to_dict(self) -> dict[str, Any]:
         return {"route": self.route, "path": self.path, "columns": [list(pair) for pair in self.columns],
                 "partition_by": list(self.partition_by), "flag": self.flag, "mode": self.mode.value,
-                "keys": list(self.keys), "sequence_by": self.sequence_by}
+                "keys": list(self.keys), "sequence_by": self.sequence_by,
+                "cdc": None if self.cdc is None else self.cdc.to_dict()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TableTarget:
@@ -140,7 +144,8 @@ class TableTarget:
                    columns=tuple((source, name) for source, name in data["columns"]),
                    partition_by=tuple(data.get("partition_by", ())), flag=data.get("flag"),
                    mode=SinkMode(data.get("mode", SinkMode.APPEND.value)), keys=tuple(data.get("keys", ())),
-                   sequence_by=data.get("sequence_by"))
+                   sequence_by=data.get("sequence_by"),
+                   cdc=None if data.get("cdc") is None else CdcSpec.from_dict(data["cdc"]))
 
 
 def encode_targets(targets: Sequence[TableTarget]) -> str:

@@ -78,17 +78,17 @@ EXECUTORS = ("SLUICE_DRIVER_WRITE_MAX_BYTES", "0")
 
 def kill_at_then_rerun(catalog: Path, roots: Roots, fault: str, faults: Path,
                        summary: Path | None = None, run_id: str | None = None,
-                       write_path: tuple[str, str] = DRIVER) -> str:
+                       write_path: tuple[str, str] = DRIVER, stream: str = "events") -> str:
     """Run until the crash point ``fault`` (``name[:batch]``) on ``write_path``, SIGKILL the application there, rerun
     it cleanly (a small rerun: on the driver's path); the rerun's output."""
     point = fault.split(":")[0]
     faults.mkdir(exist_ok=True)
     crashed = submit(catalog, roots, ("SLUICE_FAULT_POINT", fault), ("SLUICE_FAULT_DIR", str(faults)), write_path,
-                     run_id=run_id, log=faults / "crashed.log")
+                     run_id=run_id, log=faults / "crashed.log", stream=stream)
     wait_for(faults / f"{point}.reached", crashed, faults / "crashed.log")
     kill_application(crashed, faults / f"{point}.reached")
     assert crashed.returncode == -signal.SIGKILL
-    rerun = submit(catalog, roots, DRIVER, summary=summary, run_id=run_id)
+    rerun = submit(catalog, roots, DRIVER, summary=summary, run_id=run_id, stream=stream)
     output, _ = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, output[-3000:]
     return output

@@ -67,6 +67,10 @@ EXAMPLES: dict[str, tuple[Callable[[], dict[str, Any]], tuple[Any, ...]]] = {
                                                       sink={"mode": "merge"})), ("streams", 0, "aggregate")),
     "window": (lambda: catalog_with(pattern_stream(watermark=WATERMARK, aggregate=copy.deepcopy(TUMBLING),
                                                    sink={"mode": "merge"})), ("streams", 0, "aggregate", "window")),
+    "cdc": (lambda: catalog_with(events_stream(sink={
+        "path": "silver/users", "mode": "cdc", "keys": ["user_id"], "sequence_by": "event_time",
+        "cdc": {"delete_when": "event_type = 'deleted'", "scd_type": 2, "except_columns": ["page"],
+                "track_history_columns": ["currency"], "delete_retention": "3 days"}})), ("streams", 0, "sink", "cdc")),
     "fan_out": (lambda: catalog_with(events_stream(fan_out=[{"path": "bronze/purchases",
                                                              "where": "event_type = 'purchase'"}])),
                 ("streams", 0, "fan_out", 0)),

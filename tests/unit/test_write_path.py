@@ -30,6 +30,7 @@ def test_only_sluice_delta_reads_a_tables_transaction_version() -> None:
 
 def test_only_the_writers_ask_whether_a_batch_is_a_replay() -> None:
     assert set(uses_of("holds_batch")) == {"spark_apps/sluice_spark/write/tables.py",
+                                           "spark_apps/sluice_spark/write/cdc.py",
                                            "spark_apps/sluice_spark/rs/sink.py"}
 
 

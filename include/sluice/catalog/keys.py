@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from sluice.constants import HealthGate
 from sluice.kinds import SINK_KINDS, SOURCE_KINDS
+from sluice.kinds.delta import CDC_BLOCK
 from sluice.limits import (
     ALERT_MAX,
     BACKFILL_MAX_CLOCK_SKEW_SECONDS,
@@ -78,6 +79,7 @@ BLOCKS: tuple[Block, ...] = (
     )),
     *(block for kind in SOURCE_KINDS.values() for block in kind.catalog_blocks()),
     *(block for kind in SINK_KINDS.values() for block in kind.catalog_blocks()),
+    CDC_BLOCK,
     Block("expectation", "expectations.<name>", "One row rule.", (
         Key("check", Type.SQL, "a boolean Spark SQL expression over the transformed row", required=True),
         Key("on_violation", Type.CHOICE, "what a broken rule does to its row", default=Violation.WARN,

@@ -10,7 +10,14 @@ import dataclasses
 import re
 from collections.abc import Callable
 
-from sluice.constants import SchemaEvolution, SinkMode
+from sluice.constants import (
+    CDC_END_COLUMN,
+    CDC_START_COLUMN,
+    DEBEZIUM_OP_COLUMN,
+    Envelope,
+    SchemaEvolution,
+    SinkMode,
+)
 from sluice.errors import CatalogError
 from sluice.kinds import parse_source
 from sluice.kinds.delta import DeltaSink, DeltaSource
@@ -29,7 +36,7 @@ from sluice.model.patterns import (
 )
 from sluice.model.schema import Schema
 from sluice.model.section import Section
-from sluice.model.sinks import SinkSpec
+from sluice.model.sinks import CdcSpec, SinkSpec
 from sluice.model.sources import SourceSpec
 from sluice.model.sql import Columns, Shape, SqlError, check_expression, parse_sql
 
@@ -192,7 +199,37 @@ def check_patterns(stream: str, patterns: Patterns, columns: Columns, source: So
         check.need(fan_out.partition_by, kept, f"fan_out[{index}].partition_by", "column(s)")
     if isinstance(sink, DeltaSink):
         check.need(sink.partition_by, output, "sink.partition_by", "partition column(s)")
+        if sink.mode is SinkMode.CDC:
+            _check_cdc(sink, source, output, output_types, check)
     return output
+
+
+def _check_cdc(sink: DeltaSink, source: SourceSpec, output: list[str], types: Columns, check: _Columns) -> None:
+    """A cdc block against the stream's output: its delete predicate, and the columns it leaves out or tracks."""
+    cdc = sink.cdc or CdcSpec()
+    delete_when = cdc.delete_when if cdc.delete_when is not None else default_delete_when(source)
+    if delete_when is not None:
+        try:
+            check_expression(delete_when, types, what="the delete predicate")
+        except SqlError as exc:
+            raise check.refuse("sink.cdc.delete_when", str(exc)) from None
+    check.need(cdc.except_columns, output, "sink.cdc.except_columns", "column(s)")
+    kept = [name for name in (*sink.keys, sink.sequence_by, *sink.partition_by) if name in cdc.except_columns]
+    if kept:
+        raise check.refuse("sink.cdc.except_columns", f"{', '.join(kept)} must be written: the keys, the sequence "
+                                                      "and the partition columns are how a change finds its row")
+    written = [name for name in output if name not in cdc.except_columns]
+    check.need(cdc.track_history_columns, written, "sink.cdc.track_history_columns", "written column(s)")
+    if cdc.scd_type == 2:
+        taken = [name for name in (CDC_START_COLUMN, CDC_END_COLUMN) if name in written]
+        if taken:
+            raise check.refuse("sink.cdc.scd_type", f"type 2 adds {CDC_START_COLUMN} and {CDC_END_COLUMN}; the "
+                                                    f"output has {', '.join(taken)} already: rename or except it")
+
+
+def default_delete_when(source: SourceSpec) -> str | None:
+    """A Debezium envelope's rows say their operation: a ``d`` is a delete. Other sources have no default."""
+    return f"{DEBEZIUM_OP_COLUMN} = 'd'" if source.envelope is Envelope.DEBEZIUM else None
 
 
 class _Columns:
@@ -318,13 +355,16 @@ def _check_output_mode(patterns: Patterns, sink: SinkSpec, output: list[str], re
                                       "would leave its earlier versions behind; use sink.mode append")
         if not aggregate.key_columns:
             raise refuse("aggregate", "a merged aggregate needs a window or group_by columns to key its rows")
+    if mode is SinkMode.CDC and (aggregate is not None or patterns.join is not None):
+        raise refuse("sink.mode", "cdc mode applies a feed of changes row by row; an aggregate or a join makes "
+                                  "other rows: use sink.mode merge (aggregate) or append (join)")
     if patterns.join is not None and mode is not SinkMode.APPEND:
         raise refuse("sink.mode", "a stream-stream join emits append-only output; use sink.mode append")
     if not isinstance(sink, DeltaSink):
         return
-    if mode is SinkMode.MERGE and aggregate is None:
+    if mode in (SinkMode.MERGE, SinkMode.CDC) and aggregate is None:
         if not sink.keys:
-            raise refuse("sink.keys", "merge mode upserts by key: name the key column(s) in sink.keys")
+            raise refuse("sink.keys", f"{mode.value} mode upserts by key: name the key column(s) in sink.keys")
         if not sink.sequence_by:
             raise refuse("sink.sequence_by", "a batch may carry several versions of a key, and a late version must "
                                              "not overwrite a newer one: name the column that orders them (e.g. "
@@ -342,7 +382,10 @@ def _check_output_mode(patterns: Patterns, sink: SinkSpec, output: list[str], re
             raise refuse("sink.keys", f"merge key(s) {', '.join(nullable)} must be declared `not null` in the "
                                       "source schema: a row with a NULL key can never be matched again")
     elif sink.sequence_by:
-        raise refuse("sink.sequence_by", "only merge mode with sink.keys orders rows by a sequence column")
+        raise refuse("sink.sequence_by", "only merge and cdc modes with sink.keys order rows by a sequence column")
+    if patterns.fan_out and mode is SinkMode.CDC:
+        raise refuse("fan_out", "fan-out tables are appended to, and a cdc feed's deletes and late changes would "
+                                "not reach them; fan out in a stream that reads the cdc table")
     if patterns.fan_out and mode is SinkMode.COMPLETE:
         raise refuse("fan_out", "fan-out tables are appended to, and complete mode re-emits the whole result every "
                                 "batch; fan out from an append or merge stream")

@@ -19,18 +19,29 @@ How it is read or written in Spark is its module in :mod:`sluice_spark.kinds`.
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
-from sluice.constants import SchemaEvolution, SinkFormat, SourceType
+from sluice.constants import (
+    DEBEZIUM_COLUMNS,
+    DEBEZIUM_SEQUENCE_COLUMN,
+    DEBEZIUM_TS_COLUMN,
+    Envelope,
+    OnTruncate,
+    SchemaEvolution,
+    SinkFormat,
+    SourceType,
+)
 from sluice.model.findings import Finding
-from sluice.model.keys import Block
-from sluice.model.schema import Schema, parse_schema
+from sluice.model.keys import Block, Key, Type, choices
+from sluice.model.schema import Column, Schema, parse_schema
 from sluice.model.section import Section
 from sluice.model.sinks import SinkSpec
 from sluice.model.sources import SourceSpec
+from sluice.model.types import parse as parse_type
 
 if TYPE_CHECKING:
     from sluice.model.stream import StreamSpec
@@ -184,3 +195,45 @@ class SinkKind(ABC):
         """Refuse a sink that names a column the stream does not produce (``columns``: its output columns). A
         Delta sink's columns are checked with the patterns (:func:`sluice.catalog.patterns.check_patterns`)."""
         return None
+
+
+ENVELOPE_KEYS = (
+    Key("envelope", Type.CHOICE, "how a record wraps its row: `debezium` unwraps before/after/op/ts_ms into the "
+        "row and `__op`, `__ts_ms`, `__sequence` (change-data guide)", default=Envelope.NONE,
+        choices=choices(Envelope)),
+    Key("envelope_tiebreak", Type.STRING, "debezium: the envelope's integer field that orders events of one "
+        "millisecond in `__sequence` (e.g. `source.lsn`)",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"),
+    Key("envelope_truncate", Type.CHOICE, "debezium: what a truncate event does: stop the run, or be skipped",
+        default=OnTruncate.FAIL, choices=choices(OnTruncate)),
+)
+_FIELD_PATH = re.compile(ENVELOPE_KEYS[1].pattern or "")
+
+
+@dataclass(frozen=True)
+class EnvelopeSpec:
+    envelope: Envelope = Envelope.NONE
+    tiebreak: str | None = None
+    truncate: OnTruncate = OnTruncate.FAIL
+
+
+def read_envelope(section: Section, schema: Schema, *, json: bool) -> tuple[EnvelopeSpec, Schema]:
+    """The source's envelope keys, and its schema as a run reads it: under ``debezium``, the declared row and the
+    unwrapped columns (a declared name cannot start with ``_``: they cannot clash). Only a JSON record is unwrapped."""
+    if not json:
+        if section.raw.get("envelope") not in (None, Envelope.NONE.value):
+            raise section.error("envelope", "a debezium envelope is unwrapped from JSON records; read format json")
+        return EnvelopeSpec(), schema
+    kind = section.enum("envelope", Envelope, Envelope.NONE)
+    tiebreak = section.get("envelope_tiebreak", str)
+    truncate = section.enum("envelope_truncate", OnTruncate, OnTruncate.FAIL)
+    if kind is Envelope.NONE:
+        for key in ("envelope_tiebreak", "envelope_truncate"):
+            if section.raw.get(key) is not None:
+                raise section.error(key, "is for source.envelope: debezium")
+        return EnvelopeSpec(), schema
+    if tiebreak is not None and not _FIELD_PATH.match(tiebreak):
+        raise section.error("envelope_tiebreak", f"expected a dotted field path such as source.lsn, got {tiebreak!r}")
+    required = {DEBEZIUM_TS_COLUMN, DEBEZIUM_SEQUENCE_COLUMN}
+    added = tuple(Column(name, sql, name not in required, parse_type(sql)[0]) for name, sql in DEBEZIUM_COLUMNS.items())
+    return EnvelopeSpec(kind, tiebreak, truncate), Schema(schema.columns + added)

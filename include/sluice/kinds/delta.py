@@ -11,7 +11,8 @@ feed guide). The table must record it (``delta.enableChangeDataFeed``): Sluice t
 the catalog writes when another stream reads its changes.
 
 A Delta sink is a table written exactly once per micro-batch: appended to, merged into by ``keys`` (the row with the
-highest ``sequence_by`` wins), or rewritten whole (``complete``).
+highest ``sequence_by`` wins), rewritten whole (``complete``), or changed by a feed of upserts and deletes applied
+in ``sequence_by`` order (``cdc``, type 1 or type 2: :class:`~sluice.model.sinks.CdcSpec`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from sluice.errors import SluiceError
 from sluice.kinds.base import Backlog, SinkKind, SourceKind, declared_schema, reader_options, schema_evolution
 from sluice.model.keys import SCHEMA, Block, Key, Type, choices, evolution
 from sluice.model.section import Section
-from sluice.model.sinks import SinkSpec
+from sluice.model.sinks import CdcSpec, SinkSpec
 from sluice.model.sources import SourceSpec
 from sluice.paths import Roots, join
 
@@ -94,6 +95,7 @@ class DeltaSink(SinkSpec):
     #: Another stream of the catalog reads the table's changes (``read: changes``): its table records them
     #: (:data:`sluice.storage.delta.CHANGE_FEED_PROPERTY`). Set by the catalog, not a key.
     change_feed: bool = False
+    cdc: CdcSpec | None = None
 
     @property
     def table(self) -> str:
@@ -134,10 +136,30 @@ _DELTA_SINK = Block(
             default=SinkMode.APPEND, choices=choices(SinkMode)),
         Key("engine", Type.CHOICE, "the Delta engine of every table the stream writes (Delta engines guide)",
             default=DeltaEngine.AUTO, choices=choices(DeltaEngine)),
-        Key("keys", Type.NAMES, "the merge keys (mode merge only)"),
-        Key("sequence_by", Type.STRING, "under merge, the column whose larger value wins between rows of one key"),
+        Key("keys", Type.NAMES, "the merge keys (modes merge and cdc)"),
+        Key("sequence_by", Type.STRING, "under merge and cdc, the column whose larger value wins between rows of "
+            "one key"),
+        Key("cdc", Type.BLOCK, "how mode cdc applies the changes (change-data guide)", block="cdc"),
     ),
     when=("format", "delta"),
+)
+
+# Databricks keeps a deleted key's tombstone two days by default; a week covers a weekend's late replays.
+DEFAULT_DELETE_RETENTION = 7 * 86_400
+
+CDC_BLOCK = Block(
+    "cdc", "sink.cdc", "A feed of changes applied by `keys` in `sequence_by` order (mode cdc).",
+    (
+        Key("delete_when", Type.SQL, "a Spark SQL predicate over the source row that makes it a delete",
+            default_text="`__op = 'd'` under a Debezium envelope, else no deletes"),
+        Key("scd_type", Type.INTEGER, "1: the newest row per key; 2: every version, `__start_at` to `__end_at`",
+            default=1, minimum=1, maximum=2),
+        Key("except_columns", Type.NAMES, "source columns not written to the table"),
+        Key("track_history_columns", Type.NAMES, "type 2: the columns whose change opens a new version (others "
+            "update the current version in place)", default_text="every written column"),
+        Key("delete_retention", Type.DURATION, "how long a delete is remembered against older changes arriving "
+            "after it", default_text="7 days"),
+    ),
 )
 
 
@@ -199,11 +221,32 @@ class DeltaSinkKind(SinkKind):
         if not all(isinstance(key, str) and key for key in keys) or len(set(keys)) != len(keys):
             raise section.error("keys", f"expected distinct column names, got {keys!r}")
         sequence_by = section.get("sequence_by", str)
+        declared = section.get("cdc", Mapping)
+        cdc = _parse_cdc(section.section("cdc")) if declared is not None or mode is SinkMode.CDC else None
         section.done()
-        if keys and mode is not SinkMode.MERGE:
-            raise section.error("keys", f"keys are for mode merge; mode {mode.value} does not upsert")
+        if keys and mode not in (SinkMode.MERGE, SinkMode.CDC):
+            raise section.error("keys", f"keys are for mode merge or cdc; mode {mode.value} does not upsert")
+        if cdc is not None and mode is not SinkMode.CDC:
+            raise section.error("cdc", f"a cdc block is for mode cdc, not {mode.value}")
         return DeltaSink(path=path, partition_by=partition_by, mode=mode, engine=engine, keys=tuple(keys),
-                         sequence_by=sequence_by)
+                         sequence_by=sequence_by, cdc=cdc)
+
+
+def _parse_cdc(section: Section) -> CdcSpec:
+    """The cdc block; its SQL and columns are checked against the stream's output with the other patterns."""
+    delete_when = section.get("delete_when", str)
+    scd_type = section.bounded_int("scd_type", 1, minimum=1, maximum=2)
+    except_columns = section.names("except_columns")
+    track = section.names("track_history_columns")
+    retention = section.interval("delete_retention")
+    section.done()
+    if track and scd_type != 2:
+        raise section.error("track_history_columns", "only scd_type 2 keeps a history to track columns in")
+    if retention is not None and retention <= 0:
+        raise section.error("delete_retention", "must be a positive duration")
+    return CdcSpec(delete_when=delete_when, scd_type=scd_type, except_columns=except_columns,
+                   track_history_columns=track,
+                   delete_retention_seconds=DEFAULT_DELETE_RETENTION if retention is None else retention)
 
 
 # --- lag -----------------------------------------------------------------------------------------------------

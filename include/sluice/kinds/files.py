@@ -14,7 +14,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from sluice.constants import CleanAction, FaultCode, FileFormat, SchemaEvolution, Severity, SourceType
-from sluice.kinds.base import Backlog, SourceKind, declared_schema, reader_options, schema_evolution
+from sluice.kinds.base import (
+    ENVELOPE_KEYS,
+    Backlog,
+    SourceKind,
+    declared_schema,
+    read_envelope,
+    reader_options,
+    schema_evolution,
+)
 from sluice.model.findings import Finding
 from sluice.model.keys import DURATION_PATTERN, SCHEMA, Block, Key, Type, evolution
 from sluice.model.section import Section
@@ -122,6 +130,7 @@ def _files_source(file_format: FileFormat) -> Block:
                 sorted(FORMAT_OPTIONS[file_format]))),
             evolution(policies, SchemaEvolution.RESCUE if SchemaEvolution.RESCUE in policies else SchemaEvolution.NONE,
                        "schema drift"),
+            *(ENVELOPE_KEYS if file_format is FileFormat.JSON else ()),
             Key("clean", Type.BLOCK, "archive or delete the files committed batches have read", block="clean"),
         ),
         when=("type", "files"),
@@ -195,9 +204,11 @@ class FilesKind(SourceKind):
             raise section.error(f"options.{spark_only[0]}", f"schema_evolution {policy.value} reads each Parquet file "
                                                             "with pyarrow, which takes no Spark reader option; set "
                                                             "schema_evolution: none to read with Spark's reader")
+        unwrap, schema = read_envelope(section, schema, json=file_format is FileFormat.JSON)
         section.done()
         return FileSource(format=file_format, path=path, schema=schema, options=options, schema_evolution=policy,
-                          clean=clean)
+                          clean=clean, envelope=unwrap.envelope, envelope_tiebreak=unwrap.tiebreak,
+                          envelope_truncate=unwrap.truncate)
 
     def backlog(self, stream: StreamSpec, roots: Roots, reader: CheckpointReader) -> Backlog:
         """Files (and their bytes) the next run will read, and when the oldest of them was written."""

@@ -40,7 +40,7 @@ from sluice.constants import (
     SourceType,
 )
 from sluice.errors import CatalogError, SluiceError
-from sluice.kinds.base import Backlog, Credentials, SinkKind, SourceKind, schema_evolution
+from sluice.kinds.base import ENVELOPE_KEYS, Backlog, Credentials, SinkKind, SourceKind, read_envelope, schema_evolution
 from sluice.limits import KAFKA_MAX_OFFSETS_PER_TRIGGER
 from sluice.model.keys import SCHEMA, Block, Key, Type, choices
 from sluice.model.schema import parse_schema
@@ -325,6 +325,7 @@ _KAFKA_SOURCE = Block(
             "rescue, add_new_columns, fail_on_new_columns, none; avro: none)", default=SchemaEvolution.RESCUE,
             default_text="rescue (json), none (avro)",
             choices=choices(dict.fromkeys(p for ps in VALUE_POLICIES.values() for p in ps))),
+        *ENVELOPE_KEYS,
     ),
     when=("type", "kafka"),
     one_option_of=SUBSCRIPTIONS,
@@ -378,9 +379,11 @@ class KafkaSourceKind(SourceKind):
                                        field=section.field("options"))
         connection = _connection(section)
         policy = schema_evolution(section, VALUE_POLICIES[value_format], f"kafka {value_format.value}")
+        unwrap, schema = read_envelope(section, schema, json=value_format is FileFormat.JSON)
         section.done()
         return KafkaSource(format=value_format, schema=schema, options=options, connection=connection,
-                           value_schema=value_schema, schema_evolution=policy)
+                           value_schema=value_schema, schema_evolution=policy, envelope=unwrap.envelope,
+                           envelope_tiebreak=unwrap.tiebreak, envelope_truncate=unwrap.truncate)
 
     def backlog(self, stream: StreamSpec, roots: Roots, reader: CheckpointReader) -> Backlog:
         """The offsets the next run reads: the checkpoint's offsets of the last committed batch against the brokers'

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from sluice.constants import DeltaEngine, SinkFormat, SinkMode
 
@@ -40,3 +40,33 @@ class SinkSpec:
     def destination(self) -> str:
         """Where the sink writes, as the catalog names it (a table path, a topic)."""
         return self.table or ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CdcSpec:
+    """How a ``mode: cdc`` sink applies a feed of changes by key, in ``sequence_by`` order.
+
+    ``delete_when`` is the Spark SQL predicate over the source row that makes it a delete (a Debezium envelope's
+    default: its operation is ``d``). Type 1 keeps the newest row per key; type 2 every version, from ``__start_at``
+    to ``__end_at``, a change to a column outside ``track_history_columns`` (when named) updating the current version
+    in place. A delete is remembered for ``delete_retention_seconds``, so that an older change arriving after it does
+    not bring the key back.
+    """
+
+    delete_when: str | None = None
+    scd_type: int = 1
+    except_columns: tuple[str, ...] = ()
+    track_history_columns: tuple[str, ...] = ()
+    delete_retention_seconds: int = 7 * 86_400
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"delete_when": self.delete_when, "scd_type": self.scd_type, "except_columns": list(self.except_columns),
+                "track_history_columns": list(self.track_history_columns),
+                "delete_retention_seconds": self.delete_retention_seconds}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CdcSpec:
+        return cls(delete_when=data.get("delete_when"), scd_type=int(data.get("scd_type", 1)),
+                   except_columns=tuple(data.get("except_columns", ())),
+                   track_history_columns=tuple(data.get("track_history_columns", ())),
+                   delete_retention_seconds=int(data.get("delete_retention_seconds", 7 * 86_400)))

@@ -6,7 +6,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from sluice.constants import RESCUED_COLUMN, SOURCE_FILE_COLUMN, FileFormat, SchemaEvolution, SourceType
+from sluice.constants import (
+    RESCUED_COLUMN,
+    SOURCE_FILE_COLUMN,
+    Envelope,
+    FileFormat,
+    OnTruncate,
+    SchemaEvolution,
+    SourceType,
+)
 from sluice.model.schema import Column, Schema
 from sluice.paths import Roots
 
@@ -30,6 +38,12 @@ class SourceSpec:
     #: Under ``add_new_columns``, the columns earlier batches added to the stream's table, read like declared ones
     #: (filled in before a run from the table's schema, :func:`sluice.storage.delta.added_columns`).
     evolved: tuple[Column, ...] = ()
+    #: How each record wraps its row: under ``debezium`` the schema declares the row (``after``, or ``before`` for a
+    #: delete) and ends with the unwrapped operation, ts_ms and sequence (:data:`~sluice.constants.DEBEZIUM_COLUMNS`).
+    envelope: Envelope = Envelope.NONE
+    #: The envelope's field (a dotted path, ``source.lsn``) that orders two events of one millisecond.
+    envelope_tiebreak: str | None = None
+    envelope_truncate: OnTruncate = OnTruncate.FAIL
 
     def location(self, roots: Roots) -> str | None:
         """The resolved folder or table the source reads; None for a source without a path (Kafka)."""

@@ -182,6 +182,9 @@ class BatchCommit:
     batch_id: int
     rows: int
     stream: str | None = None
+    #: A cdc batch's changes to the table, where the engine's commit says them: rows inserted, updated, deleted,
+    #: and (type 2) versions closed.
+    changes: dict[str, int] | None = None
 
 
 def recorded_batch(table: Any, query_id: str) -> int | None:
@@ -269,7 +272,25 @@ def _batch_commit(info: dict[str, Any]) -> BatchCommit | None:
         if CommitInfo.QUERY not in meta:
             return None
     return BatchCommit(int(info["version"]), str(meta[CommitInfo.QUERY]), int(meta[CommitInfo.BATCH]), int(rows),
-                       meta.get(CommitInfo.STREAM))
+                       meta.get(CommitInfo.STREAM), _changes(info, meta))
+
+
+# A MERGE's counts in each engine's operationMetrics: delta-spark's names, then delta-rs's.
+_CHANGE_METRICS = {"inserted": ("numTargetRowsInserted", "num_target_rows_inserted"),
+                   "updated": ("numTargetRowsUpdated", "num_target_rows_updated"),
+                   "deleted": ("numTargetRowsDeleted", "num_target_rows_deleted")}
+
+
+def _changes(info: dict[str, Any], meta: dict[str, Any]) -> dict[str, int] | None:
+    """What a MERGE commit changed (None for another operation)."""
+    if "MERGE" not in str(info.get("operation", "")).upper():
+        return None
+    metrics = info.get("operationMetrics") or {}
+    found = {what: int(metrics[name]) for what, names in _CHANGE_METRICS.items() for name in names
+             if metrics.get(name) is not None}
+    if meta.get(CommitInfo.VERSIONS_CLOSED) is not None:
+        found["versions_closed"] = int(meta[CommitInfo.VERSIONS_CLOSED])
+    return found
 
 
 def query(path: str, sql: str, *, version: int | None = None) -> Any:

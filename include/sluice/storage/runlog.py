@@ -35,7 +35,8 @@ COMPACT_AFTER_FILES = 64
 VACUUM_RETENTION_HOURS = 168
 
 #: Column -> Arrow type name of ``_sluice/runs``. ``kind`` is run, backfill or repair; ``expectations`` the
-#: per-rule counts as JSON; ``note`` what a backfill or a repair was asked (JSON); times are UTC.
+#: per-rule counts as JSON; ``note`` what a backfill or a repair was asked (JSON); ``table_changes`` a merge or cdc
+#: run's rows inserted, updated, deleted and versions closed (JSON); times are UTC.
 RUN_COLUMNS: dict[str, str] = {
     "stream": "string", "run_id": "string", "kind": "string", "dag_id": "string", "dag_run_id": "string",
     "query_id": "string", "engine": "string", "started_at": "timestamp", "ended_at": "timestamp",
@@ -43,7 +44,7 @@ RUN_COLUMNS: dict[str, str] = {
     "dead_letter_rows": "int64", "dropped_rows": "int64", "late_rows": "int64", "duplicate_rows": "int64",
     "state_rows": "int64", "delta_version_before": "int64", "delta_version_after": "int64",
     "dead_letter_version_before": "int64", "dead_letter_version_after": "int64", "expectations": "string",
-    "note": "string",
+    "note": "string", "table_changes": "string",
 }
 RUN_KEY = ("stream", "run_id")
 RUN_KINDS = ("run", "backfill", "repair", "maintenance")
@@ -178,7 +179,8 @@ def run_row(summary: StreamRunSummary | Any, *, kind: str = "run", **overrides: 
     dag_id, dag_run_id = split_run_id(values["run_id"] or "")
     values.update(kind=kind, dag_id=values.get("dag_id") or dag_id, dag_run_id=values.get("dag_run_id") or dag_run_id,
                   started_at=_time(values["started_at"]), ended_at=_time(values["ended_at"]),
-                  expectations=json.dumps(values["expectations"]) if values["expectations"] else None)
+                  expectations=json.dumps(values["expectations"]) if values["expectations"] else None,
+                  table_changes=json.dumps(values["table_changes"]) if values.get("table_changes") else None)
     return values
 
 

@@ -122,7 +122,9 @@ _MISSING_CHANGE_DATA = re.compile(r"DELTA_MISSING_CHANGE_DATA\].*?recorded for v
 
 
 # Spark's output mode for each way a table is written.
-OUTPUT_MODES = {SinkMode.APPEND: "append", SinkMode.MERGE: "update", SinkMode.COMPLETE: "complete"}
+# A cdc stream's rows are changes: each is appended to its batch, and the writer applies them in sequence order.
+OUTPUT_MODES = {SinkMode.APPEND: "append", SinkMode.MERGE: "update", SinkMode.COMPLETE: "complete",
+                SinkMode.CDC: "append"}
 
 
 def sink_writer(request: SinkRequest) -> DataStreamWriter:

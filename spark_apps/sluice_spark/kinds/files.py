@@ -18,7 +18,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamReader
 
-from sluice.constants import CORRUPT_COLUMN, RESCUED_COLUMN, SOURCE_FILE_COLUMN, FileFormat, SchemaEvolution
+from sluice.constants import (
+    CORRUPT_COLUMN,
+    RESCUED_COLUMN,
+    SOURCE_FILE_COLUMN,
+    Envelope,
+    FileFormat,
+    SchemaEvolution,
+)
 from sluice.kinds.files import FileSource
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.model.types import quote
@@ -26,6 +33,7 @@ from sluice.paths import Roots
 from sluice_spark.drift import csv as csv_drift
 from sluice_spark.drift.fields import parse_json_text, reads_by_header, rescue_csv
 from sluice_spark.drift.parquet import conform_files, output_columns
+from sluice_spark.kinds.envelope import debezium_text
 from sluice_spark.session import require_hadoop_connector
 
 # The options of Spark's file source that the text reader takes as they are; a JSON record's own options (dates,
@@ -49,7 +57,8 @@ def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | N
             # A landing zone nobody has written to yet is empty, not an error: the run finds nothing and ends.
             Path(path).mkdir(parents=True, exist_ok=True)
     policy = source.schema_evolution
-    if source.format is FileFormat.JSON and policy is not SchemaEvolution.NONE:
+    if source.format is FileFormat.JSON and (policy is not SchemaEvolution.NONE
+                                             or source.envelope is Envelope.DEBEZIUM):
         return _json_text(spark, stream, path, trigger)
     if source.format is FileFormat.PARQUET and policy is not SchemaEvolution.NONE:
         return _parquet_files(spark, stream, path, trigger)
@@ -133,5 +142,8 @@ def _json_text(spark: SparkSession, stream: StreamSpec, path: str, trigger: Trig
     # Spark counts the text reader's lines (or files); the stream's records are counted here, after the split.
     lines = lines.observe(RECORDS_METRIC.format(stream=stream.name), F.count(F.lit(1)).alias("records"))
     parse_options = {key: value for key, value in source.options.items() if key in _JSON_OPTIONS}
-    return parse_json_text(lines, F.col("value"), source.read_schema, source.schema_evolution, parse_options,
+    text = F.col("value")
+    if source.envelope is Envelope.DEBEZIUM:
+        text = debezium_text(text, source, stream=stream.name)
+    return parse_json_text(lines, text, source.read_schema, source.schema_evolution, parse_options,
                            {SOURCE_FILE_COLUMN: F.col(SOURCE_FILE_COLUMN)})

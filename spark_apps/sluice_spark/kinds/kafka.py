@@ -32,6 +32,7 @@ from sluice.constants import (
     KAFKA_KEY_COLUMN,
     KAFKA_TIMESTAMP_COLUMN,
     SOURCE_FILE_COLUMN,
+    Envelope,
     FileFormat,
 )
 from sluice.errors import SluiceError
@@ -40,6 +41,7 @@ from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.paths import Roots
 from sluice_spark import faults
 from sluice_spark.drift.fields import parse_json_text
+from sluice_spark.kinds.envelope import debezium_text
 from sluice_spark.session import missing_classes
 from sluice_spark.targets import GOOD_ROUTE, RAW_COLUMN, ROUTE_COLUMN
 from sluice_spark.write.batches import BatchRouter, SinkRequest, sink_and_dead_letter, stream_commit_info
@@ -155,7 +157,8 @@ def decode_records(frame: DataFrame, stream: StreamSpec) -> DataFrame:
     ``timestamp``; streaming or batch) as the declared columns, ``_corrupt_record`` (the value's text when it does
     not decode), ``_source_file`` (``kafka://topic/partition/offset``), ``_kafka_key`` and ``_kafka_timestamp``.
 
-    A NULL value (a tombstone) is corrupt with an empty text: a bronze table has no row for it.
+    A NULL value (a tombstone) is corrupt with an empty text: a bronze table has no row for it; under a Debezium
+    envelope it is the delete of its key.
     """
     source = stream.source
     lineage = {
@@ -172,8 +175,14 @@ def decode_records(frame: DataFrame, stream: StreamSpec) -> DataFrame:
                    for column in source.schema.columns]
         return staged.select(*columns, CORRUPT_COLUMN, *lineage)
     # JSON, under the source's drift policy (:mod:`sluice_spark.drift.fields`).
-    decoded = parse_json_text(frame, F.col("value").cast("string"), source.read_schema, source.schema_evolution, {},
-                              {**lineage, _TOMBSTONE: F.col("value").isNull()})
+    text = F.col("value").cast("string")
+    tombstone = F.col("value").isNull()
+    if source.envelope is Envelope.DEBEZIUM:  # a tombstone deletes its key (:mod:`sluice_spark.kinds.envelope`)
+        text = debezium_text(text, source, key=F.col("key").cast("string"), timestamp=F.col("timestamp"),
+                             stream=stream.name)
+        tombstone = F.lit(False)
+    decoded = parse_json_text(frame, text, source.read_schema, source.schema_evolution, {},
+                              {**lineage, _TOMBSTONE: tombstone})
     tombstone = F.when(F.col(_TOMBSTONE), F.lit("")).otherwise(F.col(CORRUPT_COLUMN))
     return decoded.withColumn(CORRUPT_COLUMN, tombstone).drop(_TOMBSTONE)
 

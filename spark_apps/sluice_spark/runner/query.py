@@ -23,7 +23,7 @@ from sluice_spark.kinds.files import RECORDS_METRIC
 from sluice_spark.runner.failures import error_message, is_permanent
 from sluice_spark.runner.prepare import PreparedStream
 from sluice_spark.steps.quality import expectation_counts, rescued_count
-from sluice_spark.targets import TableTarget
+from sluice_spark.targets import GOOD_ROUTE, TableTarget
 from sluice_spark.write.batches import SinkRequest, sink_and_dead_letter
 
 log = logging.getLogger(__name__)
@@ -139,6 +139,11 @@ def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: floa
 
     def committed(target: TableTarget, since: int | None) -> int:
         commits = batch_commits(target.path, query_id=prepared.query_id, batch_ids=input_rows, since_version=since)
+        if target.route == GOOD_ROUTE:
+            changes = [commit.changes for commit in commits if commit.changes]
+            if changes:
+                summary.table_changes = {key: sum(change.get(key, 0) for change in changes)
+                                         for key in dict.fromkeys(k for change in changes for k in change)}
         return sum(commit.rows for commit in commits)
 
     summary.output_rows = (sum(prepared.sent_to_kafka.get(batch, 0) for batch in input_rows) if data is None

@@ -8,9 +8,11 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from sluice.constants import DeltaEngine, SchemaEvolution, SinkMode, TableRole
+from sluice.catalog.patterns import default_delete_when
+from sluice.constants import CDC_END_COLUMN, CDC_START_COLUMN, DeltaEngine, SchemaEvolution, SinkMode, TableRole
 from sluice.kinds.delta import DeltaSink
 from sluice.model.schema import Column as DeclaredColumn
+from sluice.model.sinks import CdcSpec
 from sluice.model.stream import StreamSpec
 from sluice.model.types import parse as parse_type
 from sluice.paths import Roots
@@ -28,8 +30,11 @@ def sink_targets(stream: StreamSpec, roots: Roots, data_columns: list[str]) -> l
         if table.role is TableRole.SINK:
             assert isinstance(sink, DeltaSink)
             keys = aggregate.key_columns if aggregate is not None and sink.mode is SinkMode.MERGE else sink.keys
+            cdc = _resolved_cdc(stream) if sink.mode is SinkMode.CDC else None
+            # A cdc table's writer gets every column (delete_when may read one of the except_columns) and drops
+            # the except_columns itself; its table is created without them.
             targets.append(TableTarget(GOOD_ROUTE, table.path, tuple((c, c) for c in data_columns), sink.partition_by,
-                                       mode=sink.mode, keys=keys, sequence_by=sink.sequence_by))
+                                       mode=sink.mode, keys=keys, sequence_by=sink.sequence_by, cdc=cdc))
         elif table.role is TableRole.DEAD_LETTER:
             targets.append(TableTarget(DEAD_LETTER_ROUTE, table.path, DEAD_LETTER_FIELDS))
         else:
@@ -38,6 +43,16 @@ def sink_targets(stream: StreamSpec, roots: Roots, data_columns: list[str]) -> l
                                        tuple((c, c) for c in fan_out_columns(spec, data_columns)),
                                        spec.partition_by, flag=fan_out_column(table.index)))
     return targets
+
+
+def _resolved_cdc(stream: StreamSpec) -> CdcSpec:
+    """The sink's cdc block with its delete predicate resolved: a Debezium envelope's default when none is set."""
+    sink = stream.sink
+    assert isinstance(sink, DeltaSink)
+    cdc = sink.cdc or CdcSpec()
+    if cdc.delete_when is None:
+        cdc = replace(cdc, delete_when=default_delete_when(stream.source))
+    return cdc
 
 
 def tables_to_create(targets: list[TableTarget], engine: DeltaEngine, *, change_feed: bool = False
@@ -49,7 +64,8 @@ def tables_to_create(targets: list[TableTarget], engine: DeltaEngine, *, change_
     record them from its first version."""
     if engine is DeltaEngine.RS:
         return targets
-    return [target for target in targets if target.mode is SinkMode.MERGE or table_version(target.path) is not None
+    return [target for target in targets
+            if target.mode in (SinkMode.MERGE, SinkMode.CDC) or table_version(target.path) is not None
             or (change_feed and target.route == GOOD_ROUTE and not target.flag)]
 
 
@@ -63,7 +79,11 @@ def create_tables(stream: StreamSpec, routed: DataFrame, targets: list[TableTarg
     own on first write); an existing table must have the same schema."""
     arrow_schema = to_arrow_schema(routed.schema, timezone="UTC")
     for target in targets:
-        fields = [arrow_schema.field(source).with_name(name) for source, name in target.columns]
+        skipped = target.cdc.except_columns if target.cdc is not None else ()
+        fields = [arrow_schema.field(source).with_name(name) for source, name in target.columns if name not in skipped]
+        if target.cdc is not None and target.cdc.scd_type == 2:  # each version's validity, in the sequence's type
+            sequence = arrow_schema.field(target.sequence_by or "").type
+            fields += [pa.field(CDC_START_COLUMN, sequence), pa.field(CDC_END_COLUMN, sequence)]
         if target.flag:  # a fan-out table is named after its folder
             name = target.path.rstrip("/").rsplit("/", 1)[-1]
         else:

@@ -29,6 +29,8 @@ from sluice.model.types import quote
 from sluice.storage.delta import holds_batch
 from sluice_spark import faults
 from sluice_spark.targets import TableTarget
+from sluice_spark.write.columns import in_schema as _in_schema
+from sluice_spark.write.columns import orderable as _orderable
 
 log = logging.getLogger(__name__)
 
@@ -61,19 +63,6 @@ def latest_per_key(rows: DataFrame, keys: Sequence[str], sequence_by: str | None
     return rows.withColumn("_sluice_rank", F.row_number().over(order)).where("_sluice_rank = 1").drop("_sluice_rank")
 
 
-def _orderable(data_type: Any) -> bool:
-    """Whether Spark can sort by a column of this type: not by a map or a variant, nor by what holds one."""
-    from pyspark.sql.types import ArrayType, MapType, StructType, VariantType
-
-    if isinstance(data_type, MapType | VariantType):
-        return False
-    if isinstance(data_type, StructType):
-        return all(_orderable(field.dataType) for field in data_type.fields)
-    if isinstance(data_type, ArrayType):
-        return _orderable(data_type.elementType)
-    return True
-
-
 def _merge_condition(keys: Sequence[str], equal_null_safe: str) -> str:
     """Keys match when equal or both NULL (an aggregate's group may be NULL)."""
     # A declared name may hold a backtick (`a``b`): quoted, it stays a name and cannot end the condition's.
@@ -99,6 +88,8 @@ class RsTableWriter(DeltaTableWriter):
         import pyarrow as pa
         from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
+        if target.mode is SinkMode.CDC and replace is None:
+            return _apply_changes(self.engine, rows, target, query_id=query_id, batch_id=batch_id, metadata=metadata)
         table = DeltaTable(target.path)
         if holds_batch(table, query_id, batch_id):
             log.warning("Batch %s of %s is already in %s; skipping its replay", batch_id, query_id, target.path)
@@ -163,17 +154,6 @@ def _with_added(schema: Any, added: Mapping[str, str], marker: str, rows: DataFr
     return pa.schema([*schema, *fields])
 
 
-def _in_schema(rows: Any, schema: Any) -> Any:
-    """An Arrow table's columns in the order and the types of the table's schema (a column added to an existing
-    table comes last in it); a column of the table the rows lack (one of Sluice's own the stream no longer writes,
-    see :func:`sluice.storage.delta.ensure_table`) is NULL."""
-    import pyarrow as pa
-
-    columns = [rows.column(field.name) if field.name in rows.column_names else pa.nulls(rows.num_rows, field.type)
-               for field in schema]
-    return pa.Table.from_arrays(columns, names=schema.names).cast(schema)
-
-
 def _staged(rows: DataFrame, schema: Any, staging: Path) -> Any:
     """Rows written as Parquet by the executors into ``staging``, read back as one Arrow stream in the table's
     schema: a large batch never has to fit in the driver's memory."""
@@ -199,6 +179,8 @@ class JvmTableWriter(DeltaTableWriter):
     def write(self, rows: DataFrame, target: TableTarget, *, query_id: str, batch_id: int, metadata: dict[str, Any],
               replace: RowFilter | None = None, staging: Path | None = None,
               added: Mapping[str, str] | None = None) -> bool:
+        if target.mode is SinkMode.CDC and replace is None:
+            return _apply_changes(self.engine, rows, target, query_id=query_id, batch_id=batch_id, metadata=metadata)
         faults.reach("before_commit", batch_id)
         if target.mode is SinkMode.MERGE:
             return self._merge(rows, target, query_id=query_id, batch_id=batch_id, metadata=metadata)
@@ -246,6 +228,15 @@ class JvmTableWriter(DeltaTableWriter):
             for key in settings:
                 spark.conf.unset(key)
         return True
+
+
+def _apply_changes(engine: DeltaEngine, rows: DataFrame, target: TableTarget, *, query_id: str, batch_id: int,
+                   metadata: dict[str, Any]) -> bool:
+    """A cdc table's batch: its changes applied in sequence order (:mod:`sluice_spark.write.cdc`)."""
+    from sluice_spark.write.cdc import cdc_applier
+
+    return cdc_applier(engine).write(rows, target, query_id=query_id, batch_id=batch_id,
+                                     metadata=metadata) is not None
 
 
 _WRITERS: dict[DeltaEngine, DeltaTableWriter] = {DeltaEngine.RS: RsTableWriter(), DeltaEngine.JVM: JvmTableWriter()}
