@@ -302,7 +302,7 @@ def _commit(stream: StreamSpec, roots: Roots, request: RedriveRequest, landed: A
     import pyarrow as pa
     from deltalake import CommitProperties, Transaction, write_deltalake
 
-    metadata = {CommitInfo.STREAM: stream.name, CommitInfo.REDRIVE_RUN: request.run_id}
+    metadata: dict[str, Any] = {CommitInfo.STREAM: stream.name, CommitInfo.REDRIVE_RUN: request.run_id}
     sink = open_table(stream.sink_path(roots))
     if holds_batch(sink, request.app_id, 0):
         summary.replayed.append("sink")
@@ -333,9 +333,10 @@ def _commit(stream: StreamSpec, roots: Roots, request: RedriveRequest, landed: A
 def _marked_table(path: str) -> Any:
     """The dead-letter table, with the ``redriven_by`` column (added, as a nullable string, on the first redrive)."""
     from deltalake import Field
+    from deltalake.schema import PrimitiveType
 
     table = open_table(path)
     if REDRIVEN_BY_COLUMN not in [item.name for item in table.schema().fields]:
-        table.alter.add_columns([Field(REDRIVEN_BY_COLUMN, "string", nullable=True)])
+        table.alter.add_columns([Field(REDRIVEN_BY_COLUMN, PrimitiveType("string"), nullable=True)])
         table = open_table(path)
     return table

@@ -234,7 +234,7 @@ def test_sigkill_mid_redrive_then_rerun_lands_each_row_once(spark: Any, world: t
             crashed.wait(timeout=60)
     assert crashed.returncode == -signal.SIGKILL
     # A new redrive is refused while the killed one is unfinished: both would select its rows.
-    with pytest.raises(RedriveError, match="^run_id: redrive 'killed' of stream 'events' did not finish"):
+    with pytest.raises(RedriveError, match=r"^run_id: redrive 'killed' of stream 'events' did not finish"):
         run_redrive(spark, catalog, parse_request({"stream": "events", "dry_run": False}, catalog, run_id="other"),
                     roots)
     env.pop("SLUICE_FAULT_POINT")
