@@ -4,6 +4,7 @@
     python -m sluice health [--stream NAME ...] [--json]     the checkpoint health gate, without running
     python -m sluice repair ACTION --stream NAME             history, backup, quarantine-offsets, repin-query-id, reset
     python -m sluice maintain [--stream NAME ...]            compact, vacuum and checkpoint the Delta tables
+    python -m sluice redrive --stream NAME [--dry-run] ...   dead letters again through the current definition, once
     python -m sluice demo                                    the demo: files in, one run, the tables printed
     python -m sluice demo-producer --landing-root DIR ...    demo events into a landing zone or a Kafka topic
     python -m sluice warm run --stream NAME | ping           a run on the warm server (warm mode), or its status
@@ -24,7 +25,8 @@ import os
 import sys
 
 COMMANDS = {"status": "sluice.cli.status", "health": "sluice.cli.health", "repair": "sluice.cli.repair",
-            "maintain": "sluice.cli.maintain", "demo": "sluice.cli.demo", "demo-producer": "sluice.cli.demo_producer",
+            "maintain": "sluice.cli.maintain", "redrive": "sluice.cli.redrive",
+            "demo": "sluice.cli.demo", "demo-producer": "sluice.cli.demo_producer",
             "warm": "sluice.cli.warm", "jars": "sluice.cli.jars", "kafka-broker": "sluice.cli.kafka_broker",
             "jvm-archive": "sluice.cli.jvm",
             "pyspark-bytecode": "sluice.cli.pyspark_bytecode", "catalog-schema": "sluice.cli.catalog_schema"}

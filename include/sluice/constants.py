@@ -142,6 +142,9 @@ CORRUPT_COLUMN = "_corrupt_record"
 # Under the ``rescue`` drift policy, each good row's fields the declared schema does not read (undeclared ones at any
 # depth, and values that do not fit their declared type), as one JSON object by path; NULL when there are none.
 RESCUED_COLUMN = "_rescued_data"
+# The dead-letter table's column that marks a dead letter a redrive landed in the stream's table: the redrive's run id
+# (NULL on every other row). A redrive selects only rows without it, so none is redriven twice.
+REDRIVEN_BY_COLUMN = "redriven_by"
 # The Delta column metadata key that marks a column ``add_new_columns`` added to a stream's table, with the batch that
 # brought it (``<query id>:<batch id>``). The table's schema is where a stream records the columns it now reads: the
 # column arrives in the same commit as its batch's rows, so no crash can separate the two.
@@ -156,6 +159,8 @@ KAFKA_TIMESTAMP_COLUMN = "_kafka_timestamp"
 SUMMARY_MARKER = "SLUICE_RUN_SUMMARY "
 # ... and in front of a backfill's summary.
 BACKFILL_MARKER = "SLUICE_BACKFILL_SUMMARY "
+# ... and in front of a redrive's.
+REDRIVE_MARKER = "SLUICE_REDRIVE_SUMMARY "
 
 class CommitInfo(Word):
     """The keys Sluice writes into a Delta commit's commitInfo: what health, repair, the run summary and a reader of
@@ -183,6 +188,8 @@ class CommitInfo(Word):
     BACKFILL_RANGE = "sluice.backfill.range"
     BACKFILL_REASON = "sluice.backfill.reason"
     BACKFILL_BATCH = "sluice.backfill.batchId"
+    # A redrive's commits: its run (the Delta transaction's app id is ``sluice-redrive/<stream>/<run key>``).
+    REDRIVE_RUN = "sluice.redrive.runId"
     # A maintenance's commits (compaction, vacuum): its run.
     MAINTENANCE = "sluice.maintenance.runId"
 

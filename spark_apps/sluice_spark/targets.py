@@ -19,6 +19,9 @@ DEAD_LETTER_ROUTE = 1
 # record.
 REASON_COLUMN = "_dead_letter_reason"
 RAW_COLUMN = "_dead_letter_raw"
+# The record as the source read it (its declared fields, and what the drift policy kept beside them), carried past the
+# transform so that a row a rule quarantines keeps the record it arrived as, which a redrive reads again.
+RECORD_COLUMN = "_sluice_record"
 # A row that broke an expectation whose action is ``fail``: no table takes it, and its batch commits nowhere.
 FAILED_ROUTE = 2
 # The names of the ``fail`` rules such a row broke (NULL on every other row); only streams with such rules have it.

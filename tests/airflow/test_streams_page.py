@@ -110,7 +110,7 @@ def test_the_streams_list_equals_make_status_and_the_run_summaries(client: Any, 
     assert listed["clicks"]["trend"][-3:] == [1, 0, 1]  # a file before the second run, none after, one since
     assert listed["orders"]["last_run"] is None
     assert listed["clicks"]["links"] == {"dag": "/dags/ingest_clicks", "trigger": "/dags/ingest_clicks",
-                                         "backfill": "/dags/backfill"}
+                                         "backfill": "/dags/backfill", "redrive": "/dags/redrive"}
 
 
 def test_a_run_that_ended_after_the_latest_observation_is_not_hidden_by_it(spark: Any, tmp_path: Path) -> None:

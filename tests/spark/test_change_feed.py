@@ -51,6 +51,15 @@ def chain(engine: str) -> list[dict[str, Any]]:
                     "schema": {**fields, "change_type": "string not null", "commit_version": "bigint not null"}},
          "sink": {"path": "gold/items_current", "mode": "merge", "keys": ["id"], "sequence_by": "commit_version",
                   "engine": engine}},
+        # Bronze's changes applied by key as a change feed (sink.mode cdc): its deletes delete, so the table is
+        # bronze's rows.
+        {"name": "items_mirror", "transform": "identity", "checkpoint": "silver/items_mirror",
+         "source": {"type": "delta", "path": "bronze/items", "read": "changes", "schema": fields,
+                    "schema_evolution": "none"},
+         "sink": {"path": "silver/items_mirror", "mode": "cdc", "keys": ["id"], "sequence_by": "_commit_version",
+                  "cdc": {"delete_when": "_change_type = 'delete'",
+                          "except_columns": ["_change_type", "_commit_timestamp"]},
+                  "engine": engine}},
         # Bronze's changes merged straight into one row per key, ordered by the version that made them.
         {"name": "items_latest", "transform": "identity", "checkpoint": "silver/items_latest",
          "source": {"type": "delta", "path": "bronze/items", "read": "changes", "schema": fields,
@@ -144,6 +153,9 @@ def assert_follows(tmp_path: Path, oracle: Oracle) -> None:
     gold = gold_rows(str(lake / "gold" / "items_current"))
     assert gold == oracle.current()
     assert {key: (value, seq) for key, (value, seq, kind) in gold.items() if kind != "delete"} == oracle.rows
+    if (lake / "silver" / "items_mirror").exists():
+        mirror = read_table(str(lake / "silver" / "items_mirror"), ["id", "value", "seq"]).to_pylist()
+        assert {row["id"]: (row["value"], row["seq"]) for row in mirror} == oracle.rows
     if (lake / "silver" / "items_latest").exists():
         assert gold_rows(str(lake / "silver" / "items_latest"), "_change_type") == oracle.current()
 
@@ -162,7 +174,7 @@ def test_silver_and_gold_follow_an_upserted_and_deleted_bronze(spark: Any, tmp_p
             delete_from_bronze(spark, engine, bronze, {5, 9})
             oracle.delete({5, 9})
         assert check(catalog.get("items_changes"), roots).observation.backlog.versions > 0
-        run(spark, catalog, ["items_changes", "items_latest"], roots)
+        run(spark, catalog, ["items_changes", "items_latest", "items_mirror"], roots)
         assert check(catalog.get("items_changes"), roots).observation.backlog.versions == 0
         run(spark, catalog, ["items_current"], roots)
         assert_follows(tmp_path, oracle)

@@ -29,9 +29,11 @@ def test_only_sluice_delta_reads_a_tables_transaction_version() -> None:
 
 
 def test_only_the_writers_ask_whether_a_batch_is_a_replay() -> None:
+    # The redrive writes its own two commits (an append and a MERGE of marks), each once, by the same guard.
     assert set(uses_of("holds_batch")) == {"spark_apps/sluice_spark/write/tables.py",
                                            "spark_apps/sluice_spark/write/cdc.py",
-                                           "spark_apps/sluice_spark/rs/sink.py"}
+                                           "spark_apps/sluice_spark/rs/sink.py",
+                                           "spark_apps/sluice_spark/redrive.py"}
 
 
 def test_every_foreach_batch_goes_through_the_router() -> None:

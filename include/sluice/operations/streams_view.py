@@ -21,6 +21,8 @@ from sluice.lag.store import LagStore, default_path
 from sluice.model.stream import StreamSpec
 from sluice.operations.backfill import DAG_ID as BACKFILL_DAG_ID
 from sluice.operations.health import check_stream
+from sluice.operations.redrive import DAG_ID as REDRIVE_DAG_ID
+from sluice.operations.redrive import redrivable
 from sluice.paths import Roots
 from sluice.storage import runlog
 from sluice.storage.delta import query, table_history
@@ -86,11 +88,11 @@ def _plain(value: Any) -> Any:
 
 
 def dag_links(stream: StreamSpec) -> dict[str, str]:
-    """The Airflow UI's pages for the stream: its DAG's page, whose Trigger button runs it, and the backfill DAG's,
-    whose Trigger button opens the backfill form. Airflow 3.3's UI has no address that opens the trigger form
+    """The Airflow UI's pages for the stream: its DAG's page, whose Trigger button runs it, and the backfill and
+    redrive DAGs', whose Trigger buttons open their forms. Airflow 3.3's UI has no address that opens the trigger form
     itself (it is a dialog of the DAG's page), so "run" and "backfill" land on the page that holds it."""
     dag = f"/dags/{quote(stream.dag_id, safe='')}"
-    return {"dag": dag, "trigger": dag, "backfill": f"/dags/{BACKFILL_DAG_ID}"}
+    return {"dag": dag, "trigger": dag, "backfill": f"/dags/{BACKFILL_DAG_ID}", "redrive": f"/dags/{REDRIVE_DAG_ID}"}
 
 
 def run_link(run_id: str) -> str | None:
@@ -98,8 +100,8 @@ def run_link(run_id: str) -> str | None:
     maintenance prefixes with ``maintenance/`` in its lock), or of the backfill's DAG run (``backfill/<dag_run_id>``);
     None for a run id of no Airflow run (a shell's)."""
     kind, _, rest = run_id.partition("/")
-    if kind == BACKFILL_DAG_ID and rest and "/" not in rest:
-        return f"/dags/{BACKFILL_DAG_ID}/runs/{quote(rest, safe='')}"
+    if kind in (BACKFILL_DAG_ID, REDRIVE_DAG_ID) and rest and "/" not in rest:
+        return f"/dags/{kind}/runs/{quote(rest, safe='')}"
     dag_id, dag_run_id = runlog.split_run_id(rest if kind == "maintenance" else run_id)
     if not dag_id or not dag_run_id:
         return None
@@ -152,7 +154,7 @@ def _dead_letters(stream: StreamSpec, roots: Roots) -> dict[str, Any]:
                          f"LIMIT {_REASONS}")
     samples = query(path, f"SELECT reason, raw_record, source_file, ingested_at FROM t ORDER BY ingested_at DESC "
                           f"LIMIT {_SAMPLES}")
-    return {"reasons": [] if counts is None else counts.to_pylist(),
+    return {"reasons": [] if counts is None else counts.to_pylist(), "redrivable": redrivable(stream, roots),
             "samples": [] if samples is None else [{key: _plain(value) for key, value in row.items()}
                                                    for row in samples.to_pylist()]}
 

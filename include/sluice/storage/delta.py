@@ -11,6 +11,7 @@ from typing import Any
 from sluice.constants import (
     ADDED_COLUMN_KEY,
     DEFAULT_CHECKPOINT_INTERVAL,
+    REDRIVEN_BY_COLUMN,
     RESCUED_COLUMN,
     CommitInfo,
 )
@@ -137,10 +138,10 @@ def ensure_table(path: str, schema: Any, partition_by: Iterable[str], *, name: s
         raise DeltaSchemaMismatch(f"Delta table {path}: the stream writes {', '.join(renamed)}; Delta's column names "
                                   "are case-insensitive, so a column cannot be renamed by its case alone")
     common = all(have[name] == kind for name, kind in wanted.items() if name in have)
-    # A column of Sluice's own that the stream no longer writes (its rescued data, one add_new_columns added) stays:
-    # its new rows leave it NULL.
+    # A column of Sluice's own that the stream no longer writes (its rescued data, one add_new_columns added, a
+    # dead-letter table's redrive mark) stays: its new rows leave it NULL.
     extra = [field for field in current if field.name not in wanted]
-    own = {RESCUED_COLUMN, *added_columns(path)} if extra else set()
+    own = {RESCUED_COLUMN, REDRIVEN_BY_COLUMN, *added_columns(path)} if extra else set()
     kept = all(field.nullable and field.name in own for field in extra)
     if not (common and kept):
         raise DeltaSchemaMismatch(

@@ -47,7 +47,7 @@ RUN_COLUMNS: dict[str, str] = {
     "note": "string", "table_changes": "string",
 }
 RUN_KEY = ("stream", "run_id")
-RUN_KINDS = ("run", "backfill", "repair", "maintenance")
+RUN_KINDS = ("run", "backfill", "repair", "maintenance", "redrive")
 
 #: Column -> Arrow type name of ``_sluice/batches``: Spark's progress report of one micro-batch. ``phases_ms`` is
 #: its ``durationMs`` and ``sources`` its sources' offsets, as JSON.

@@ -37,6 +37,7 @@ from sluice_spark.targets import (
     NEW_FIELDS_COLUMN,
     RAW_COLUMN,
     REASON_COLUMN,
+    RECORD_COLUMN,
 )
 
 _MAX_VALUE_IN_REASON = 120
@@ -125,7 +126,8 @@ def flag_dead_letters(frame: DataFrame, stream: StreamSpec) -> DataFrame:
                               F.array_join(F.col(NEW_FIELDS_COLUMN), ", "))
         reason = F.coalesce(reason, F.when(F.col(NEW_FIELDS_COLUMN).isNotNull(), new_fields))
     flagged = frame.withColumn(REASON_COLUMN, reason)
-    flagged = flagged.withColumn(RAW_COLUMN, F.when(F.col(REASON_COLUMN).isNotNull(), _raw_record(stream)))
+    flagged = flagged.withColumns({RAW_COLUMN: F.when(F.col(REASON_COLUMN).isNotNull(), _raw_record(stream)),
+                                   **({RECORD_COLUMN: _record_fields(stream)} if stream.expectations else {})})
     flagged = flagged.drop(CSV_FIELDS_COLUMN)
     if stream.source.rescues:
         rescued = F.count_if(F.col(REASON_COLUMN).isNull() & F.col(RESCUED_COLUMN).isNotNull())
@@ -153,17 +155,23 @@ def observed(progress: Iterable[StreamingQueryProgress], name: str) -> Iterator[
 def _raw_record(stream: StreamSpec) -> Column:
     """The record as it arrived when the reader kept it, else the parsed fields as JSON, with what the drift policy
     kept beside them (the rescued data, the new columns' values): a dead letter loses nothing."""
+    return F.coalesce(F.col(CORRUPT_COLUMN), F.to_json(_record_fields(stream)))
+
+
+def _record_fields(stream: StreamSpec) -> Column:
+    """The parsed record's fields, and what the drift policy kept beside them, as one struct (not serialised: only
+    a dead letter's is)."""
     source = stream.source
     names = [*source.read_schema.names, *([RESCUED_COLUMN] if source.rescues else []),
              *([NEW_COLUMNS_COLUMN] if source.schema_evolution is SchemaEvolution.ADD_NEW_COLUMNS else [])]
-    fields = F.struct(*[F.col(quote(name)) for name in names])
-    return F.coalesce(F.col(CORRUPT_COLUMN), F.to_json(fields))
+    return F.struct(*[F.col(quote(name)) for name in names])
 
 
 def check_expectations(frame: DataFrame, stream: StreamSpec, data_columns: list[str]) -> DataFrame:
     """Judge the good rows of a transformed frame by the stream's rules (see the module's docstring).
 
-    ``data_columns`` are the row's columns as the rules see them: a quarantined row's raw record is those, as JSON.
+    ``data_columns`` are the row's columns as the rules see them. A quarantined row's raw record is the record as the
+    source read it (:func:`flag_dead_letters` carries it), else those columns as JSON.
     """
     rules = stream.expectations
     if not rules:
@@ -190,7 +198,10 @@ def check_expectations(frame: DataFrame, stream: StreamSpec, data_columns: list[
     failed, quarantined = any_broke(Violation.FAIL), any_broke(Violation.QUARANTINE)
     dead = failed | quarantined
     dropped = any_broke(Violation.DROP) & ~dead
-    row = F.to_json(F.struct(*[F.col(quote(name)) for name in data_columns]))
+    # The record as it arrived (before the transform), so that a redrive can send it through the transform again;
+    # a frame routed without the source's flags (a test's) has only its columns.
+    row = F.to_json(F.col(RECORD_COLUMN) if RECORD_COLUMN in frame.columns
+                    else F.struct(*[F.col(quote(name)) for name in data_columns]))
     fail_rules = [rule.name for rule in rules if rule.on_violation is Violation.FAIL]
     judged_frame = flagged.withColumns({
         REASON_COLUMN: F.when(dead, F.concat(F.lit(QUARANTINE_REASON), names([rule.name for rule in rules])))
@@ -201,7 +212,7 @@ def check_expectations(frame: DataFrame, stream: StreamSpec, data_columns: list[
     metrics = [F.count_if(F.col(_JUDGED)).alias(CHECKED_METRIC), F.count_if(dropped).alias(DROPPED_METRIC),
                *[F.count_if(F.col(_flag(rule.name))).alias(broke_metric(rule.name)) for rule in rules]]
     observed = judged_frame.observe(EXPECTATIONS_METRIC, *metrics)
-    return observed.where(~dropped).drop(*flags)
+    return observed.where(~dropped).drop(*flags, RECORD_COLUMN)
 
 
 _JUDGED = "_sluice_judged"
