@@ -11,7 +11,10 @@ date-partitioned files. Three sides:
   features cost on top of Spark's minimum.
 
 Rounds alternate the order and the best time of each side is kept, because these machines are shared and noisy.
-The goal is sluice / parquet <= 1.10.
+Two goals: ``sluice_vs_parquet`` (the Delta sink against Spark's Parquet sink, the same frame) <= 1.10, and
+``bronze_vs_plain`` (the whole bronze stream against the bare JSON -> Parquet stream: what the data contract and the
+sink cost together on top of Spark's minimum) <= 1.3. The last line is the result as JSON, with ``ratios`` and
+``goals`` of the same keys.
 
     python bench/bench_ingest.py --rows 1000000
 """
@@ -36,6 +39,10 @@ from sluice.cli.demo_producer import EVENT_SCHEMA
 from sluice.model.schema import parse_schema
 from sluice.paths import Roots
 from sluice_spark.runner import build_routed_frame
+
+#: Each ratio's goal; the features' own ratio is printed without one (null).
+GOALS = {"sluice_vs_parquet": 1.10, "bronze_vs_plain": 1.3, "bronze_features_vs_plain": None}
+
 
 
 def write_events(folder: Path, rows: int, files: int) -> None:
@@ -130,11 +137,11 @@ def main() -> None:
             return elapsed
 
         best = best_of_rounds(["plain", "parquet", "sluice"], args.rounds, timed)
-        ratio = best["sluice"] / best["parquet"]
+        ratios = {"sluice_vs_parquet": best["sluice"] / best["parquet"],
+                  "bronze_vs_plain": best["sluice"] / best["plain"],
+                  "bronze_features_vs_plain": best["parquet"] / best["plain"]}
         print(json.dumps({"rows": args.rows, "best_seconds": {k: round(v, 2) for k, v in best.items()},
-                          "ratio_sluice_delta_vs_parquet_sink": round(ratio, 3),
-                          "ratio_bronze_features_vs_plain": round(best["parquet"] / best["plain"], 3),
-                          "goal": 1.10, "met": ratio <= 1.10}))
+                          "ratios": {key: round(value, 3) for key, value in ratios.items()}, "goals": GOALS}))
         spark.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -7,7 +7,8 @@ time, each of these ways, in one run of this script:
 - ``spark``: the floor. A fresh ``spark-submit`` of ``readStream.json(...).writeStream.parquet(...)`` with
   availableNow over the same files, with the same schema;
 - ``spark_same_jvm``: the floor again, its driver JVM started with the options Sluice gives its own (below): what
-  those options alone buy plain Spark (for comparison; no goal);
+  those options alone buy plain Spark; Sluice bare against it (``bare_vs_spark_same_jvm``) is Sluice's own work on
+  equal terms;
 - ``bare``: ``spark-submit spark_apps/stream_runner.py --stream events_bronze`` as the operator launches it: the
   driver JVM with the class archive of ``python -m sluice jvm-archive`` and, for this small run, the light JIT
   (:mod:`sluice.operations.jvm`). A small run: its batch is collected to the driver and appended there;
@@ -76,8 +77,10 @@ NO_SCHEDULE = "0 0 29 2 *"
 # docs/performance/cost.md).
 SCHEDULER_IDLE_SLEEP_TIME = "0.5"
 # A DAG run is timed two ways: `airflow dags test` (which parses the DAG folder first) and a running scheduler.
-GOALS = {"bare_vs_spark": 1.15, "dag_vs_bare": 1.15, "scheduler_vs_bare": 1.15, "scheduler_inline_vs_bare": 1.15,
-         "warm_vs_spark": 0.25}
+# `dags test`'s own start-up is Airflow's: its ratio is printed without a goal (null).
+GOALS: dict[str, float | None] = {
+    "bare_vs_spark": 1.15, "bare_vs_spark_same_jvm": 1.15, "dag_vs_bare": None, "scheduler_vs_bare": 1.15,
+    "scheduler_inline_vs_bare": 1.15, "warm_vs_spark": 0.10}
 
 FLOOR = '''
 import sys
@@ -388,7 +391,9 @@ def main() -> None:
             print(f"scheduled DAG run's tasks (s): {task_seconds(world.home)}")
             print(f"inline-gate DAG run's tasks (s): {task_seconds(world.home, f'ingest_{INLINE_STREAM}')}")
 
-        ratios = {"bare_vs_spark": best["bare"] / best["spark"], "dag_vs_bare": best["dag"] / best["bare"]}
+        ratios = {"bare_vs_spark": best["bare"] / best["spark"],
+                  "bare_vs_spark_same_jvm": best["bare"] / best["spark_same_jvm"],
+                  "dag_vs_bare": best["dag"] / best["bare"]}
         if "scheduler" in best:
             ratios["scheduler_vs_bare"] = best["scheduler"] / best["bare"]
             ratios["scheduler_inline_vs_bare"] = best["scheduler_inline"] / best["bare"]
@@ -401,13 +406,13 @@ def main() -> None:
         print()
         print(f"plain Spark floor  {best['spark']:6.2f} s")
         print(f"plain Spark, Sluice's JVM options {best['spark_same_jvm']:6.2f} s   (Sluice, bare: "
-              f"{best['bare'] / best['spark_same_jvm']:.2f}x that)")
+              f"{ratios['bare_vs_spark_same_jvm']:.2f}x that, goal <= {GOALS['bare_vs_spark_same_jvm']})")
         print(f"Sluice, bare       {best['bare']:6.2f} s   {ratios['bare_vs_spark']:.2f}x the floor "
               f"(goal <= {GOALS['bare_vs_spark']})")
         print(f"Sluice, bare, executors' write path {best['bare_executors']:6.2f} s   "
               f"{best['bare_executors'] / best['spark']:.2f}x the floor")
-        print(f"Sluice, dags test  {best['dag']:6.2f} s   {ratios['dag_vs_bare']:.2f}x bare "
-              f"(goal <= {GOALS['dag_vs_bare']})")
+        print(f"Sluice, dags test  {best['dag']:6.2f} s   {ratios['dag_vs_bare']:.2f}x bare (no goal: Airflow's "
+              "own start-up)")
         if "scheduler" in best:
             print(f"Sluice, scheduler  {best['scheduler']:6.2f} s   {ratios['scheduler_vs_bare']:.2f}x bare "
                   f"(goal <= {GOALS['scheduler_vs_bare']}), {best['scheduler'] / best['spark']:.2f}x the floor")
@@ -421,7 +426,6 @@ def main() -> None:
             "ratios": {key: round(value, 3) for key, value in ratios.items()},
             "goals": {key: GOALS[key] for key in ratios},
             "seconds": {side: round(value, 2) for side, value in best.items()},
-            "bare_vs_spark_same_jvm": round(best["bare"] / best["spark_same_jvm"], 3),
             "java_options": java_options,
             "phases_seconds": phases,
             "rows": stream["input_rows"],
