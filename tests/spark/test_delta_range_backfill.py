@@ -73,7 +73,7 @@ def test_a_delta_range_is_refused_by_name_before_anything_is_read(tmp_path: Path
             parse_request({"stream": "silver", **params}, catalog, run_id="r")
         assert refused.value.field == field, (field, str(refused.value))
     past = parse_request({"stream": "silver", "start_version": 1, "end_version": 9}, catalog, run_id="r")
-    with pytest.raises(BackfillError, match="^end_version: .* no version 9; its latest is 2"):
+    with pytest.raises(BackfillError, match=r"^end_version: .* no version 9; its latest is 2"):
         plan_backfill(past, catalog.get("silver"), roots)
 
 

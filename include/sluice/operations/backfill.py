@@ -39,7 +39,7 @@ from typing import Any
 from sluice.arguments import option_args
 from sluice.catalog import Catalog
 from sluice.constants import SOURCE_FILE_COLUMN, BackfillMode, SourceType
-from sluice.errors import SluiceError, printable
+from sluice.errors import BackfillError, SluiceError, printable
 from sluice.kinds import sink_kind, source_kind
 from sluice.limits import BACKFILL_MAX_RANGE_DAYS
 from sluice.model.predicates import DATAFUSION, RowFilter, render
@@ -72,14 +72,6 @@ _RUN_KEY = re.compile(r"[^A-Za-z0-9._-]+")
 EARLIEST = datetime(1, 1, 1, tzinfo=timezone.utc) + timedelta(days=BACKFILL_MAX_RANGE_DAYS + 2)
 LATEST = datetime(9999, 12, 31, tzinfo=timezone.utc) - timedelta(days=BACKFILL_MAX_RANGE_DAYS + 2)
 DEAD_LETTER_SOURCE_COLUMN = "source_file"
-
-
-class BackfillError(SluiceError):
-    """A backfill request was refused; nothing was read or written. The message starts with the field."""
-
-    def __init__(self, field_name: str, message: str) -> None:
-        super().__init__(f"{field_name}: {message}")
-        self.field = field_name
 
 
 @dataclass(frozen=True)
