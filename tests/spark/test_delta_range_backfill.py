@@ -75,6 +75,10 @@ def test_a_delta_range_is_refused_by_name_before_anything_is_read(tmp_path: Path
     past = parse_request({"stream": "silver", "start_version": 1, "end_version": 9}, catalog, run_id="r")
     with pytest.raises(BackfillError, match=r"^end_version: .* no version 9; its latest is 2"):
         plan_backfill(past, catalog.get("silver"), roots)
+    plan = plan_backfill(parse_request({"stream": "silver", "start_version": 1}, catalog, run_id="r"),
+                         catalog.get("silver"), roots)
+    assert plan.versions is not None and (plan.versions["first"], plan.versions["last"]) == (1, 2)
+    assert [v["records"] for v in plan.versions["versions"]] == [5, 7] and plan.files == []
 
 
 @pytest.mark.spark
