@@ -30,11 +30,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="backfill_runner", description=__doc__.split("\n\n")[0])
     parser.add_argument("--catalog", required=True)
     parser.add_argument("--stream", required=True)
-    parser.add_argument("--start", required=True)
-    parser.add_argument("--end", required=True)
+    parser.add_argument("--start")
+    parser.add_argument("--end")
+    parser.add_argument("--start-version", type=int)
+    parser.add_argument("--end-version", type=int)
     parser.add_argument("--timezone")
     parser.add_argument("--mode", default="append")
-    parser.add_argument("--select-by", default="event_time")
+    parser.add_argument("--select-by")
     parser.add_argument("--dry-run", action="store_true")
     parser.add_argument("--max-files-per-trigger", type=int)
     parser.add_argument("--reason")
@@ -73,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     params = {"stream": args.stream, "start": args.start, "end": args.end, "timezone": args.timezone,
               "mode": args.mode, "select_by": args.select_by, "dry_run": args.dry_run,
-              "max_files_per_trigger": args.max_files_per_trigger, "reason": args.reason}
+              "max_files_per_trigger": args.max_files_per_trigger, "reason": args.reason,
+              "start_version": args.start_version, "end_version": args.end_version}
     roots = Roots(landing=args.landing_root, lake=args.lake_root, checkpoints=args.checkpoint_root)
     try:
         catalog = load_catalog(args.catalog)

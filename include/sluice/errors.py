@@ -28,6 +28,14 @@ class SluiceError(Exception):
     """Base class of every error Sluice raises on purpose."""
 
 
+class BackfillError(SluiceError):
+    """A backfill request was refused; nothing was read or written. The message starts with the field."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+
+
 class CatalogError(SluiceError):
     """The stream catalog, or a value derived from it, is invalid.
 

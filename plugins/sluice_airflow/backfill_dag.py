@@ -10,6 +10,7 @@ from sluice.catalog import Catalog, load_catalog
 from sluice.operations.backfill import DAG_ID as BACKFILL_DAG_ID
 from sluice.operations.backfill import (
     DATE_TIME_PATTERN,
+    DELTA_SELECT_BY,
     MAX_FILES_PER_TRIGGER,
     MAX_REASON_LENGTH,
     MODES,
@@ -28,17 +29,26 @@ def backfill_params(streams: list[str]) -> dict[str, Param]:
     return {
         "stream": Param(streams[0] if streams else "", type="string", enum=streams, title="Stream",
                         description="The catalog stream to backfill; it writes into the stream's own tables"),
-        # No default: the form marks them required, and a trigger without them is refused.
-        "start": Param(type="string", format="date-time", pattern=DATE_TIME_PATTERN, title="Start (inclusive)",
+        # Empty for a Delta source's version range; a file source's backfill without them is refused by the
+        # trigger check.
+        "start": Param(None, type=["null", "string"], format="date-time", pattern=DATE_TIME_PATTERN,
+                       title="Start (inclusive)",
                        description="ISO 8601 with an offset, e.g. 2026-03-29T00:00:00+01:00; without one, the time "
-                                   "zone below applies"),
-        "end": Param(type="string", format="date-time", pattern=DATE_TIME_PATTERN, title="End (exclusive)",
-                     description="ISO 8601, after start"),
+                                   "zone below applies. Empty for a Delta source's version range"),
+        "end": Param(None, type=["null", "string"], format="date-time", pattern=DATE_TIME_PATTERN,
+                     title="End (exclusive)", description="ISO 8601, after start"),
+        "start_version": Param(None, type=["null", "integer"], minimum=0, title="Start version (Delta source)",
+                               description="The first version of the upstream Delta table to backfill (included)"),
+        "end_version": Param(None, type=["null", "integer"], minimum=0, title="End version (Delta source)",
+                             description="The last version to backfill (included); empty: the latest"),
         "timezone": Param(None, type=["null", "string"], pattern=TIME_ZONE_PATTERN, title="Time zone of naive times",
                           description="An IANA name (e.g. Europe/Berlin) for start and end without an offset"),
-        "select_by": Param("event_time", type="string", enum=list(SELECT_BY), title="Select by",
-                           description="event_time: rows whose event time is in the range. file_time: every row of "
-                                       "the files modified in the range"),
+        "select_by": Param(None, type=["null", "string"], enum=[None, *SELECT_BY, *DELTA_SELECT_BY],
+                           title="Select by",
+                           description="Files: event_time (the default), rows whose event time is in the range; "
+                                       "file_time, every row of the files modified in the range. A Delta source: "
+                                       "version (the default), start_version to end_version; commit_time, the "
+                                       "versions committed from start to end"),
         "mode": Param("append", type="string", enum=list(MODES), title="Mode",
                       description="append: add the files the tables do not hold yet (running it twice adds "
                                   "nothing). replace: swap the range's rows from the files read, in one commit"),

@@ -6,6 +6,10 @@ committed in ``foreachBatch``: once per table, with the backfill's query id and 
 transaction, so that a retried backfill (same run id, same frozen plan, same checkpoint) never writes a batch twice.
 ``replace`` runs as one batch and swaps the range in one commit per table (``replaceWhere``).
 
+A Delta source's range is read the same way, through the stream's own source with ``startingVersion`` and
+``endingVersion`` set to the planned versions: only ``sluice_delta`` (the rs engine) takes an ending version.
+delta-spark's streaming source has none, so a jvm stream's range backfill is refused before anything is read.
+
 The backfill holds the live stream's lock from planning to the last commit: it never writes while the stream
 writes, and the stream never writes while it does.
 """
@@ -33,6 +37,7 @@ from sluice.constants import (
     DeltaEngine,
     RunStatus,
     SchemaEvolution,
+    SourceType,
 )
 from sluice.kinds.credentials import scrub_secrets
 from sluice.limits import SOURCE_LOG_MAX_BYTES
@@ -83,8 +88,8 @@ class BackfillSummary:
     run_id: str
     mode: str
     select_by: str
-    start: str
-    end: str
+    start: str | None
+    end: str | None
     dry_run: bool
     reason: str | None = None
     status: str = RunStatus.PENDING
@@ -103,6 +108,8 @@ class BackfillSummary:
     rows_dropped: int = 0
     expectations: list[dict[str, Any]] = field(default_factory=list)
     replayed_batches: list[int] = field(default_factory=list)
+    # A Delta source's range: its first and last version, and the files, bytes and records of each.
+    versions: dict[str, Any] | None = None
     delta_version_before: int | None = None
     delta_version_after: int | None = None
     dead_letter_version_before: int | None = None
@@ -169,14 +176,17 @@ def run_backfill(spark: SparkSession, catalog: Catalog, request: BackfillRequest
     stream = catalog.get(request.stream)
     activate(spark)
     summary = BackfillSummary(stream=stream.name, run_id=request.run_id, mode=request.mode,
-                              select_by=request.select_by, start=request.start.isoformat(),
-                              end=request.end.isoformat(), dry_run=request.dry_run, reason=request.reason)
+                              select_by=request.select_by, start=request.start.isoformat() if request.start else None,
+                              end=request.end.isoformat() if request.end else None, dry_run=request.dry_run,
+                              reason=request.reason)
     started, started_at = time.monotonic(), time.time()
     live, own = stream.checkpoint_path(roots), folder(backfill_checkpoint(stream, roots, request))
     if not request.dry_run:
         require_hadoop_connector(spark, own.uri, f"stream '{stream.name}': backfill checkpoint")
     if stream.source.landing is not None:
         require_hadoop_connector(spark, stream.source_path(roots), f"stream '{stream.name}': landing folder")
+    if stream.source.type is SourceType.DELTA:
+        refuse_jvm_range(spark, stream, roots, engine)
     with waiting_lock(live, stream.name, f"backfill/{request.run_id}", lock_wait_seconds) as lock:
         plan = plan_backfill(request, stream, roots) if request.dry_run else _frozen_plan(own, request, stream, roots)
         summary.files, summary.file_bytes = len(plan.files), plan.bytes
@@ -185,11 +195,12 @@ def run_backfill(spark: SparkSession, catalog: Catalog, request: BackfillRequest
                                                                      plan.dead_letter_rows_to_replace)
         summary.sample_files = [f.path for f in plan.files[:50]]
         summary.notes = list(plan.notes)
+        summary.versions = plan.versions
         summary.delta_version_before = summary.delta_version_after = table_version(stream.sink_path(roots))
         summary.dead_letter_version_before = table_version(stream.dead_letter_table_path(roots))
         summary.dead_letter_version_after = summary.dead_letter_version_before
         batches: list[dict[str, Any]] = []
-        if plan.files:
+        if plan.files or plan.versions:
             if maps_case(stream):
                 preload_case_mappings(spark)
             batches = _run_query(spark, stream, roots, request, plan, summary, own, lock, engine)
@@ -208,6 +219,7 @@ def run_backfill(spark: SparkSession, catalog: Catalog, request: BackfillRequest
                                  ended_at=iso_utc(time.time()),
                                  note=runlog.json_text({"mode": summary.mode, "select_by": summary.select_by,
                                                         "start": summary.start, "end": summary.end,
+                                                        "versions": _version_bounds(plan),
                                                         "reason": summary.reason, "files": summary.files}))
             write_run_log(roots, [row], [{**batch, "run_id": run_id} for batch in batches])
             if summary.ok:  # its plan no longer holds landing files back from source.clean
@@ -215,13 +227,35 @@ def run_backfill(spark: SparkSession, catalog: Catalog, request: BackfillRequest
     return summary
 
 
+def refuse_jvm_range(spark: SparkSession, stream: StreamSpec, roots: Roots, engine: DeltaEngine | None) -> None:
+    """A Delta source's range is read with an ending version, which only the rs engine's source takes."""
+    if resolve_engine(spark, engine or stream.sink.engine, stream.locations(roots)) is DeltaEngine.JVM:
+        raise BackfillError("stream", f"stream '{stream.name}' runs on the jvm engine, whose Delta streaming source "
+                                      "(delta-spark) has no ending version; a Delta source's range backfill runs on "
+                                      "the rs engine (sink.engine: rs)")
+
+
+def _version_bounds(plan: BackfillPlan) -> list[int] | None:
+    return None if plan.versions is None else [plan.versions["first"], plan.versions["last"]]
+
+
+def _bounded(stream: StreamSpec, plan: BackfillPlan) -> StreamSpec:
+    """A Delta source's stream reading exactly the planned versions (its own options otherwise)."""
+    if plan.versions is None:
+        return stream
+    options = {**stream.source.options, "startingVersion": str(plan.versions["first"]),
+               "endingVersion": str(plan.versions["last"])}
+    options.pop("startingTimestamp", None)
+    return replace(stream, source=replace(stream.source, options=options))
+
+
 def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: BackfillRequest, plan: BackfillPlan,
                summary: BackfillSummary, own: Folder, lock: HeldLock,
                engine: DeltaEngine | None) -> list[dict[str, Any]]:
     """Run the backfill's query; its batches, as the run log keeps them."""
-    stream = with_added_columns(stream, roots)
+    stream = _bounded(with_added_columns(stream, roots), plan)
     routed, data_columns = build_routed_frame(
-        spark, stream, roots, path=hadoop_glob([f.path for f in plan.files]),
+        spark, stream, roots, path=hadoop_glob([f.path for f in plan.files]) if plan.files else None,
         trigger=TriggerSpec(max_files_per_trigger=request.max_files_per_trigger),
     )
     targets = sink_targets(stream, roots, data_columns)
@@ -243,7 +277,8 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
         summary.query_id, summary.checkpoint = query_id, own.uri
     metadata: dict[str, Any] = {CommitInfo.STREAM: stream.name, CommitInfo.BACKFILL_RUN: request.run_id,
                 CommitInfo.BACKFILL_QUERY: query_id, CommitInfo.BACKFILL_MODE: request.mode,
-                CommitInfo.BACKFILL_RANGE: f"[{request.start.isoformat()}, {request.end.isoformat()})",
+                CommitInfo.BACKFILL_RANGE: request.range_text if plan.versions is None
+                else f"versions [{plan.versions['first']}, {plan.versions['last']}]",
                 CommitInfo.BACKFILL_REASON: request.reason or ""}
 
     def count(batch: DataFrame, batch_id: int) -> bool:

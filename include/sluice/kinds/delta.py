@@ -166,6 +166,8 @@ CDC_BLOCK = Block(
 class DeltaSourceKind(SourceKind):
     type = SourceType.DELTA
     needs_schedule = False
+    # Backfilled by a range of the upstream table's versions, appended (sluice.operations.delta_range).
+    backfill_refusal = None
 
     def catalog_blocks(self) -> tuple[Block, ...]:
         return (_DELTA_SOURCE,)

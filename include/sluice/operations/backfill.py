@@ -20,6 +20,12 @@ Then ``select_by`` picks the slice: ``file_time`` takes the files modified in ``
 ``replace`` swaps, in one commit per table, the target rows of the range *that came from the files read* for the
 rows read again: ``<range> AND _source_file IN (<files>)``. Rows of files that were not read are never touched.
 ``append`` adds only files the tables do not hold yet, so running it twice adds nothing.
+
+A Delta source is backfilled by a range of the upstream table's versions instead: ``start_version`` to
+``end_version`` (both included), or ``select_by: commit_time`` with ``start`` and ``end``, the versions committed in
+``[start, end)``. Only ``append``: the rows those versions added go through the stream's definition again (the plan
+is :func:`sluice.operations.delta_range.plan_version_range`). ``replace`` is refused: the stream's table does not
+record which upstream version a row came from, so no predicate could take exactly those rows out.
 """
 
 from __future__ import annotations
@@ -32,8 +38,8 @@ from typing import Any
 
 from sluice.arguments import option_args
 from sluice.catalog import Catalog
-from sluice.constants import SOURCE_FILE_COLUMN, BackfillMode
-from sluice.errors import SluiceError, printable
+from sluice.constants import SOURCE_FILE_COLUMN, BackfillMode, SourceType
+from sluice.errors import BackfillError, SluiceError, printable
 from sluice.kinds import sink_kind, source_kind
 from sluice.limits import BACKFILL_MAX_RANGE_DAYS
 from sluice.model.predicates import DATAFUSION, RowFilter, render
@@ -47,7 +53,10 @@ from sluice.storage.landing import SourceFile, SourceState, list_landing_zone
 DAG_ID = "backfill"
 MODES = tuple(mode.value for mode in BackfillMode)
 SELECT_BY = ("event_time", "file_time")
-PARAMS = ("stream", "start", "end", "timezone", "select_by", "mode", "dry_run", "max_files_per_trigger", "reason")
+# How a Delta source's range is given: versions of the upstream table, or the times they were committed.
+DELTA_SELECT_BY = ("version", "commit_time")
+PARAMS = ("stream", "start", "end", "timezone", "select_by", "mode", "dry_run", "max_files_per_trigger", "reason",
+          "start_version", "end_version")
 MAX_REASON_LENGTH = 500
 # The shapes the trigger form's JSON Schema holds start, end and timezone to (what parse_request reads): an ISO 8601
 # date and time, to the minute at least, with an optional offset; an IANA zone name.
@@ -65,27 +74,22 @@ LATEST = datetime(9999, 12, 31, tzinfo=timezone.utc) - timedelta(days=BACKFILL_M
 DEAD_LETTER_SOURCE_COLUMN = "source_file"
 
 
-class BackfillError(SluiceError):
-    """A backfill request was refused; nothing was read or written. The message starts with the field."""
-
-    def __init__(self, field_name: str, message: str) -> None:
-        super().__init__(f"{field_name}: {message}")
-        self.field = field_name
-
-
 @dataclass(frozen=True)
 class BackfillRequest:
     """A validated backfill: the range is UTC-aware and ``start < end``."""
 
     stream: str
-    start: datetime
-    end: datetime
+    # None for a range of versions (a Delta source's start_version, end_version).
+    start: datetime | None
+    end: datetime | None
     mode: BackfillMode = BackfillMode.APPEND
     select_by: str = "event_time"
     dry_run: bool = False
     max_files_per_trigger: int | None = None
     reason: str | None = None
     run_id: str = "manual"
+    start_version: int | None = None
+    end_version: int | None = None
 
     @property
     def run_key(self) -> str:
@@ -94,12 +98,23 @@ class BackfillRequest:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        data["start"], data["end"] = self.start.isoformat(), self.end.isoformat()
+        data["start"] = self.start.isoformat() if self.start else None
+        data["end"] = self.end.isoformat() if self.end else None
         return data
+
+    @property
+    def range_text(self) -> str:
+        """The range as the commits and the run log spell it."""
+        if self.start is None or self.end is None:
+            last = "latest" if self.end_version is None else self.end_version
+            return f"versions [{self.start_version}, {last}]"
+        return f"[{self.start.isoformat()}, {self.end.isoformat()})"
 
     def to_args(self) -> list[str]:
         """The backfill runner's command-line arguments for this request."""
-        return option_args({"stream": self.stream, "start": self.start.isoformat(), "end": self.end.isoformat(),
+        return option_args({"stream": self.stream, "start": self.start.isoformat() if self.start else None,
+                            "end": self.end.isoformat() if self.end else None,
+                            "start-version": self.start_version, "end-version": self.end_version,
                             "mode": self.mode, "select-by": self.select_by, "run-id": self.run_id,
                             "dry-run": self.dry_run, "max-files-per-trigger": self.max_files_per_trigger,
                             "reason": self.reason or None})
@@ -170,17 +185,16 @@ def parse_request(params: Mapping[str, Any], catalog: Catalog, *, run_id: str) -
         known = ", ".join(stream.name for stream in catalog)
         raise BackfillError("stream", f"unknown stream {name!r}; known streams: {known}")
     stream = catalog.get(name)
+    if stream.source.type is SourceType.DELTA:
+        return _parse_delta_range(params, stream, run_id=run_id)
+    for version_param in ("start_version", "end_version"):
+        if params.get(version_param) not in (None, ""):
+            raise BackfillError(version_param, f"stream '{name}' reads a {stream.source.type.value} source; "
+                                               "a version range is for a Delta source")
     refusal = source_kind(stream.source).backfill_refusal
     if refusal is not None:
         raise BackfillError("stream", f"stream '{name}' reads a {stream.source.type.value} source; {refusal}")
-    refusal = sink_kind(stream.sink).backfill_refusal
-    if refusal is not None:
-        raise BackfillError("stream", f"stream '{name}' writes to {stream.sink.format.value}; {refusal}")
-    if stream.patterns.stateful or stream.patterns.fan_out or stream.sink.mode.value != "append":
-        raise BackfillError("stream", f"stream '{name}' keeps state in its checkpoint, upserts its table or fans "
-                                      "out; a backfill runs with a checkpoint of its own and writes the stream's "
-                                      "table only, so it could neither see that state nor keep the tables in step. "
-                                      "Rebuild the stream from its source instead")
+    _refuse_stream(stream)
     zone_name = params.get("timezone")
     zone = None
     if zone_name not in (None, ""):
@@ -211,6 +225,9 @@ def parse_request(params: Mapping[str, Any], catalog: Catalog, *, run_id: str) -
         raise BackfillError("mode", f"unknown mode {raw_mode!r}; expected one of {', '.join(MODES)}")
     mode = BackfillMode(raw_mode)
     select_by = params.get("select_by") or "event_time"
+    if select_by in DELTA_SELECT_BY:
+        raise BackfillError("select_by", f"{select_by} selects a Delta source's versions; stream '{name}' reads "
+                                         f"files: expected one of {', '.join(SELECT_BY)}")
     if select_by not in SELECT_BY:
         raise BackfillError("select_by", f"unknown value {select_by!r}; expected one of {', '.join(SELECT_BY)}")
     if select_by == "event_time" and stream.backfill.event_time_column is None:
@@ -224,15 +241,96 @@ def parse_request(params: Mapping[str, Any], catalog: Catalog, *, run_id: str) -
         if mode is BackfillMode.REPLACE:
             raise BackfillError("max_files_per_trigger", "replace reads the range in one batch, so that it is "
                                                          "swapped in one commit; leave it empty")
-    reason = params.get("reason")
-    if reason in ("",):
-        reason = None
-    if reason is not None and (not isinstance(reason, str) or len(reason) > MAX_REASON_LENGTH
-                               or not reason.isprintable()):
-        raise BackfillError("reason", f"expected one line of text of at most {MAX_REASON_LENGTH} characters")
+    reason = _reason(params.get("reason"))
     return BackfillRequest(stream=name, start=start, end=end, mode=mode, select_by=select_by,
                            dry_run=_as_bool("dry_run", params.get("dry_run", False)),
                            max_files_per_trigger=limit, reason=reason, run_id=run_id)
+
+
+def _parse_delta_range(params: Mapping[str, Any], stream: StreamSpec, *, run_id: str) -> BackfillRequest:
+    """A Delta source's request: a version range or a commit-time range of the upstream table, appended."""
+    import pendulum
+
+    _refuse_stream(stream)
+    raw_mode = params.get("mode") or BackfillMode.APPEND.value
+    if raw_mode not in MODES:
+        raise BackfillError("mode", f"unknown mode {raw_mode!r}; expected one of {', '.join(MODES)}")
+    if raw_mode != BackfillMode.APPEND.value:
+        raise BackfillError("mode", f"stream '{stream.name}' reads a Delta source, which is backfilled with append "
+                                    "only: its table does not record which upstream version a row came from, so "
+                                    "replace could not take exactly those rows out")
+    versions = {key: params.get(key) for key in ("start_version", "end_version")}
+    versions = {key: None if value in (None, "") else value for key, value in versions.items()}
+    for key, value in versions.items():
+        if isinstance(value, str) and value.strip().isdigit():
+            versions[key] = int(value.strip())
+        elif value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise BackfillError(key, f"expected a version of the upstream table (an integer from 0), got {value!r}")
+    by_time = params.get("start") not in (None, "") or params.get("end") not in (None, "")
+    select_by = params.get("select_by") or ("commit_time" if by_time else "version")
+    if select_by not in DELTA_SELECT_BY:
+        raise BackfillError("select_by", f"stream '{stream.name}' reads a Delta source: expected one of "
+                                         f"{', '.join(DELTA_SELECT_BY)}, got {select_by!r}")
+    start = end = None
+    if select_by == "version":
+        if by_time:
+            raise BackfillError("start", "give a version range (start_version, end_version) or a commit time range "
+                                         "(select_by commit_time, start, end), not both")
+        if versions["start_version"] is None:
+            raise BackfillError("start_version", f"stream '{stream.name}' reads a Delta source: give the first "
+                                                 "version to backfill (and end_version, the last; the latest if "
+                                                 "empty)")
+        end_version = versions["end_version"]
+        if end_version is not None and end_version < versions["start_version"]:
+            raise BackfillError("end_version", f"{end_version} is before start_version {versions['start_version']}")
+    else:
+        if versions["start_version"] is not None or versions["end_version"] is not None:
+            name = "start_version" if versions["start_version"] is not None else "end_version"
+            raise BackfillError(name, "select_by commit_time takes start and end, not versions")
+        zone_name = params.get("timezone")
+        zone = None
+        if zone_name not in (None, ""):
+            try:
+                zone = pendulum.timezone(str(zone_name))
+            except Exception:  # pendulum raises its own InvalidTimezone, or a ZoneInfo error
+                raise BackfillError("timezone", f"unknown time zone {zone_name!r}; use an IANA name such as "
+                                                "Europe/Berlin or UTC") from None
+        start = _parse_time("start", params.get("start"), zone)
+        end = _parse_time("end", params.get("end"), zone)
+        if end <= start:
+            raise BackfillError("end", f"{end.isoformat()} is not after start {start.isoformat()}")
+    if params.get("max_files_per_trigger") not in (None, ""):
+        limit = params.get("max_files_per_trigger")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_FILES_PER_TRIGGER:
+            raise BackfillError("max_files_per_trigger", f"expected an integer from 1 to {MAX_FILES_PER_TRIGGER}, "
+                                                         f"got {limit!r}")
+    else:
+        limit = None
+    reason = _reason(params.get("reason"))
+    return BackfillRequest(stream=stream.name, start=start, end=end, mode=BackfillMode.APPEND, select_by=select_by,
+                           dry_run=_as_bool("dry_run", params.get("dry_run", False)), max_files_per_trigger=limit,
+                           reason=reason, run_id=run_id, start_version=versions["start_version"],
+                           end_version=versions["end_version"])
+
+
+def _refuse_stream(stream: StreamSpec) -> None:
+    """A stream a backfill cannot write: a sink it cannot backfill, state, upserts or fan-out."""
+    refusal = sink_kind(stream.sink).backfill_refusal
+    if refusal is not None:
+        raise BackfillError("stream", f"stream '{stream.name}' writes to {stream.sink.format.value}; {refusal}")
+    if stream.patterns.stateful or stream.patterns.fan_out or stream.sink.mode.value != "append":
+        raise BackfillError("stream", f"stream '{stream.name}' keeps state in its checkpoint, upserts its table or "
+                                      "fans out; a backfill runs with a checkpoint of its own and writes the stream's "
+                                      "table only, so it could neither see that state nor keep the tables in step. "
+                                      "Rebuild the stream from its source instead")
+
+
+def _reason(reason: object) -> str | None:
+    if reason in ("", None):
+        return None
+    if not isinstance(reason, str) or len(reason) > MAX_REASON_LENGTH or not reason.isprintable():
+        raise BackfillError("reason", f"expected one line of text of at most {MAX_REASON_LENGTH} characters")
+    return reason
 
 
 @dataclass
@@ -251,6 +349,8 @@ class BackfillPlan:
     dead_letter_rows_to_replace: int = 0
     event_time_column: str | None = None
     notes: list[str] = field(default_factory=list)
+    # A Delta source's range: sluice.operations.delta_range.VersionRange.to_dict(), with the counts per version.
+    versions: dict[str, Any] | None = None
 
     @property
     def bytes(self) -> int:
@@ -299,7 +399,18 @@ def count_rows(path: str, where: RowFilter) -> int:
 
 
 def plan_backfill(request: BackfillRequest, stream: StreamSpec, roots: Roots) -> BackfillPlan:
-    """The files to read, the files left to the live stream, and what ``replace`` would swap out."""
+    """The files to read, the files left to the live stream, and what ``replace`` would swap out; for a Delta
+    source, the upstream versions to read, with their counts."""
+    if stream.source.type is SourceType.DELTA:
+        from sluice.operations.delta_range import plan_version_range
+
+        changes = getattr(stream.source, "read", None) == "changes"
+        versions = plan_version_range(stream.source_path(roots), start_version=request.start_version,
+                                      end_version=request.end_version, start=request.start, end=request.end,
+                                      changes=changes)
+        return BackfillPlan(request=request.to_dict(), files=[], versions=versions.to_dict(),
+                            notes=list(versions.notes))
+    assert request.start is not None and request.end is not None  # a files request has both
     live = SourceState.of(stream, CheckpointReader(stream.checkpoint_path(roots)))
     start, end = request.start.timestamp(), request.end.timestamp()
     if request.select_by == "file_time":

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from sluice.operations.backfill import BackfillError
+from sluice.errors import BackfillError
 from sluice.storage.delta import CHANGE_FEED_PROPERTY, commit_actions, open_table
 from sluice.storage.store import folder
 

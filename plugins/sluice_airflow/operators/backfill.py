@@ -54,6 +54,10 @@ class BackfillPlanOperator(SluiceOperator):
                       "%d already held; %d row(s) to replace", request.stream, request.start, request.end,
                       request.mode, request.select_by, result["file_count"], result["file_bytes"],
                       plan.pending_files, plan.held_files, plan.rows_to_replace)
+        if plan.versions is not None:  # a Delta source's range
+            for version in plan.versions["versions"]:
+                self.log.info("Upstream version %(version)s committed %(committed_at)s: %(files)s file(s), "
+                              "%(bytes)s bytes, %(records)s record(s)", version)
         for note in plan.notes:
             self.log.info("%s", note)
         return result
