@@ -120,6 +120,19 @@ class BackfillRequest:
                             "reason": self.reason or None})
 
 
+def parse_zone(value: object) -> Any:
+    """The IANA time zone a request's ``timezone`` names (naive times are read in it); None when it names none."""
+    import pendulum
+
+    if value in (None, ""):
+        return None
+    try:
+        return pendulum.timezone(str(value))
+    except Exception:  # pendulum raises its own InvalidTimezone, or a ZoneInfo error
+        raise BackfillError("timezone", f"unknown time zone {value!r}; use an IANA name such as Europe/Berlin or "
+                                        "UTC") from None
+
+
 def _parse_time(name: str, value: object, zone: Any) -> datetime:
     import pendulum
 
@@ -195,14 +208,7 @@ def parse_request(params: Mapping[str, Any], catalog: Catalog, *, run_id: str) -
     if refusal is not None:
         raise BackfillError("stream", f"stream '{name}' reads a {stream.source.type.value} source; {refusal}")
     _refuse_stream(stream)
-    zone_name = params.get("timezone")
-    zone = None
-    if zone_name not in (None, ""):
-        try:
-            zone = pendulum.timezone(str(zone_name))
-        except Exception:  # pendulum raises its own InvalidTimezone, or a ZoneInfo error
-            raise BackfillError("timezone", f"unknown time zone {zone_name!r}; use an IANA name such as "
-                                            "Europe/Berlin or UTC") from None
+    zone = parse_zone(params.get("timezone"))
     start = _parse_time("start", params.get("start"), zone)
     end = _parse_time("end", params.get("end"), zone)
     if end <= start:
@@ -249,7 +255,6 @@ def parse_request(params: Mapping[str, Any], catalog: Catalog, *, run_id: str) -
 
 def _parse_delta_range(params: Mapping[str, Any], stream: StreamSpec, *, run_id: str) -> BackfillRequest:
     """A Delta source's request: a version range or a commit-time range of the upstream table, appended."""
-    import pendulum
 
     _refuse_stream(stream)
     raw_mode = params.get("mode") or BackfillMode.APPEND.value
@@ -287,14 +292,7 @@ def _parse_delta_range(params: Mapping[str, Any], stream: StreamSpec, *, run_id:
         if versions["start_version"] is not None or versions["end_version"] is not None:
             name = "start_version" if versions["start_version"] is not None else "end_version"
             raise BackfillError(name, "select_by commit_time takes start and end, not versions")
-        zone_name = params.get("timezone")
-        zone = None
-        if zone_name not in (None, ""):
-            try:
-                zone = pendulum.timezone(str(zone_name))
-            except Exception:  # pendulum raises its own InvalidTimezone, or a ZoneInfo error
-                raise BackfillError("timezone", f"unknown time zone {zone_name!r}; use an IANA name such as "
-                                                "Europe/Berlin or UTC") from None
+        zone = parse_zone(params.get("timezone"))
         start = _parse_time("start", params.get("start"), zone)
         end = _parse_time("end", params.get("end"), zone)
         if end <= start:

@@ -30,7 +30,7 @@ from sluice.errors import SluiceError
 from sluice.kinds import sink_kind
 from sluice.model.predicates import DATAFUSION
 from sluice.model.stream import StreamSpec
-from sluice.operations.backfill import _RUN_KEY, MAX_REASON_LENGTH, BackfillError, _parse_time
+from sluice.operations.backfill import _RUN_KEY, MAX_REASON_LENGTH, BackfillError, _parse_time, parse_zone
 from sluice.paths import Roots, join
 from sluice.storage.delta import open_table, query
 
@@ -103,7 +103,6 @@ def redrive_refusal(stream: StreamSpec) -> str | None:
 
 def parse_request(params: Mapping[str, Any], catalog: Catalog, *, run_id: str) -> RedriveRequest:
     """Validate redrive params (from the trigger form or the command line); every refusal names its field."""
-    import pendulum
 
     unknown = sorted(set(params) - set(PARAMS))
     if unknown:
@@ -115,21 +114,14 @@ def parse_request(params: Mapping[str, Any], catalog: Catalog, *, run_id: str) -
     refusal = redrive_refusal(catalog.get(name))
     if refusal is not None:
         raise RedriveError("stream", f"stream '{name}' cannot be redriven: {refusal}")
-    zone_name = params.get("timezone")
-    zone = None
-    if zone_name not in (None, ""):
-        try:
-            zone = pendulum.timezone(str(zone_name))
-        except Exception:  # pendulum raises its own InvalidTimezone, or a ZoneInfo error
-            raise RedriveError("timezone", f"unknown time zone {zone_name!r}; use an IANA name such as "
-                                           "Europe/Berlin or UTC") from None
     moments: dict[str, datetime | None] = {}
-    for key in ("since", "until"):
-        value = params.get(key)
-        try:
+    try:  # a backfill's rules for times, refused in the redrive's words
+        zone = parse_zone(params.get("timezone"))
+        for key in ("since", "until"):
+            value = params.get(key)
             moments[key] = None if value in (None, "") else _parse_time(key, value, zone)
-        except BackfillError as exc:
-            raise RedriveError(exc.field, str(exc).split(": ", 1)[1]) from None
+    except BackfillError as exc:
+        raise RedriveError(exc.field, str(exc).split(": ", 1)[1]) from None
     since, until = moments["since"], moments["until"]
     if since is not None and until is not None and until <= since:
         raise RedriveError("until", f"{until.isoformat()} is not after since {since.isoformat()}")
