@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from sluice.constants import CleanAction, FaultCode, FileFormat, SchemaEvolution, Severity, SourceType
+from sluice.errors import CatalogError
 from sluice.kinds.base import (
     ENVELOPE_KEYS,
     Backlog,
@@ -75,6 +76,21 @@ class CleanSpec:
     archive_to: str | None = None
 
 
+#: How often a stream told of its files by notifications lists its landing zone all the same, by default: a message
+#: lost without a trace (deleted by hand, moved to a dead-letter queue) is caught by the next listing.
+DEFAULT_LIST_EVERY_SECONDS = 86_400
+
+
+@dataclass(frozen=True)
+class NotificationSpec:
+    """``source.notifications``: the SQS queue (a URL, or a name in the environment's region) that receives the
+    landing bucket's S3 event notifications, so that runs and the arrival watcher read the queue instead of listing
+    the bucket; a listing run at least every ``list_every_seconds`` (:mod:`sluice.storage.notified`)."""
+
+    queue: str
+    list_every_seconds: int = DEFAULT_LIST_EVERY_SECONDS
+
+
 @dataclass(frozen=True, kw_only=True)
 class FileSource(SourceSpec):
     """Files in ``path`` under the landing root."""
@@ -82,6 +98,7 @@ class FileSource(SourceSpec):
     type: ClassVar[SourceType] = SourceType.FILES
     path: str
     clean: CleanSpec | None = None
+    notifications: NotificationSpec | None = None
 
     def location(self, roots: Roots) -> str:
         return join(roots.landing, self.path)
@@ -132,6 +149,8 @@ def _files_source(file_format: FileFormat) -> Block:
                        "schema drift"),
             *(ENVELOPE_KEYS if file_format is FileFormat.JSON else ()),
             Key("clean", Type.BLOCK, "archive or delete the files committed batches have read", block="clean"),
+            Key("notifications", Type.BLOCK, "read new files' names from an SQS queue of S3 event notifications "
+                "instead of listing the landing bucket (an `s3a://` path)", block="notifications"),
         ),
         when=("type", "files"),
     )
@@ -146,6 +165,33 @@ _CLEAN = Block("clean", "source.clean", "What becomes of a landing file once com
                    Key("archive_to", Type.FOLDER, "the archive folder under the landing root (archive only); the "
                        "files keep their path below the source folder", default_text="required to archive"),
                ))
+
+
+_NOTIFICATIONS = Block(
+    "notifications", "source.notifications", "An SQS queue that receives the landing bucket's S3 event notifications "
+    "(`s3:ObjectCreated:*`): runs and the arrival watcher read the new files' names from it, and list the landing "
+    "zone only on a stream's first run, every `list_every`, and when the queue may have lost messages.", (
+        Key("queue", Type.STRING, "the queue's URL, or its name in the deployment's region", required=True),
+        Key("list_every", Type.DURATION, "the longest time between two runs that list the landing zone (they catch a "
+            "message lost without a trace)", default="1 day", pattern=DURATION_PATTERN),
+    ))
+
+
+def _parse_notifications(section: Section, path: str) -> NotificationSpec:
+    queue = section.get("queue", str, required=True)
+    assert queue is not None
+    if not queue.strip():
+        raise section.error("queue", "is empty; give the queue's URL or name")
+    list_every = section.interval("list_every")
+    section.done()
+    scheme, _, rest = path.partition("://")
+    bucket, _, prefix = rest.partition("/")
+    if scheme != "s3a" or not bucket or not prefix.strip("/"):
+        # Notifications name objects of one bucket; Spark reads them by their s3a:// URIs, one request each, only
+        # when each is below a folder (a glob of names at a bucket's root would list the bucket).
+        raise CatalogError(f"needs a source path of the form s3a://bucket/folder (S3 event notifications name the "
+                           f"objects of one bucket), not {path!r}", stream=section.stream, field=section.path)
+    return NotificationSpec(queue.strip(), DEFAULT_LIST_EVERY_SECONDS if list_every is None else list_every)
 
 
 def _parse_clean(section: Section) -> CleanSpec:
@@ -167,7 +213,7 @@ class FilesKind(SourceKind):
     backfill_refusal = None
 
     def catalog_blocks(self) -> tuple[Block, ...]:
-        return (*(_files_source(file_format) for file_format in FORMAT_OPTIONS), _CLEAN)
+        return (*(_files_source(file_format) for file_format in FORMAT_OPTIONS), _CLEAN, _NOTIFICATIONS)
 
     def parse(self, section: Section) -> FileSource:
         file_format = section.enum("format", FileFormat, required=True)
@@ -183,6 +229,8 @@ class FilesKind(SourceKind):
         options = reader_options(section, FORMAT_OPTIONS[file_format], file_format.value)
         clean_section = section.section("clean")
         clean = _parse_clean(clean_section) if "clean" in section.raw else None
+        notifications_section = section.section("notifications")
+        notifications = _parse_notifications(notifications_section, path) if "notifications" in section.raw else None
         policy = schema_evolution(section, POLICIES[file_format], file_format.value)
         if file_format is FileFormat.JSON and policy is not SchemaEvolution.NONE:
             check_strict_json(section, options, policy)
@@ -207,8 +255,8 @@ class FilesKind(SourceKind):
         unwrap, schema = read_envelope(section, schema, json=file_format is FileFormat.JSON)
         section.done()
         return FileSource(format=file_format, path=path, schema=schema, options=options, schema_evolution=policy,
-                          clean=clean, envelope=unwrap.envelope, envelope_tiebreak=unwrap.tiebreak,
-                          envelope_truncate=unwrap.truncate)
+                          clean=clean, notifications=notifications, envelope=unwrap.envelope,
+                          envelope_tiebreak=unwrap.tiebreak, envelope_truncate=unwrap.truncate)
 
     def backlog(self, stream: StreamSpec, roots: Roots, reader: CheckpointReader) -> Backlog:
         """Files (and their bytes) the next run will read, and when the oldest of them was written."""

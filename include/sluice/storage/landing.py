@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from urllib.parse import quote
@@ -117,18 +117,30 @@ def _listed(stream: StreamSpec, roots: Roots) -> Iterator[tuple[str, bool, Sourc
         for path, is_link in _walk_source(stream, location.removeprefix("file://")):
             yield path, is_link, None
         return
+    lists = listing_rule(stream)
+    base = location.rstrip("/")
+    for relative, entry in folder(base).walk():
+        if lists(relative):
+            yield f"{base}/{relative}", False, SourceFile(f"{base}/{relative}", entry.size, entry.modified)
+
+
+def listing_rule(stream: StreamSpec) -> Callable[[str], bool]:
+    """Whether Spark's file source would list a file at this path below the source folder (``a/b.json``): no
+    ``_`` or ``.`` names, partition folders only without ``recursiveFileLookup``, the name matching
+    ``pathGlobFilter``. A notified object is held to the same rule (:mod:`sluice.storage.notified`)."""
     glob = stream.source.options.get("pathGlobFilter")
     matches = glob_regex(glob).match if glob else None
     recursive = str(stream.source.options.get("recursiveFileLookup", "false")).lower() == "true"
-    base = location.rstrip("/")
-    for relative, entry in folder(base).walk():
+
+    def lists(relative: str) -> bool:
         *folders, name = relative.split("/")
         if any(part.startswith(("_", ".")) for part in relative.split("/")):
-            continue
+            return False
         if any(not recursive and "=" not in part for part in folders):
-            continue
-        if matches is None or matches(name):
-            yield f"{base}/{relative}", False, SourceFile(f"{base}/{relative}", entry.size, entry.modified)
+            return False
+        return matches is None or bool(matches(name))
+
+    return lists
 
 
 def _walk_source(stream: StreamSpec, location: str) -> Iterator[tuple[str, bool]]:
