@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 PROJECT = Path(__file__).resolve().parent.parent
 MOTO_VENV = PROJECT / ".venv-moto"
@@ -47,11 +48,51 @@ def _free_port() -> int:
 class S3Server:
     endpoint: str
     process: subprocess.Popen[bytes]
+    log: Path
 
     def create_bucket(self) -> str:
         name = f"sluice-{uuid.uuid4().hex[:12]}"
         urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/{name}", method="PUT"), timeout=10)
         return name
+
+    def client(self, service: str) -> Any:
+        """A boto3 client of the server (S3 or SQS) with the test credentials."""
+        import boto3
+
+        return boto3.client(service, endpoint_url=self.endpoint, region_name="us-east-1",
+                            aws_access_key_id="sluice-test", aws_secret_access_key="sluice-test-secret")
+
+    def notifying_queue(self, bucket: str, prefix: str, *, visibility_seconds: int = 30) -> str:
+        """A new SQS queue that the bucket notifies of each object created under ``prefix`` (S3 event
+        notifications, as a deployment sets them up); its URL."""
+        sqs = self.client("sqs")
+        url = sqs.create_queue(QueueName=f"{bucket}-{uuid.uuid4().hex[:6]}",
+                               Attributes={"VisibilityTimeout": str(visibility_seconds)})["QueueUrl"]
+        arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        self.client("s3").put_bucket_notification_configuration(Bucket=bucket, NotificationConfiguration={
+            "QueueConfigurations": [{"QueueArn": arn, "Events": ["s3:ObjectCreated:*"],
+                                     "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": prefix}]}}}]})
+        self.lose_messages(str(url))  # S3's test event
+        return str(url)
+
+    def lose_messages(self, queue: str) -> int:
+        """Take every visible message off the queue unread, as an operator's mistake or an expiry would; how many."""
+        sqs, lost = self.client("sqs"), 0
+        while messages := sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10).get("Messages", []):
+            for message in messages:
+                sqs.delete_message(QueueUrl=queue, ReceiptHandle=message["ReceiptHandle"])
+            lost += len(messages)
+        return lost
+
+    def log_offset(self) -> int:
+        return self.log.stat().st_size
+
+    def requests_since(self, offset: int) -> list[str]:
+        """The requests the server logged after ``offset`` bytes of its log (``GET /bucket?list-type=2...``)."""
+        with open(self.log, "rb") as handle:
+            handle.seek(offset)
+            text = handle.read().decode("utf-8", errors="replace")
+        return [line.split('"')[1] for line in text.splitlines() if line.count('"') >= 2]
 
     def environment(self) -> dict[str, str]:
         """What a deployment sets for Sluice to reach the store (test credentials: moto accepts any)."""
@@ -78,7 +119,7 @@ def start_s3_server(log: Path) -> Iterator[S3Server]:
                     raise RuntimeError(f"moto's server did not start: {log.read_text(errors='replace')[-2000:]}") \
                         from exc
                 time.sleep(0.1)  # a server start has no event to await
-        yield S3Server(endpoint, process)
+        yield S3Server(endpoint, process, log)
     finally:
         process.terminate()
         process.wait(timeout=10)

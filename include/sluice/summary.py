@@ -62,6 +62,9 @@ class StreamRunSummary:
     # ``source.clean`` after the run: files archived, deleted and left (:class:`sluice.storage.clean.CleanReport`),
     # or {"error": ...} when cleaning failed (the run's commits stand; the next run cleans again).
     cleaned: dict[str, Any] | None = None
+    # ``source.notifications``: the notified files the run read ("files"), the queue's messages it drained
+    # ("messages"), and why it listed its landing folder instead ("listed"; None when it did not).
+    notified: dict[str, Any] | None = None
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 
-POINTS = ("executor_written", "before_commit", "between_commits", "after_commit", "run_logged")
+POINTS = ("executor_written", "before_commit", "between_commits", "after_commit", "run_logged", "notified_journaled")
 
 
 def _wanted(point: str, batch_id: int | None) -> bool:

@@ -30,6 +30,7 @@ from sluice.model.section import Section
 from sluice.model.sources import SourceSpec
 from sluice.paths import Roots, join
 from sluice.storage.landing import SourceState, source_links, unread_files
+from sluice.storage.store import is_local
 
 if TYPE_CHECKING:
     from sluice.model.stream import StreamSpec
@@ -274,6 +275,8 @@ class FilesKind(SourceKind):
         """Spark's file listing follows symbolic links: a link in the landing zone would make the run read whatever
         host file it points at (into the tables, or as raw text into the dead-letter table). The run waits until it
         is gone."""
+        if not is_local(stream.source_path(roots)):
+            return []  # an object store holds no links (and a listing here would undo source.notifications)
         links = source_links(stream, roots)
         if not links:
             return []

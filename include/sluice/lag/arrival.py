@@ -17,10 +17,16 @@ from sluice.paths import Roots
 
 
 def unread(stream: StreamSpec, roots: Roots) -> frozenset[str]:
-    """The stream's unread data by identity, as its source kind's lag probe sees it (no JVM)."""
+    """The stream's unread data by identity, as its source kind's lag probe sees it (no JVM); for a stream with
+    ``source.notifications``, as its notification queue and journal tell it, without a listing
+    (:func:`sluice.storage.notified.watch_unread`)."""
     from sluice.kinds import source_kind
     from sluice.storage.checkpoint import CheckpointReader
 
+    if getattr(stream.source, "notifications", None) is not None:
+        from sluice.storage.notified import watch_unread
+
+        return watch_unread(stream, roots)
     reader = CheckpointReader(stream.checkpoint_path(roots))
     return source_kind(stream.source).backlog(stream, roots, reader).arrivals
 

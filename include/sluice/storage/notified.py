@@ -331,3 +331,20 @@ def after_run(stream: StreamSpec, roots: Roots, read: NotifiedRead) -> None:
         if all(read_by_commits(path) for path in entry.files) or (
                 covered_before is not None and entry.written_ns / 1e9 < covered_before):
             own.delete(entry.name)
+
+
+def watch_unread(stream: StreamSpec, roots: Roots) -> frozenset[str]:
+    """What the arrival watcher of a notified stream sees as unread, without a listing: it drains the queue into the
+    journal, then takes the journaled files the source log has not recorded, and, when the next run must list, one
+    item that says why (:data:`LISTING_DUE`), so that the watcher starts the run that lists."""
+    try:
+        drain(stream, roots)
+    except SluiceError:
+        raise
+    except Exception as exc:  # boto3's errors share no base: the watcher logs and looks again
+        raise SluiceError(f"stream {stream.name!r}: cannot read its notification queue: {exc}") from exc
+    unread = set(unrecorded(stream, roots))
+    due = listing_due(stream, roots)
+    if due is not None:
+        unread.add(LISTING_DUE + due)
+    return frozenset(unread)

@@ -17,8 +17,9 @@ from sluice.model.transforms import TRANSFORMS
 from sluice.paths import Roots
 from sluice.storage.checkpoint import ensure_query_id
 from sluice.storage.delta import table_version
+from sluice.storage.notified import NotifiedRead, plan_read
 from sluice.summary import StreamRunSummary
-from sluice_spark import kinds
+from sluice_spark import faults, kinds
 from sluice_spark.drift.fields import reads_by_header
 from sluice_spark.kinds import read_stream
 from sluice_spark.runner.tables import (
@@ -54,6 +55,8 @@ class PreparedStream:
     collect: bool = False
     # The columns ``add_new_columns`` added to the stream's table during this run, with their types.
     added_columns: dict[str, str] = field(default_factory=dict)
+    # What a stream with ``source.notifications`` reads: the notified files, or its landing folder listed.
+    notified: NotifiedRead | None = None
 
 
 def build_routed_frame(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | None = None,
@@ -98,7 +101,10 @@ def prepare_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, run
     query_id = ensure_query_id(checkpoint)
     stream = with_added_columns(stream, roots)
     resolved = resolve_engine(spark, engine or stream.sink.engine, stream.locations(roots))
-    routed, data_columns = build_routed_frame(spark, stream, roots, engine=resolved)
+    notified = (plan_read(stream, roots, after_journal=lambda: faults.reach("notified_journaled"))
+                if getattr(stream.source, "notifications", None) is not None else None)
+    routed, data_columns = build_routed_frame(spark, stream, roots, engine=resolved,
+                                              path=None if notified is None else notified.path)
     targets = sink_targets(stream, roots, data_columns)
     kinds.sink(stream).check(spark, stream)
     create_tables(stream, routed, tables_to_create(targets, resolved, change_feed=feeds_changes(stream)))
@@ -113,8 +119,9 @@ def prepare_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, run
         dead_letter_version_before=table_version(dead.path),
     )
     summary.write_path = "driver" if collect else None
+    summary.notified = None if notified is None else notified.to_dict()
     return PreparedStream(stream, query_id, resolved, routed, targets, checkpoint, summary, data_columns=data_columns,
-                          collect=collect)
+                          collect=collect, notified=notified)
 
 
 def collects_on_driver(stream: StreamSpec, roots: Roots, engine: DeltaEngine, targets: list[TableTarget]) -> bool:
@@ -126,6 +133,9 @@ def collects_on_driver(stream: StreamSpec, roots: Roots, engine: DeltaEngine, ta
     than the small run's own work."""
     if engine is not DeltaEngine.RS or any(target.mode is not SinkMode.APPEND for target in targets):
         return False
+    if getattr(stream.source, "notifications", None) is not None:
+        return False  # the probe would list the landing folder that the notifications spare
+
     limit = int(os.environ.get("SLUICE_DRIVER_WRITE_MAX_BYTES", DRIVER_WRITE_MAX_BYTES))
     unread = text_append_backlog(stream, roots) if limit > 0 else None
     return unread is not None and unread <= limit

@@ -7,6 +7,7 @@ committed; a mismatch fails the run, so nothing is dropped silently."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 import uuid
@@ -39,6 +40,8 @@ from sluice_spark.runner.query import (
 )
 from sluice_spark.runner.runlog import batch_rows, write_run_log
 from sluice_spark.session import activate, preload_case_mappings, require_hadoop_connector
+
+log = logging.getLogger(__name__)
 
 
 def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: Roots, *,
@@ -95,6 +98,7 @@ def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: 
                 # A stopped query reports no error, and the batches it ran reconcile: it did not reach the end.
                 summary.status, summary.retryable = RunStatus.FAILED, True
                 summary.error = CANCELLED
+        notified_after(prepared, summaries, roots)
         clean_after(summaries, catalog, roots)
         clock.lap("finish")
         scrub_errors(summaries)
@@ -103,6 +107,22 @@ def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: 
         faults.reach("run_logged")
         clock.lap("run_log")
     return RunSummary(app_id=spark.sparkContext.applicationId, streams=summaries, phases_seconds=clock.seconds)
+
+
+def notified_after(prepared: Iterable[PreparedStream], summaries: Iterable[StreamRunSummary], roots: Roots) -> None:
+    """``source.notifications`` after each successful run: a listing run's time recorded, the journal compacted
+    (:func:`sluice.storage.notified.after_run`). A failure fails nothing: the journal only grows until the next
+    run compacts it."""
+    from sluice.storage.notified import after_run
+
+    succeeded = {summary.stream for summary in summaries if summary.status == RunStatus.SUCCEEDED}
+    for item in prepared:
+        if item.notified is None or item.spec.name not in succeeded:
+            continue
+        try:
+            after_run(item.spec, roots, item.notified)
+        except (SluiceError, OSError) as exc:
+            log.warning("stream %s: cannot record its notified run (%s); the next run does", item.spec.name, exc)
 
 
 def clean_after(summaries: Iterable[StreamRunSummary], catalog: Catalog, roots: Roots) -> None:
