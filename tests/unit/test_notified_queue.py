@@ -94,7 +94,7 @@ def test_a_kill_between_the_journal_and_the_delete_loses_nothing(world: Any) -> 
 
 
 def test_the_listing_rule(world: Any) -> None:
-    stream, roots, server, bucket = world
+    stream, roots, server, _ = world
     assert "has not listed" in (listing_due(stream, roots) or "")
     mark_listed(stream, roots, at=1_000_000.0)
     assert listing_due(stream, roots, now=1_000_000.0 + 3599) is None
