@@ -128,3 +128,32 @@ def test_the_watcher_sees_the_queue_and_never_lists_the_bucket(world: Any) -> No
     mark_listed(stream, roots, at=0.0)  # list_every has passed: the watcher starts the run that lists
     assert watch_unread(stream, roots) == frozenset(
         {*wanted, LISTING_DUE + "its last listing is older than list_every (3600s)"})
+
+
+def test_the_arrival_trigger_fires_from_the_queue_without_listing(
+        s3: str, s3_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from sluice_airflow.triggers import StreamArrivalTrigger
+
+    queue = s3_server.notifying_queue(s3, PREFIX)
+    source = {**events_stream()["source"], "path": f"s3a://{s3}/{PREFIX.rstrip('/')}",
+              "notifications": {"queue": queue}}
+    catalog = write_catalog(tmp_path, events_stream(source=source, arrival={"poll": "1s", "settle": "1s"}))
+    monkeypatch.setenv("SLUICE_CATALOG", str(catalog))
+    monkeypatch.setenv("SLUICE_DATA_ROOT", str(tmp_path))
+    stream = load_catalog(catalog).get("events")
+    mark_listed(stream, Roots.from_env(), at=time.time())
+    offset = s3_server.log_offset()
+
+    async def first_event() -> dict[str, Any]:
+        events = StreamArrivalTrigger(stream="events").run()
+        wanted = put(s3_server, s3, f"{PREFIX}a.json")
+        event = await asyncio.wait_for(anext(events), timeout=30)
+        await events.aclose()
+        assert event.payload["examples"] == wanted
+        return dict(event.payload)
+
+    assert asyncio.run(first_event())["new"] == 1
+    requests = s3_server.requests_since(offset)
+    assert not any(request.startswith(f"GET /{s3}") for request in requests), requests
