@@ -157,3 +157,47 @@ def test_the_arrival_trigger_fires_from_the_queue_without_listing(
     assert asyncio.run(first_event())["new"] == 1
     requests = s3_server.requests_since(offset)
     assert not any(request.startswith(f"GET /{s3}") for request in requests), requests
+
+
+def committed(roots: Roots, stream: StreamSpec, *paths: str) -> None:
+    """Spark's checkpoint after batch 0 read ``paths`` and committed: its file source log and its commit."""
+    checkpoint = Path(stream.checkpoint_path(roots))
+    (checkpoint / "sources" / "0").mkdir(parents=True)
+    (checkpoint / "commits").mkdir()
+    (checkpoint / "sources" / "0" / "0").write_text("v1\n" + "".join(
+        json.dumps({"path": path, "timestamp": 1_000, "batchId": 0}) + "\n" for path in paths))
+    (checkpoint / "commits" / "0").write_text('v1\n{"nextBatchWatermarkMs":0}\n')
+
+
+def test_a_run_reads_the_unrecorded_files_and_the_journal_keeps_only_those(world: Any) -> None:
+    stream, roots, server, bucket = world
+    mark_listed(stream, roots, at=time.time())
+    read_before = put(server, bucket, f"{PREFIX}a.json")
+    drain(stream, roots)
+    new = put(server, bucket, f"{PREFIX}day=2/b.json", f"{PREFIX}c d.json")
+    committed(roots, stream, *read_before)
+    plan = notified.plan_read(stream, roots)
+    assert plan.listed is None and plan.files == 2 and plan.drained.messages == 2
+    assert plan.path == f"s3a://{bucket}/{{{PREFIX}c d.json,{PREFIX}day=2/b.json}}"
+    assert sorted(new) == unrecorded(stream, roots)
+    notified.after_run(stream, roots, plan)
+    left = [entry.name for entry in notified.journal(stream, roots).entries() if entry.name.startswith("notified-")]
+    assert len(left) == 1, "the drain whose file a committed batch read is gone; the unread one stays"
+
+
+def test_nothing_notified_reads_a_name_that_cannot_exist(world: Any) -> None:
+    stream, roots, _, bucket = world
+    mark_listed(stream, roots, at=time.time())
+    plan = notified.plan_read(stream, roots)
+    assert (plan.path, plan.files, plan.listed) == (f"s3a://{bucket}/{{{PREFIX}_sluice_nothing_notified}}", 0, None)
+
+
+def test_a_queue_that_cannot_be_read_makes_a_listing_run(world: Any, tmp_path: Path) -> None:
+    stream, roots, server, _ = world
+    mark_listed(stream, roots, at=time.time())
+    source = {**events_stream()["source"], "path": stream.source.path,
+              "notifications": {"queue": f"{server.endpoint}/123456789012/no-such-queue"}}
+    (tmp_path / "other").mkdir()
+    missing = load_catalog(write_catalog(tmp_path / "other", events_stream(source=source))).get("events")
+    plan = notified.plan_read(missing, roots)
+    assert plan.path is None and (plan.listed or "").startswith("the queue could not be read")
