@@ -122,4 +122,6 @@ def test_a_notified_landing_zone_lands_each_file_once(tmp_path: Path, s3: str, s
     good, bad = landing.oracle()
     assert bronze(stream.sink_path(roots)) == good
     assert listing["input_rows"] == sum(1 for line in lost.read_text().splitlines() if line.strip()) and bad > 0
+    entries = [entry.name for entry in journal(stream, roots).entries() if entry.name.startswith("notified-")]
+    assert entries == [], "the journal keeps only files no committed batch has read"
     shutil.rmtree(tmp_path / "made")
