@@ -201,3 +201,12 @@ def test_a_queue_that_cannot_be_read_makes_a_listing_run(world: Any, tmp_path: P
     missing = load_catalog(write_catalog(tmp_path / "other", events_stream(source=source))).get("events")
     plan = notified.plan_read(missing, roots)
     assert plan.path is None and (plan.listed or "").startswith("the queue could not be read")
+
+
+def test_a_backlog_larger_than_a_glob_names_is_listed(world: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    stream, roots, server, bucket = world
+    mark_listed(stream, roots, at=time.time())
+    put(server, bucket, f"{PREFIX}a.json", f"{PREFIX}b.json")
+    monkeypatch.setattr(notified, "MAX_NOTIFIED_FILES", 1)
+    plan = notified.plan_read(stream, roots)
+    assert plan.path is None and "2 notified files are unread" in (plan.listed or "")

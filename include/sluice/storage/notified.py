@@ -23,7 +23,8 @@ still decides what is new: a file journaled twice, or read by an earlier listing
 - a drain received a message it could not read as an S3 event, or one that had waited in the queue more than half
   of the queue's retention period (a queue that far behind may already have dropped older messages), or the name of
   a file that a glob cannot name (``{``, ``,``...);
-- the queue could not be read at all (the run's data still lands; the summary and the log say why).
+- the queue could not be read at all (the run's data still lands; the summary and the log say why);
+- more than :data:`MAX_NOTIFIED_FILES` journaled files are unread (a backlog a listing reads more cheaply).
 
 A listing run's files are recorded by the same paths as a notified run's, so nothing is read twice either way.
 """
@@ -60,6 +61,9 @@ _PREFIX = "notified-"
 _UNGLOBBABLE = frozenset("\\{}[]*?,^")
 #: Messages one drain takes at most: the rest wait in the queue for the next drain.
 MAX_MESSAGES_PER_DRAIN = 10_000
+#: The most unread notified files a run names in its glob; a larger backlog is read by listing the landing folder
+#: (a request per file stops paying off, and the glob is a path string Spark carries in its plan).
+MAX_NOTIFIED_FILES = 10_000
 #: What the arrival watcher reports as unread when a listing run is due: it starts the run that lists.
 LISTING_DUE = "listing due: "
 
@@ -302,6 +306,10 @@ def plan_read(stream: StreamSpec, roots: Roots, *, after_journal: Callable[[], N
         log.info("stream %s: this run lists its landing folder: %s", stream.name, reason)
         return NotifiedRead(None, listed=reason, drained=drained, started_at=started_at)
     files = unrecorded(stream, roots)
+    if len(files) > MAX_NOTIFIED_FILES:
+        reason = f"{len(files)} notified files are unread, more than one glob names ({MAX_NOTIFIED_FILES})"
+        log.info("stream %s: this run lists its landing folder: %s", stream.name, reason)
+        return NotifiedRead(None, listed=reason, drained=drained, started_at=started_at)
     bucket, prefix = _source_prefix(stream, roots)
     # Nothing to read: a name that cannot exist (Spark's listing skips `_` names) keeps the query's plan and reads
     # nothing, with one request for it.
