@@ -155,26 +155,46 @@ class StreamArrivalTrigger(_StoreAccess, BaseEventTrigger):
 
         return Roots.from_env()
 
-    def _look(self, credentials: dict[str, str] | None) -> frozenset[str]:
+    def _look(self, credentials: dict[str, str] | None, queue: dict[str, str] | None = None) -> frozenset[str]:
         from sluice.catalog import load_catalog
         from sluice.lag.arrival import unread
         from sluice.storage.credentials import scoped
 
         with scoped(credentials):
-            return unread(load_catalog(self.catalog).get(self.stream), self._roots())
+            return unread(load_catalog(self.catalog).get(self.stream), self._roots(), queue_credentials=queue)
+
+    async def _queue_credentials(self, conn_id: str | None) -> dict[str, str] | None:
+        """The ``AWS_*`` of the notification queue's own connection (``source.notifications.connection``), read
+        again for each look as the store's are, masked; None without one (the store's credentials serve)."""
+        from airflow.sdk.log import mask_secret
+
+        from sluice.connections.storage import aconnection_environment, secrets_of
+        from sluice.errors import SluiceError
+
+        if conn_id is None:
+            return None
+        env = await aconnection_environment(conn_id)
+        if env is None:
+            raise SluiceError(f"connection {conn_id!r} (source.notifications.connection) is not defined")
+        for secret in secrets_of(env):
+            mask_secret(secret)
+        return {name: value for name, value in env.items() if name.startswith("AWS_")}
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from sluice.catalog import load_catalog
         from sluice.errors import SluiceError
         from sluice.lag.arrival import ArrivalWatch
 
-        spec = load_catalog(self.catalog).get(self.stream).arrival
+        stream = load_catalog(self.catalog).get(self.stream)
+        spec = stream.arrival
+        queue_conn = getattr(getattr(stream.source, "notifications", None), "connection", None)
         if spec is None:
             raise SluiceError(f"stream {self.stream!r} has no arrival block in the catalog; nothing to watch")
         watch = ArrivalWatch(spec)
         while True:
             try:
-                unread_now = await asyncio.to_thread(self._look, await self._credentials())
+                unread_now = await asyncio.to_thread(self._look, await self._credentials(),
+                                                     await self._queue_credentials(queue_conn))
             except (SluiceError, OSError) as exc:  # a store that is briefly away: look again, as a listing would
                 self.log.warning("Cannot look at stream %s's source: %s; looking again in %ss", self.stream, exc,
                                  spec.poll_seconds)

@@ -130,15 +130,22 @@ def test_the_watcher_sees_the_queue_and_never_lists_the_bucket(world: Any) -> No
         {*wanted, LISTING_DUE + "its last listing is older than list_every (3600s)"})
 
 
+@pytest.mark.parametrize("connection", [None, "sluice_queue"])
 def test_the_arrival_trigger_fires_from_the_queue_without_listing(
-        s3: str, s3_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        s3: str, s3_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, connection: str | None) -> None:
+    """With a queue connection, the trigger reads it on the triggerer and reaches the queue with it alone."""
     import asyncio
 
     from sluice_airflow.triggers import StreamArrivalTrigger
 
     queue = s3_server.notifying_queue(s3, PREFIX)
     source = {**events_stream()["source"], "path": f"s3a://{s3}/{PREFIX.rstrip('/')}",
-              "notifications": {"queue": queue}}
+              "notifications": {"queue": queue, **({"connection": connection} if connection else {})}}
+    if connection:
+        monkeypatch.setenv("AIRFLOW_CONN_SLUICE_QUEUE", json.dumps({
+            "conn_type": "aws", "login": "queue-key", "password": "queue-secret-1234",
+            "extra": {"region_name": "us-east-1", "endpoint_url": s3_server.endpoint}}))
+        monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing there: the connection's is used
     catalog = write_catalog(tmp_path, events_stream(source=source, arrival={"poll": "1s", "settle": "1s"}))
     monkeypatch.setenv("SLUICE_CATALOG", str(catalog))
     monkeypatch.setenv("SLUICE_DATA_ROOT", str(tmp_path))
@@ -210,3 +217,29 @@ def test_a_backlog_larger_than_a_glob_names_is_listed(world: Any, monkeypatch: p
     monkeypatch.setattr(notified, "MAX_NOTIFIED_FILES", 1)
     plan = notified.plan_read(stream, roots)
     assert plan.path is None and "2 notified files are unread" in (plan.listed or "")
+
+
+def test_a_queue_connection_reaches_the_run_apart_from_the_stores_credentials(
+        world: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``source.notifications.connection``: the operator passes it to the driver as one variable (the kinds'
+    credentials, as a Kafka connection goes), its secret masked and scrubbed; the drain reaches the queue with it
+    alone (the environment's endpoint is gone)."""
+    from sluice.kinds.credentials import connection_environments, run_secrets
+
+    stream, roots, server, bucket = world
+    monkeypatch.setenv("AIRFLOW_CONN_SLUICE_QUEUE", json.dumps({
+        "conn_type": "aws", "login": "queue-key", "password": "queue-secret-1234",
+        "extra": {"region_name": "us-east-1", "endpoint_url": server.endpoint}}))
+    source = {**events_stream()["source"], "path": stream.source.path,
+              "notifications": {"queue": stream.source.notifications.queue, "connection": "sluice_queue"}}
+    (roots_dir := Path(roots.checkpoints).parent / "with-connection").mkdir()
+    queued_stream = load_catalog(write_catalog(roots_dir, events_stream(source=source))).get("events")
+    (found,) = connection_environments([queued_stream])
+    assert found.conn_id == "sluice_queue" and "queue-secret-1234" in found.secrets
+    assert "queue-secret-1234" not in found.description
+    for name, value in found.env.items():
+        monkeypatch.setenv(name, value)
+    assert "queue-secret-1234" in run_secrets()
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    wanted = put(server, bucket, f"{PREFIX}a.json")
+    assert drain(queued_stream, roots).files == 1 and unrecorded(queued_stream, roots) == wanted

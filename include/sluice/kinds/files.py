@@ -9,15 +9,18 @@ files whose time falls in a range, into the same tables, with its own checkpoint
 from __future__ import annotations
 
 import codecs
+import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from sluice.constants import CleanAction, FaultCode, FileFormat, SchemaEvolution, Severity, SourceType
-from sluice.errors import CatalogError
+from sluice.errors import CatalogError, SluiceError
 from sluice.kinds.base import (
     ENVELOPE_KEYS,
     Backlog,
+    Credentials,
     SourceKind,
     declared_schema,
     read_envelope,
@@ -30,6 +33,7 @@ from sluice.model.section import Section
 from sluice.model.sources import SourceSpec
 from sluice.paths import Roots, join
 from sluice.storage.landing import SourceState, source_links, unread_files
+from sluice.storage.notified import QUEUE_ENV_PREFIX, QUEUE_SECRETS, queue_env_name
 from sluice.storage.store import is_local
 
 if TYPE_CHECKING:
@@ -86,10 +90,12 @@ DEFAULT_LIST_EVERY_SECONDS = 86_400
 class NotificationSpec:
     """``source.notifications``: the SQS queue (a URL, or a name in the environment's region) that receives the
     landing bucket's S3 event notifications, so that runs and the arrival watcher read the queue instead of listing
-    the bucket; a listing run at least every ``list_every_seconds`` (:mod:`sluice.storage.notified`)."""
+    the bucket; a listing run at least every ``list_every_seconds`` (:mod:`sluice.storage.notified`). ``connection``:
+    an Airflow ``aws`` connection for the queue; without it, the object store's credentials."""
 
     queue: str
     list_every_seconds: int = DEFAULT_LIST_EVERY_SECONDS
+    connection: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,6 +109,10 @@ class FileSource(SourceSpec):
 
     def location(self, roots: Roots) -> str:
         return join(roots.landing, self.path)
+
+    @property
+    def connection(self) -> str | None:
+        return None if self.notifications is None else self.notifications.connection
 
     @property
     def landing(self) -> str:
@@ -175,6 +185,8 @@ _NOTIFICATIONS = Block(
         Key("queue", Type.STRING, "the queue's URL, or its name in the deployment's region", required=True),
         Key("list_every", Type.DURATION, "the longest time between two runs that list the landing zone (they catch a "
             "message lost without a trace)", default="1 day", pattern=DURATION_PATTERN),
+        Key("connection", Type.STRING, "an Airflow connection (type aws) for the queue",
+            default_text="the object store's credentials"),
     ))
 
 
@@ -184,6 +196,9 @@ def _parse_notifications(section: Section, path: str) -> NotificationSpec:
     if not queue.strip():
         raise section.error("queue", "is empty; give the queue's URL or name")
     list_every = section.interval("list_every")
+    connection = section.get("connection", str)
+    if connection is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", connection):
+        raise section.error("connection", f"expected an Airflow connection id, got {connection!r}")
     section.done()
     scheme, _, rest = path.partition("://")
     bucket, _, prefix = rest.partition("/")
@@ -192,7 +207,41 @@ def _parse_notifications(section: Section, path: str) -> NotificationSpec:
         # when each is below a folder (a glob of names at a bucket's root would list the bucket).
         raise CatalogError(f"needs a source path of the form s3a://bucket/folder (S3 event notifications name the "
                            f"objects of one bucket), not {path!r}", stream=section.stream, field=section.path)
-    return NotificationSpec(queue.strip(), DEFAULT_LIST_EVERY_SECONDS if list_every is None else list_every)
+    return NotificationSpec(queue.strip(), DEFAULT_LIST_EVERY_SECONDS if list_every is None else list_every,
+                            connection)
+
+
+class QueueCredentials(Credentials):
+    """A queue connection (``source.notifications.connection``, type aws) reaches the driver as one
+    ``SLUICE_SQS_CONN_<ID>`` variable, the JSON of its ``AWS_*`` variables: the object store's own ``AWS_*``
+    stay as they are."""
+
+    def environment(self, conn_id: str) -> dict[str, str]:
+        from sluice.connections.storage import connection_environment
+
+        env = connection_environment(conn_id)
+        if env is None:
+            raise SluiceError(f"connection {conn_id!r} (source.notifications.connection) is not defined in Airflow")
+        return {queue_env_name(conn_id): json.dumps({name: value for name, value in env.items()
+                                                     if name.startswith("AWS_")})}
+
+    def secrets(self, environ: Mapping[str, str]) -> list[str]:
+        found = []
+        for name, text in environ.items():
+            if name.startswith(QUEUE_ENV_PREFIX) and text:
+                try:
+                    values = json.loads(text)
+                except ValueError:
+                    found.append(text)
+                    continue
+                found += [str(values[key]) for key in QUEUE_SECRETS if isinstance(values, dict) and values.get(key)]
+        return found
+
+    def described(self, env: Mapping[str, str]) -> str:
+        return "; ".join(f"SQS, {sorted(json.loads(text))}" for text in env.values())
+
+
+QUEUE_CREDENTIALS = QueueCredentials()
 
 
 def _parse_clean(section: Section) -> CleanSpec:
@@ -211,6 +260,7 @@ def _parse_clean(section: Section) -> CleanSpec:
 
 class FilesKind(SourceKind):
     type = SourceType.FILES
+    credentials = QUEUE_CREDENTIALS
     backfill_refusal = None
 
     def catalog_blocks(self) -> tuple[Block, ...]:

@@ -10,23 +10,26 @@ twice: the checkpoint decides what a run reads, never the watcher).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sluice.model.stream import ArrivalSpec, StreamSpec
 from sluice.paths import Roots
 
 
-def unread(stream: StreamSpec, roots: Roots) -> frozenset[str]:
+def unread(stream: StreamSpec, roots: Roots, *, queue_credentials: Mapping[str, str] | None = None
+           ) -> frozenset[str]:
     """The stream's unread data by identity, as its source kind's lag probe sees it (no JVM); for a stream with
     ``source.notifications``, as its notification queue and journal tell it, without a listing
-    (:func:`sluice.storage.notified.watch_unread`)."""
+    (:func:`sluice.storage.notified.watch_unread`; ``queue_credentials``: its queue connection's, read on the
+    triggerer)."""
     from sluice.kinds import source_kind
     from sluice.storage.checkpoint import CheckpointReader
 
     if getattr(stream.source, "notifications", None) is not None:
         from sluice.storage.notified import watch_unread
 
-        return watch_unread(stream, roots)
+        return watch_unread(stream, roots, credentials=queue_credentials)
     reader = CheckpointReader(stream.checkpoint_path(roots))
     return source_kind(stream.source).backlog(stream, roots, reader).arrivals
 

@@ -34,9 +34,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote_plus
@@ -146,13 +147,38 @@ def s3_objects(body: str) -> list[tuple[str, str]] | None:
     return objects
 
 
-def queue_client() -> Any:
-    """An SQS client with the scoped credentials (the storage connection's, on the triggerer or in a task), else
-    the environment's: the queue lives with the bucket. ``AWS_ENDPOINT_URL`` (an S3-compatible server that serves
-    SQS too) and ``AWS_REGION`` are honoured as the S3 side honours them."""
+#: The variable that carries a queue connection (``source.notifications.connection``) to a run's driver: the JSON
+#: of its ``AWS_*`` variables, apart from the object store's own ``AWS_*``.
+QUEUE_ENV_PREFIX = "SLUICE_SQS_CONN_"
+#: The variables of a queue connection that hold a secret.
+QUEUE_SECRETS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+
+def queue_env_name(conn_id: str) -> str:
+    return QUEUE_ENV_PREFIX + re.sub(r"[^A-Za-z0-9]", "_", conn_id).upper()
+
+
+def queue_credentials(spec: Any, environ: Mapping[str, str] | None = None) -> dict[str, str] | None:
+    """The ``AWS_*`` variables of the queue's own connection, as the operator passed them to this process; None
+    without a connection (the object store's credentials serve)."""
+    if spec.connection is None:
+        return None
+    environ = os.environ if environ is None else environ
+    text = environ.get(queue_env_name(spec.connection))
+    if text is None:
+        raise SluiceError(f"source.notifications.connection {spec.connection!r} did not reach this process "
+                          f"({queue_env_name(spec.connection)} is not set): run the stream from its DAG, or set it")
+    return dict(json.loads(text))
+
+
+def queue_client(credentials: Mapping[str, str] | None = None) -> Any:
+    """An SQS client with ``credentials`` (the queue connection's ``AWS_*``) when given, else the scoped ones (the
+    storage connection's, on the triggerer or in a task), else the environment's: the queue lives with the bucket.
+    ``AWS_ENDPOINT_URL`` (an S3-compatible server that serves SQS too) and ``AWS_REGION`` are honoured as the S3
+    side honours them."""
     import boto3
 
-    env = {**os.environ, **dict(current())}
+    env = {**os.environ, **dict(current())} if credentials is None else {**os.environ, **credentials}
     return boto3.client(
         "sqs",
         region_name=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION"),
@@ -170,14 +196,16 @@ def queue_url(client: Any, queue: str) -> str:
 
 
 def drain(stream: StreamSpec, roots: Roots, *, client: Any = None, after_journal: Callable[[], None] | None = None,
-          max_messages: int = MAX_MESSAGES_PER_DRAIN, now: float | None = None) -> Drained:
+          max_messages: int = MAX_MESSAGES_PER_DRAIN, now: float | None = None,
+          credentials: Mapping[str, str] | None = None) -> Drained:
     """Take the queue's messages into the stream's journal, then delete them from the queue (``after_journal`` is
     called between the two: the kill tests stop there). Messages of other buckets and folders, and files Spark's
-    listing would skip (``_`` names, the glob filter), are deleted without a journal entry."""
+    listing would skip (``_`` names, the glob filter), are deleted without a journal entry. ``credentials``: the
+    queue connection's, read on the triggerer; else :func:`queue_credentials`."""
     spec = notifications(stream)
     bucket, prefix = _source_prefix(stream, roots)
     lists = listing_rule(stream)
-    client = client or queue_client()
+    client = client or queue_client(credentials if credentials is not None else queue_credentials(spec))
     url = queue_url(client, spec.queue)
     retention = int(client.get_queue_attributes(QueueUrl=url, AttributeNames=["MessageRetentionPeriod"])
                     ["Attributes"].get("MessageRetentionPeriod", 345_600))
@@ -341,12 +369,13 @@ def after_run(stream: StreamSpec, roots: Roots, read: NotifiedRead) -> None:
             own.delete(entry.name)
 
 
-def watch_unread(stream: StreamSpec, roots: Roots) -> frozenset[str]:
+def watch_unread(stream: StreamSpec, roots: Roots, *, credentials: Mapping[str, str] | None = None
+                 ) -> frozenset[str]:
     """What the arrival watcher of a notified stream sees as unread, without a listing: it drains the queue into the
     journal, then takes the journaled files the source log has not recorded, and, when the next run must list, one
     item that says why (:data:`LISTING_DUE`), so that the watcher starts the run that lists."""
     try:
-        drain(stream, roots)
+        drain(stream, roots, credentials=credentials)
     except SluiceError:
         raise
     except Exception as exc:  # boto3's errors share no base: the watcher logs and looks again
