@@ -50,7 +50,8 @@ EXAMPLES: dict[str, tuple[Callable[[], dict[str, Any]], tuple[Any, ...]]] = {
         "action": "archive", "after": "7 days", "archive_to": "archive/events"}})), ("streams", 0, "source", "clean")),
     "notifications": (lambda: catalog_with(events_stream(source={
         **events_stream()["source"], "path": "s3a://landing/events", "notifications": {
-            "queue": "landing-events", "list_every": "6 hours"}})), ("streams", 0, "source", "notifications")),
+            "queue": "landing-events", "list_every": "6 hours", "connection": "sluice_queue"}})),
+        ("streams", 0, "source", "notifications")),
     "source (delta)": (lambda: catalog_with(events_stream(), delta_stream()), ("streams", 1, "source")),
     "source (kafka)": (lambda: catalog_with(kafka_stream()), ("streams", 0, "source")),
     "sink (delta)": (lambda: catalog_with(events_stream()), ("streams", 0, "sink")),

@@ -42,6 +42,7 @@ def test_notifications_need_an_s3a_folder(path: str) -> None:
     ({"queue": " "}, "source.notifications.queue: is empty"),
     ({"queue": "q", "list_every": "never"}, "source.notifications.list_every:"),
     ({"queue": "q", "poll": "1 minute"}, "source.notifications: unknown key(s) poll"),
+    ({"queue": "q", "connection": "no such id!"}, "source.notifications.connection: expected an Airflow connection"),
     ("events", "source.notifications: expected a mapping"),
 ])
 def test_bad_notifications(notifications: Any, field: str) -> None:
