@@ -352,6 +352,8 @@ class KafkaSourceKind(SourceKind):
     credentials = KAFKA_CREDENTIALS
     trigger_limits = False
     measures_bytes = False
+    # Backfilled by offsets per partition or by the records' timestamps (sluice.operations.kafka_range).
+    backfill_refusal = None
 
     def catalog_blocks(self) -> tuple[Block, ...]:
         return (_KAFKA_SOURCE,)

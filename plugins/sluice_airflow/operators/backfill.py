@@ -58,6 +58,10 @@ class BackfillPlanOperator(SluiceOperator):
             for version in plan.versions["versions"]:
                 self.log.info("Upstream version %(version)s committed %(committed_at)s: %(files)s file(s), "
                               "%(bytes)s bytes, %(records)s record(s)", version)
+        if plan.offsets is not None:  # a Kafka source's range
+            for key, counts in plan.offsets["partitions"].items():
+                self.log.info("Partition %s: offsets %s to %s, %s offset(s), %s to read", key, counts["first"],
+                              counts["last"], counts["offsets"], counts["to_read"])
         for note in plan.notes:
             self.log.info("%s", note)
         return result
