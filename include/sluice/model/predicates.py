@@ -97,12 +97,16 @@ def render(row_filter: RowFilter, dialect: Dialect) -> str:
 
 def _offsets(column: str, offsets: tuple[tuple[str, int, int, int], ...], dialect: Dialect) -> str:
     """Rows whose lineage ``kafka://<topic>/<partition>/<offset>`` is in one of the offset ranges: the prefix up to the
-    partition's slash compared whole (a topic name holds no slash), the rest cast to a number. TRY_CAST, in both
-    dialects: another topic's prefix leaves text that is no number, and ANSI Spark's CAST would fail on it."""
+    partition's slash compared whole (a topic name holds no slash), the offset compared as digits, by length first
+    (no leading zeros). No cast: another topic's row leaves text that is no number, which ANSI Spark's CAST fails on,
+    and delta-rs cannot record a TRY_CAST in its commit."""
     name = dialect.identifier(column)
+    size = f"character_length({name})"  # the one spelling delta-rs can also record in its commit
     ranges = []
     for topic, partition, first, last in offsets:
         prefix = f"kafka://{topic}/{partition}/"
+        low, high = f"{prefix}{int(first)}", f"{prefix}{int(last)}"
         ranges.append(f"(substr({name}, 1, {len(prefix)}) = {dialect.string(prefix)} AND "
-                      f"TRY_CAST(substr({name}, {len(prefix) + 1}) AS BIGINT) BETWEEN {int(first)} AND {int(last)})")
+                      f"({size} > {len(low)} OR ({size} = {len(low)} AND {name} >= {dialect.string(low)})) AND "
+                      f"({size} < {len(high)} OR ({size} = {len(high)} AND {name} <= {dialect.string(high)})))")
     return "(" + " OR ".join(ranges) + ")"
