@@ -58,8 +58,10 @@ def good_rows(topic: str, records: dict[tuple[int, int], tuple[int, bytes]]) -> 
     return sorted(rows, key=repr)
 
 
-@pytest.fixture(scope="module")
-def world(spark: Any, kafka: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+@pytest.fixture(scope="module", params=["rs", "jvm"])
+def world(request: pytest.FixtureRequest, spark: Any, kafka: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A topic, its records, and a bronze stream on each engine (replace is delta-rs's predicate overwrite, or
+    delta-spark's replaceWhere) that has read them all."""
     from sluice_spark.runner import run_streams
 
     topic = new_topic(kafka, partitions=2)
@@ -67,7 +69,7 @@ def world(spark: Any, kafka: Any, tmp_path_factory: pytest.TempPathFactory) -> A
     patch = pytest.MonkeyPatch()
     patch.setenv(env_name("sluice_kafka"), json.dumps(kafka.spark_options()))
     catalog = parse_catalog({"version": 1, "streams": [kafka_stream(
-        options={"subscribe": topic, "startingOffsets": "earliest", "maxOffsetsPerTrigger": 5})]})
+        engine=request.param, options={"subscribe": topic, "startingOffsets": "earliest", "maxOffsetsPerTrigger": 5})]})
     roots = roots_in(tmp_path_factory.mktemp("kafka-range"))
     [run] = run_streams(spark, catalog, ["clicks"], roots).streams
     assert run.status == "succeeded", run.error
