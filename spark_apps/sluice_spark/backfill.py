@@ -7,8 +7,8 @@ transaction, so that a retried backfill (same run id, same frozen plan, same che
 ``replace`` runs as one batch and swaps the range in one commit per table (``replaceWhere``).
 
 A Delta source's range is read the same way, through the stream's own source with ``startingVersion`` and
-``endingVersion`` set to the planned versions: only ``sluice_delta`` (the rs engine) takes an ending version.
-delta-spark's streaming source has none, so a jvm stream's range backfill is refused before anything is read.
+``endingVersion`` set to the planned versions: only ``sluice_delta`` takes an ending version (delta-spark's
+streaming source has none), so it reads the range on both engines; a jvm stream still writes through delta-spark.
 
 A Kafka source's range is read through the stream's own source too, assigned the planned partitions from their first
 planned offset, with the records outside the planned offsets dropped as they are read (Spark's Kafka source takes
@@ -41,7 +41,6 @@ from sluice.constants import (
     DeltaEngine,
     RunStatus,
     SchemaEvolution,
-    SourceType,
 )
 from sluice.kinds.credentials import scrub_secrets
 from sluice.limits import SOURCE_LOG_MAX_BYTES
@@ -191,8 +190,6 @@ def run_backfill(spark: SparkSession, catalog: Catalog, request: BackfillRequest
         require_hadoop_connector(spark, own.uri, f"stream '{stream.name}': backfill checkpoint")
     if stream.source.landing is not None:
         require_hadoop_connector(spark, stream.source_path(roots), f"stream '{stream.name}': landing folder")
-    if stream.source.type is SourceType.DELTA:
-        refuse_jvm_range(spark, stream, roots, engine)
     with waiting_lock(live, stream.name, f"backfill/{request.run_id}", lock_wait_seconds) as lock:
         plan = plan_backfill(request, stream, roots) if request.dry_run else _frozen_plan(own, request, stream, roots)
         summary.files, summary.file_bytes = len(plan.files), plan.bytes
@@ -234,14 +231,6 @@ def run_backfill(spark: SparkSession, catalog: Catalog, request: BackfillRequest
             if summary.ok:  # its plan no longer holds landing files back from source.clean
                 own.write_bytes(BACKFILL_DONE, b"")
     return summary
-
-
-def refuse_jvm_range(spark: SparkSession, stream: StreamSpec, roots: Roots, engine: DeltaEngine | None) -> None:
-    """A Delta source's range is read with an ending version, which only the rs engine's source takes."""
-    if resolve_engine(spark, engine or stream.sink.engine, stream.locations(roots)) is DeltaEngine.JVM:
-        raise BackfillError("stream", f"stream '{stream.name}' runs on the jvm engine, whose Delta streaming source "
-                                      "(delta-spark) has no ending version; a Delta source's range backfill runs on "
-                                      "the rs engine (sink.engine: rs)")
 
 
 def _range_text(request: BackfillRequest, plan: BackfillPlan) -> str:
