@@ -27,6 +27,7 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -261,7 +262,7 @@ def _bounded(stream: StreamSpec, plan: BackfillPlan) -> StreamSpec:
     return replace(stream, source=replace(stream.source, options=options))
 
 
-def kafka_range_options(options: dict[str, str], read: list[dict[str, Any]], *, one_batch: bool) -> dict[str, str]:
+def kafka_range_options(options: Mapping[str, str], read: list[dict[str, Any]], *, one_batch: bool) -> dict[str, str]:
     """A Kafka source's options for a range: the planned partitions assigned, each from its first planned offset,
     and the planned ranges for the reader to keep (:data:`sluice_spark.kinds.kafka.RANGES_OPTION`). ``one_batch``
     (replace) drops the per-trigger limits."""

@@ -334,6 +334,7 @@ def _parse_kafka_range(params: Mapping[str, Any], stream: StreamSpec, *, run_id:
     """A Kafka source's request: offsets per partition, or a timestamp range of its records; append or replace.
     The offsets' shape is checked here; the brokers and the checkpoint are the plan's
     (:mod:`sluice.operations.kafka_range`)."""
+    from sluice.kinds.kafka import subscribed_topics
     from sluice.operations.kafka_range import parse_offsets
 
     _refuse_stream(stream)
@@ -360,9 +361,7 @@ def _parse_kafka_range(params: Mapping[str, Any], stream: StreamSpec, *, run_id:
                                            'backfill, e.g. {"0": [10, 50], "1": [0, 20]} (first and last of each '
                                            "partition), or select_by timestamp with start and end")
         options = stream.source.options
-        topics = list(json.loads(options["assign"])) if "assign" in options else [
-            topic.strip() for topic in options.get("subscribe", "").split(",") if topic.strip()]
-        offsets = parse_offsets(params.get("offsets"), topics, options.get("subscribePattern"))
+        offsets = parse_offsets(params.get("offsets"), subscribed_topics(options), options.get("subscribePattern"))
     else:
         if has_offsets:
             raise BackfillError("offsets", "select_by timestamp takes start and end, not offsets")
@@ -547,19 +546,13 @@ def _stored_uris(stream: StreamSpec, roots: Roots, files: list[SourceFile]) -> l
 def _plan_kafka(request: BackfillRequest, stream: StreamSpec, roots: Roots) -> BackfillPlan:
     """The offsets a Kafka range backfill reads, checked against the brokers and the live stream's checkpoint; what
     ``replace`` swaps out, or the offsets ``append`` leaves out because a table holds them already."""
-    from sluice.kinds.kafka import KafkaSource, kafka_watermarks
+    from sluice.kinds.kafka import KafkaSource, source_watermarks
     from sluice.operations import kafka_range as kr
 
     source = stream.source
     assert isinstance(source, KafkaSource)
     config = kr.broker_config(source.connection)
-    options = source.options
-    assigned: dict[str, list[int]] | None = json.loads(options["assign"]) if "assign" in options else None
-    topics = list(assigned) if assigned is not None else [
-        topic.strip() for topic in options.get("subscribe", "").split(",") if topic.strip()]
-    marks = kafka_watermarks(config, topics=topics, pattern=options.get("subscribePattern"))
-    if assigned is not None:
-        marks = {key: mark for key, mark in marks.items() if key[1] in assigned.get(key[0], [])}
+    marks = source_watermarks(source.options, config)
     committed = CheckpointReader(stream.checkpoint_path(roots)).committed_source_offset()
     notes: list[str] = []
     if request.offsets is not None:
