@@ -2,6 +2,7 @@
 
     spark-submit spark_apps/backfill_runner.py --catalog include/sluice/streams.yaml --stream events_bronze \
         --start 2026-11-01T00:00:00Z --end 2026-11-02T00:00:00Z --mode replace [--select-by event_time] \
+        [--start-version N --end-version M (a Delta source)] [--offsets JSON (a Kafka source)] \
         [--dry-run] [--max-files-per-trigger N] [--reason TEXT] --run-id ID \
         --landing-root data/landing --lake-root data/lake --checkpoint-root data/checkpoints [--summary-file F]
 
@@ -25,6 +26,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--end")
     parser.add_argument("--start-version", type=int)
     parser.add_argument("--end-version", type=int)
+    parser.add_argument("--offsets", help='a Kafka source\'s offsets, e.g. {"0": [10, 50], "1": [0, 20]}')
     parser.add_argument("--mode", default="append")
     parser.add_argument("--select-by")
     parser.add_argument("--max-files-per-trigger", type=int)
@@ -46,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     params = {"stream": args.stream, "start": args.start, "end": args.end, "timezone": args.timezone,
               "mode": args.mode, "select_by": args.select_by, "dry_run": args.dry_run,
               "max_files_per_trigger": args.max_files_per_trigger, "reason": args.reason,
-              "start_version": args.start_version, "end_version": args.end_version}
+              "start_version": args.start_version, "end_version": args.end_version, "offsets": args.offsets}
     return jobs.run_job(args, params, name="backfill", marker=BACKFILL_MARKER, parse_request=parse_request,
                         run=run_backfill)
 

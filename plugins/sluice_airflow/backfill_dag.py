@@ -11,6 +11,7 @@ from sluice.operations.backfill import DAG_ID as BACKFILL_DAG_ID
 from sluice.operations.backfill import (
     DATE_TIME_PATTERN,
     DELTA_SELECT_BY,
+    KAFKA_SELECT_BY,
     MAX_FILES_PER_TRIGGER,
     MAX_REASON_LENGTH,
     MODES,
@@ -41,14 +42,19 @@ def backfill_params(streams: list[str]) -> dict[str, Param]:
                                description="The first version of the upstream Delta table to backfill (included)"),
         "end_version": Param(None, type=["null", "integer"], minimum=0, title="End version (Delta source)",
                              description="The last version to backfill (included); empty: the latest"),
+        "offsets": Param(None, type=["null", "string"], title="Offsets (Kafka source)",
+                         description='JSON: the first and last offset (both included) of each partition, e.g. '
+                                     '{"0": [10, 50], "1": [0, 20]}; {"<topic>": {...}} for a stream of several '
+                                     "topics"),
         "timezone": Param(None, type=["null", "string"], pattern=TIME_ZONE_PATTERN, title="Time zone of naive times",
                           description="An IANA name (e.g. Europe/Berlin) for start and end without an offset"),
-        "select_by": Param(None, type=["null", "string"], enum=[None, *SELECT_BY, *DELTA_SELECT_BY],
+        "select_by": Param(None, type=["null", "string"], enum=[None, *SELECT_BY, *DELTA_SELECT_BY, *KAFKA_SELECT_BY],
                            title="Select by",
                            description="Files: event_time (the default), rows whose event time is in the range; "
                                        "file_time, every row of the files modified in the range. A Delta source: "
                                        "version (the default), start_version to end_version; commit_time, the "
-                                       "versions committed from start to end"),
+                                       "versions committed from start to end. A Kafka source: offset (the "
+                                       "default), the offsets below; timestamp, the records from start to end"),
         "mode": Param("append", type="string", enum=list(MODES), title="Mode",
                       description="append: add the files the tables do not hold yet (running it twice adds "
                                   "nothing). replace: swap the range's rows from the files read, in one commit"),

@@ -7,8 +7,12 @@ transaction, so that a retried backfill (same run id, same frozen plan, same che
 ``replace`` runs as one batch and swaps the range in one commit per table (``replaceWhere``).
 
 A Delta source's range is read the same way, through the stream's own source with ``startingVersion`` and
-``endingVersion`` set to the planned versions: only ``sluice_delta`` (the rs engine) takes an ending version.
-delta-spark's streaming source has none, so a jvm stream's range backfill is refused before anything is read.
+``endingVersion`` set to the planned versions: only ``sluice_delta`` takes an ending version (delta-spark's
+streaming source has none), so it reads the range on both engines; a jvm stream still writes through delta-spark.
+
+A Kafka source's range is read through the stream's own source too, assigned the planned partitions from their first
+planned offset, with the records outside the planned offsets dropped as they are read (Spark's Kafka source takes
+an ending offset in batch queries only): the query reads to each partition's end offset at its start.
 
 The backfill holds the live stream's lock from planning to the last commit: it never writes while the stream
 writes, and the stream never writes while it does.
@@ -23,6 +27,7 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -37,7 +42,6 @@ from sluice.constants import (
     DeltaEngine,
     RunStatus,
     SchemaEvolution,
-    SourceType,
 )
 from sluice.kinds.credentials import scrub_secrets
 from sluice.limits import SOURCE_LOG_MAX_BYTES
@@ -110,6 +114,8 @@ class BackfillSummary:
     replayed_batches: list[int] = field(default_factory=list)
     # A Delta source's range: its first and last version, and the files, bytes and records of each.
     versions: dict[str, Any] | None = None
+    # A Kafka source's range: the offsets per partition (first, last, selected, read), as planned.
+    offsets: dict[str, Any] | None = None
     delta_version_before: int | None = None
     delta_version_after: int | None = None
     dead_letter_version_before: int | None = None
@@ -185,8 +191,6 @@ def run_backfill(spark: SparkSession, catalog: Catalog, request: BackfillRequest
         require_hadoop_connector(spark, own.uri, f"stream '{stream.name}': backfill checkpoint")
     if stream.source.landing is not None:
         require_hadoop_connector(spark, stream.source_path(roots), f"stream '{stream.name}': landing folder")
-    if stream.source.type is SourceType.DELTA:
-        refuse_jvm_range(spark, stream, roots, engine)
     with waiting_lock(live, stream.name, f"backfill/{request.run_id}", lock_wait_seconds) as lock:
         plan = plan_backfill(request, stream, roots) if request.dry_run else _frozen_plan(own, request, stream, roots)
         summary.files, summary.file_bytes = len(plan.files), plan.bytes
@@ -196,17 +200,19 @@ def run_backfill(spark: SparkSession, catalog: Catalog, request: BackfillRequest
         summary.sample_files = [f.path for f in plan.files[:50]]
         summary.notes = list(plan.notes)
         summary.versions = plan.versions
+        summary.offsets = plan.offsets
         summary.delta_version_before = summary.delta_version_after = table_version(stream.sink_path(roots))
         summary.dead_letter_version_before = table_version(stream.dead_letter_table_path(roots))
         summary.dead_letter_version_after = summary.dead_letter_version_before
         batches: list[dict[str, Any]] = []
-        if plan.files or plan.versions:
+        if plan.files or plan.versions or (plan.offsets and plan.offsets["read"]):
             if maps_case(stream):
                 preload_case_mappings(spark)
             batches = _run_query(spark, stream, roots, request, plan, summary, own, lock, engine)
         else:
             summary.status = RunStatus.SUCCEEDED
-            summary.notes.append("no file to read: nothing to do")
+            summary.notes.append("no offset to read: nothing to do" if plan.offsets else
+                                 "no file to read: nothing to do")
         summary.delta_version_after = table_version(stream.sink_path(roots))
         summary.dead_letter_version_after = table_version(stream.dead_letter_table_path(roots))
         summary.duration_seconds = round(time.monotonic() - started, 3)
@@ -220,6 +226,7 @@ def run_backfill(spark: SparkSession, catalog: Catalog, request: BackfillRequest
                                  note=runlog.json_text({"mode": summary.mode, "select_by": summary.select_by,
                                                         "start": summary.start, "end": summary.end,
                                                         "versions": _version_bounds(plan),
+                                                        "offsets": (plan.offsets or {}).get("partitions"),
                                                         "reason": summary.reason, "files": summary.files}))
             write_run_log(roots, [row], [{**batch, "run_id": run_id} for batch in batches])
             if summary.ok:  # its plan no longer holds landing files back from source.clean
@@ -227,12 +234,14 @@ def run_backfill(spark: SparkSession, catalog: Catalog, request: BackfillRequest
     return summary
 
 
-def refuse_jvm_range(spark: SparkSession, stream: StreamSpec, roots: Roots, engine: DeltaEngine | None) -> None:
-    """A Delta source's range is read with an ending version, which only the rs engine's source takes."""
-    if resolve_engine(spark, engine or stream.sink.engine, stream.locations(roots)) is DeltaEngine.JVM:
-        raise BackfillError("stream", f"stream '{stream.name}' runs on the jvm engine, whose Delta streaming source "
-                                      "(delta-spark) has no ending version; a Delta source's range backfill runs on "
-                                      "the rs engine (sink.engine: rs)")
+def _range_text(request: BackfillRequest, plan: BackfillPlan) -> str:
+    """The range the commits record: the versions or offsets the plan resolved it to."""
+    if plan.versions is not None:
+        return f"versions [{plan.versions['first']}, {plan.versions['last']}]"
+    if plan.offsets is not None:
+        return "offsets " + ", ".join(f"{key} [{part['first']}, {part['last']}]"
+                                      for key, part in plan.offsets["partitions"].items())
+    return request.range_text
 
 
 def _version_bounds(plan: BackfillPlan) -> list[int] | None:
@@ -240,13 +249,38 @@ def _version_bounds(plan: BackfillPlan) -> list[int] | None:
 
 
 def _bounded(stream: StreamSpec, plan: BackfillPlan) -> StreamSpec:
-    """A Delta source's stream reading exactly the planned versions (its own options otherwise)."""
+    """A Delta source's stream reading exactly the planned versions, a Kafka source's the planned offsets (its own
+    options otherwise)."""
+    if plan.offsets is not None:
+        return replace(stream, source=replace(stream.source, options=kafka_range_options(
+            stream.source.options, plan.offsets["read"], one_batch=plan.sink_filter is not None)))
     if plan.versions is None:
         return stream
     options = {**stream.source.options, "startingVersion": str(plan.versions["first"]),
                "endingVersion": str(plan.versions["last"])}
     options.pop("startingTimestamp", None)
     return replace(stream, source=replace(stream.source, options=options))
+
+
+def kafka_range_options(options: Mapping[str, str], read: list[dict[str, Any]], *, one_batch: bool) -> dict[str, str]:
+    """A Kafka source's options for a range: the planned partitions assigned, each from its first planned offset,
+    and the planned ranges for the reader to keep (:data:`sluice_spark.kinds.kafka.RANGES_OPTION`). ``one_batch``
+    (replace) drops the per-trigger limits."""
+    from sluice_spark.kinds.kafka import RANGES_OPTION
+
+    dropped = {"subscribe", "subscribePattern", "assign", "startingOffsets", "startingOffsetsByTimestamp"}
+    if one_batch:
+        dropped |= {"maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay"}
+    assign: dict[str, list[int]] = {}
+    starting: dict[str, dict[str, int]] = {}
+    for part in read:
+        topic, partition = part["topic"], int(part["partition"])
+        if partition not in assign.setdefault(topic, []):
+            assign[topic].append(partition)
+        first = starting.setdefault(topic, {}).get(str(partition))
+        starting[topic][str(partition)] = int(part["first"]) if first is None else min(first, int(part["first"]))
+    return {**{key: value for key, value in options.items() if key not in dropped}, "assign": json.dumps(assign),
+            "startingOffsets": json.dumps(starting), RANGES_OPTION: json.dumps(read)}
 
 
 def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: BackfillRequest, plan: BackfillPlan,
@@ -277,8 +311,7 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
         summary.query_id, summary.checkpoint = query_id, own.uri
     metadata: dict[str, Any] = {CommitInfo.STREAM: stream.name, CommitInfo.BACKFILL_RUN: request.run_id,
                 CommitInfo.BACKFILL_QUERY: query_id, CommitInfo.BACKFILL_MODE: request.mode,
-                CommitInfo.BACKFILL_RANGE: request.range_text if plan.versions is None
-                else f"versions [{plan.versions['first']}, {plan.versions['last']}]",
+                CommitInfo.BACKFILL_RANGE: _range_text(request, plan),
                 CommitInfo.BACKFILL_REASON: request.reason or ""}
 
     def count(batch: DataFrame, batch_id: int) -> bool:

@@ -200,3 +200,19 @@ def test_the_driver_scrubs_the_plain_password_as_well_as_its_jaas_escaped_form(
     monkeypatch.setenv(KAFKA_ENV, json.dumps(options))
     message = f"Authentication failed for svc with password {password}"
     assert scrub(message, env_secrets()) == "Authentication failed for svc with password ***"
+
+
+def test_a_kafka_backfill_hands_the_connection_to_its_driver_only(tmp_path: Path, kafka_connection: None) -> None:
+    """The backfill's driver plans and reads the topic: it gets the connection of the stream it backfills (and the
+    stream of a files source none)."""
+    from airflow.sdk import DAG
+
+    from sluice_airflow.operators import BackfillOperator
+
+    with DAG("kafka_backfill_secrets", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")):
+        operator = BackfillOperator(task_id="backfill", catalog=str(kafka_catalog(tmp_path)))
+    assert operator.secret_env() == {}, "no stream yet: nothing resolved"
+    operator._stream = "clicks"  # what execute() sets from the run's params, before it submits
+    assert PASSWORD in operator.secret_env()[KAFKA_ENV]
+    operator._stream = "events"
+    assert operator.secret_env() == {}

@@ -291,6 +291,23 @@ def kafka_watermarks(config: Mapping[str, Any], *, topics: Sequence[str] = (), p
         consumer.close()
 
 
+def subscribed_topics(options: Mapping[str, str]) -> list[str]:
+    """The topics a source's options name (``assign`` or ``subscribe``); none for ``subscribePattern``."""
+    if "assign" in options:
+        return list(json.loads(options["assign"]))
+    return [topic.strip() for topic in options.get("subscribe", "").split(",") if topic.strip()]
+
+
+def source_watermarks(options: Mapping[str, str], config: Mapping[str, Any]) -> dict[tuple[str, int], tuple[int, int]]:
+    """(earliest, end) offsets of every partition a source's options read (only the assigned ones under
+    ``assign``)."""
+    marks = kafka_watermarks(config, topics=subscribed_topics(options), pattern=options.get("subscribePattern"))
+    if "assign" in options:
+        assigned: dict[str, list[int]] = json.loads(options["assign"])
+        marks = {key: mark for key, mark in marks.items() if key[1] in assigned.get(key[0], [])}
+    return marks
+
+
 class KafkaCredentials(Credentials):
     """A Kafka connection reaches the driver as one ``SLUICE_KAFKA_CONN_<ID>`` variable: the JSON of its Spark
     ``kafka.*`` options (:mod:`sluice.connections.kafka`)."""
@@ -352,6 +369,8 @@ class KafkaSourceKind(SourceKind):
     credentials = KAFKA_CREDENTIALS
     trigger_limits = False
     measures_bytes = False
+    # Backfilled by offsets per partition or by the records' timestamps (sluice.operations.kafka_range).
+    backfill_refusal = None
 
     def catalog_blocks(self) -> tuple[Block, ...]:
         return (_KAFKA_SOURCE,)
@@ -391,13 +410,7 @@ class KafkaSourceKind(SourceKind):
         source = stream.source
         assert isinstance(source, KafkaSource)
         options = source.options
-        config = client_config(connection_fields(source.connection))
-        assigned: dict[str, list[int]] | None = json.loads(options["assign"]) if "assign" in options else None
-        topics = list(assigned) if assigned is not None else [
-            topic.strip() for topic in options.get("subscribe", "").split(",") if topic.strip()]
-        marks = kafka_watermarks(config, topics=topics, pattern=options.get("subscribePattern"))
-        if assigned is not None:
-            marks = {key: mark for key, mark in marks.items() if key[1] in assigned.get(key[0], [])}
+        marks = source_watermarks(options, client_config(connection_fields(source.connection)))
         starting = options.get("startingOffsets", "latest")
         return kafka_backlog(reader.committed_source_offset(), marks,
                              starting_offsets=json.loads(starting) if starting.startswith("{") else starting)

@@ -26,10 +26,17 @@ A Delta source is backfilled by a range of the upstream table's versions instead
 ``[start, end)``. Only ``append``: the rows those versions added go through the stream's definition again (the plan
 is :func:`sluice.operations.delta_range.plan_version_range`). ``replace`` is refused: the stream's table does not
 record which upstream version a row came from, so no predicate could take exactly those rows out.
+
+A Kafka source is backfilled by offsets: ``offsets`` (``{"<partition>": [first, last]}`` per partition, both
+included), or ``select_by: timestamp`` with ``start`` and ``end``, resolved to offsets with Kafka's
+offsets-for-times (:mod:`sluice.operations.kafka_range`). Each row keeps its record's coordinates
+(``_source_file`` is ``kafka://<topic>/<partition>/<offset>``), so ``replace`` swaps out exactly the rows of those
+offsets, and ``append`` reads only the offsets neither table holds yet.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -55,8 +62,10 @@ MODES = tuple(mode.value for mode in BackfillMode)
 SELECT_BY = ("event_time", "file_time")
 # How a Delta source's range is given: versions of the upstream table, or the times they were committed.
 DELTA_SELECT_BY = ("version", "commit_time")
+# How a Kafka source's range is given: offsets per partition, or the records' timestamps.
+KAFKA_SELECT_BY = ("offset", "timestamp")
 PARAMS = ("stream", "start", "end", "timezone", "select_by", "mode", "dry_run", "max_files_per_trigger", "reason",
-          "start_version", "end_version")
+          "start_version", "end_version", "offsets")
 MAX_REASON_LENGTH = 500
 # The shapes the trigger form's JSON Schema holds start, end and timezone to (what parse_request reads): an ISO 8601
 # date and time, to the minute at least, with an optional offset; an IANA zone name.
@@ -90,6 +99,8 @@ class BackfillRequest:
     run_id: str = "manual"
     start_version: int | None = None
     end_version: int | None = None
+    # A Kafka source's offsets: {topic: {"<partition>": [first, last]}} (sluice.operations.kafka_range).
+    offsets: dict[str, dict[str, list[int]]] | None = None
 
     @property
     def run_key(self) -> str:
@@ -105,6 +116,8 @@ class BackfillRequest:
     @property
     def range_text(self) -> str:
         """The range as the commits and the run log spell it."""
+        if self.offsets is not None:
+            return "offsets " + json.dumps(self.offsets, sort_keys=True, separators=(",", ":"))
         if self.start is None or self.end is None:
             last = "latest" if self.end_version is None else self.end_version
             return f"versions [{self.start_version}, {last}]"
@@ -115,6 +128,7 @@ class BackfillRequest:
         return option_args({"stream": self.stream, "start": self.start.isoformat() if self.start else None,
                             "end": self.end.isoformat() if self.end else None,
                             "start-version": self.start_version, "end-version": self.end_version,
+                            "offsets": json.dumps(self.offsets, sort_keys=True) if self.offsets else None,
                             "mode": self.mode, "select-by": self.select_by, "run-id": self.run_id,
                             "dry-run": self.dry_run, "max-files-per-trigger": self.max_files_per_trigger,
                             "reason": self.reason or None})
@@ -200,6 +214,11 @@ def parse_request(params: Mapping[str, Any], catalog: Catalog, *, run_id: str) -
     stream = catalog.get(name)
     if stream.source.type is SourceType.DELTA:
         return _parse_delta_range(params, stream, run_id=run_id)
+    if stream.source.type is SourceType.KAFKA:
+        return _parse_kafka_range(params, stream, run_id=run_id)
+    if params.get("offsets") not in (None, ""):
+        raise BackfillError("offsets", f"stream '{name}' reads a {stream.source.type.value} source; offsets are for a "
+                                       "Kafka source")
     for version_param in ("start_version", "end_version"):
         if params.get(version_param) not in (None, ""):
             raise BackfillError(version_param, f"stream '{name}' reads a {stream.source.type.value} source; "
@@ -231,7 +250,7 @@ def parse_request(params: Mapping[str, Any], catalog: Catalog, *, run_id: str) -
         raise BackfillError("mode", f"unknown mode {raw_mode!r}; expected one of {', '.join(MODES)}")
     mode = BackfillMode(raw_mode)
     select_by = params.get("select_by") or "event_time"
-    if select_by in DELTA_SELECT_BY:
+    if select_by in DELTA_SELECT_BY or select_by in KAFKA_SELECT_BY:
         raise BackfillError("select_by", f"{select_by} selects a Delta source's versions; stream '{name}' reads "
                                          f"files: expected one of {', '.join(SELECT_BY)}")
     if select_by not in SELECT_BY:
@@ -311,6 +330,54 @@ def _parse_delta_range(params: Mapping[str, Any], stream: StreamSpec, *, run_id:
                            end_version=versions["end_version"])
 
 
+def _parse_kafka_range(params: Mapping[str, Any], stream: StreamSpec, *, run_id: str) -> BackfillRequest:
+    """A Kafka source's request: offsets per partition, or a timestamp range of its records; append or replace.
+    The offsets' shape is checked here; the brokers and the checkpoint are the plan's
+    (:mod:`sluice.operations.kafka_range`)."""
+    from sluice.kinds.kafka import subscribed_topics
+    from sluice.operations.kafka_range import parse_offsets
+
+    _refuse_stream(stream)
+    for key in ("start_version", "end_version"):
+        if params.get(key) not in (None, ""):
+            raise BackfillError(key, f"stream '{stream.name}' reads a Kafka source: give offsets, or select_by "
+                                     "timestamp with start and end")
+    raw_mode = params.get("mode") or BackfillMode.APPEND.value
+    if raw_mode not in MODES:
+        raise BackfillError("mode", f"unknown mode {raw_mode!r}; expected one of {', '.join(MODES)}")
+    by_time = params.get("start") not in (None, "") or params.get("end") not in (None, "")
+    has_offsets = params.get("offsets") not in (None, "")
+    select_by = params.get("select_by") or ("timestamp" if by_time and not has_offsets else "offset")
+    if select_by not in KAFKA_SELECT_BY:
+        raise BackfillError("select_by", f"stream '{stream.name}' reads a Kafka source: expected one of "
+                                         f"{', '.join(KAFKA_SELECT_BY)}, got {select_by!r}")
+    start = end = None
+    offsets = None
+    if select_by == "offset":
+        if by_time:
+            raise BackfillError("start", "give offsets, or a time range (select_by timestamp, start, end), not both")
+        if not has_offsets:
+            raise BackfillError("offsets", f"stream '{stream.name}' reads a Kafka source: give the offsets to "
+                                           'backfill, e.g. {"0": [10, 50], "1": [0, 20]} (first and last of each '
+                                           "partition), or select_by timestamp with start and end")
+        options = stream.source.options
+        offsets = parse_offsets(params.get("offsets"), subscribed_topics(options), options.get("subscribePattern"))
+    else:
+        if has_offsets:
+            raise BackfillError("offsets", "select_by timestamp takes start and end, not offsets")
+        zone = parse_zone(params.get("timezone"))
+        start = _parse_time("start", params.get("start"), zone)
+        end = _parse_time("end", params.get("end"), zone)
+        if end <= start:
+            raise BackfillError("end", f"{end.isoformat()} is not after start {start.isoformat()}")
+    if params.get("max_files_per_trigger") not in (None, ""):
+        raise BackfillError("max_files_per_trigger", "a Kafka source has no files; its batches follow the "
+                                                     "catalog's maxOffsetsPerTrigger")
+    return BackfillRequest(stream=stream.name, start=start, end=end, mode=BackfillMode(raw_mode),
+                           select_by=select_by, dry_run=_as_bool("dry_run", params.get("dry_run", False)),
+                           reason=_reason(params.get("reason")), run_id=run_id, offsets=offsets)
+
+
 def _refuse_stream(stream: StreamSpec) -> None:
     """A stream a backfill cannot write: a sink it cannot backfill, state, upserts or fan-out."""
     refusal = sink_kind(stream.sink).backfill_refusal
@@ -349,6 +416,8 @@ class BackfillPlan:
     notes: list[str] = field(default_factory=list)
     # A Delta source's range: sluice.operations.delta_range.VersionRange.to_dict(), with the counts per version.
     versions: dict[str, Any] | None = None
+    # A Kafka source's range: sluice.operations.kafka_range.KafkaRange.to_dict(), with the counts per partition.
+    offsets: dict[str, Any] | None = None
 
     @property
     def bytes(self) -> int:
@@ -408,6 +477,8 @@ def plan_backfill(request: BackfillRequest, stream: StreamSpec, roots: Roots) ->
                                       changes=changes)
         return BackfillPlan(request=request.to_dict(), files=[], versions=versions.to_dict(),
                             notes=list(versions.notes))
+    if stream.source.type is SourceType.KAFKA:
+        return _plan_kafka(request, stream, roots)
     assert request.start is not None and request.end is not None  # a files request has both
     live = SourceState.of(stream, CheckpointReader(stream.checkpoint_path(roots)))
     start, end = request.start.timestamp(), request.end.timestamp()
@@ -470,3 +541,55 @@ def _stored_uris(stream: StreamSpec, roots: Roots, files: list[SourceFile]) -> l
         stream.dead_letter_table_path(roots), DEAD_LETTER_SOURCE_COLUMN, None)
     by_path = {local_file_path(uri): uri for uri in stored}
     return sorted({by_path.get(f.path, f.uri) for f in files} | {f.uri for f in files})
+
+
+def _plan_kafka(request: BackfillRequest, stream: StreamSpec, roots: Roots) -> BackfillPlan:
+    """The offsets a Kafka range backfill reads, checked against the brokers and the live stream's checkpoint; what
+    ``replace`` swaps out, or the offsets ``append`` leaves out because a table holds them already."""
+    from sluice.kinds.kafka import KafkaSource, source_watermarks
+    from sluice.operations import kafka_range as kr
+
+    source = stream.source
+    assert isinstance(source, KafkaSource)
+    config = kr.broker_config(source.connection)
+    marks = source_watermarks(source.options, config)
+    committed = CheckpointReader(stream.checkpoint_path(roots)).committed_source_offset()
+    notes: list[str] = []
+    if request.offsets is not None:
+        ranges = kr.check_offsets(request.offsets, marks, committed)
+    else:
+        assert request.start is not None and request.end is not None
+        starts = kr.offsets_for_times(config, sorted(marks), request.start)
+        ends = kr.offsets_for_times(config, sorted(marks), request.end)
+        ranges, notes = kr.time_ranges(starts, ends, marks, committed, start=request.start, end=request.end)
+    selection = tuple((part.topic, part.partition, part.first, part.last) for part in ranges)
+    sink_filter = RowFilter(file_column=SOURCE_FILE_COLUMN, offsets=selection)
+    dead_filter = RowFilter(file_column=DEAD_LETTER_SOURCE_COLUMN, offsets=selection)
+    plan = BackfillPlan(request=request.to_dict(), files=[], notes=notes)
+    sink_columns = _columns(stream.sink_path(roots))
+    if sink_columns is not None and SOURCE_FILE_COLUMN not in sink_columns:
+        raise BackfillError("stream", f"stream '{stream.name}' writes no {SOURCE_FILE_COLUMN} column (its "
+                                      "transform drops it), so its table does not say which record a row came "
+                                      "from: a Kafka range backfill cannot tell the range's rows")
+    if request.mode is BackfillMode.APPEND:
+        held = kr.lineage_offsets(sorted(_distinct(stream.sink_path(roots), SOURCE_FILE_COLUMN, sink_filter)
+                                         | _distinct(stream.dead_letter_table_path(roots), DEAD_LETTER_SOURCE_COLUMN,
+                                                     dead_filter)))
+        read = kr.less_held(ranges, held)
+        plan_range = kr.KafkaRange(ranges=ranges, read=read, notes=notes)
+        plan_range.held_offsets = plan_range.offsets - sum(part.offsets for part in read)
+        if plan_range.held_offsets:
+            notes.append(f"{plan_range.held_offsets} offset(s) of the range are in the tables already; append "
+                         "reads the others")
+    else:
+        plan_range = kr.KafkaRange(ranges=ranges, read=list(ranges), notes=notes)
+        plan.sink_filter, plan.dead_letter_filter = sink_filter, dead_filter
+        plan.rows_to_replace = count_rows(stream.sink_path(roots), sink_filter)
+        plan.dead_letter_rows_to_replace = count_rows(stream.dead_letter_table_path(roots), dead_filter)
+    plan.offsets = plan_range.to_dict()
+    return plan
+
+
+def _columns(path: str) -> list[str] | None:
+    rows = query(path, "SELECT * FROM t LIMIT 0")
+    return None if rows is None else list(rows.column_names)

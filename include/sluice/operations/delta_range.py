@@ -5,7 +5,9 @@ The plan is plain Python over the table's JSON commits, no JVM: a bad range fail
 counts cost nothing. Every refusal names the param it is about (:class:`~sluice.operations.backfill.BackfillError`):
 a version past the table's latest, a version whose commit the log no longer holds (log retention), a version whose
 data files were vacuumed, a version the read cannot take (an update or delete under ``read: appends``, a version
-committed while the table did not record its changes under ``read: changes``), and a range with nothing to read.
+committed while the table did not record its changes under ``read: changes``), a version whose files carry deletion
+vectors or a table that maps its columns (the range is read by ``sluice_delta``, on both engines), and a range with
+nothing to read.
 """
 
 from __future__ import annotations
@@ -72,7 +74,14 @@ def plan_version_range(table: str, *, start_version: int | None = None, end_vers
     if by_time and (start_version is not None or end_version is not None):
         raise BackfillError("start_version", "give a version range (start_version, end_version) or a time range "
                                              "(start, end), not both")
-    latest = open_table(table).version()
+    upstream = open_table(table)
+    latest = upstream.version()
+    mapping = upstream.metadata().configuration.get("delta.columnMapping.mode", "none")
+    if mapping != "none":
+        raise BackfillError("stream", f"{table} maps its columns (delta.columnMapping.mode = {mapping}); a range "
+                                      "backfill reads the versions' files by column name (sluice_delta, the one "
+                                      "Delta streaming source with an ending version), which such a table does not "
+                                      "allow")
     if by_time:
         first, last = _versions_between(table, start, end)
         bound = "start"
@@ -144,6 +153,9 @@ def _count(table: str, version: int, bound: str, *, changes: bool,
         raise BackfillError(bound, f"version {version} of {table} was committed while the table did not record its "
                                    f"changes ({CHANGE_FEED_PROPERTY}); start the range after it")
     read = change_files if change_files else adds
+    if any(item.get("deletionVector") for item in read):
+        raise BackfillError(bound, f"version {version} of {table} adds a file with a deletion vector, which a range "
+                                   "backfill's reader (sluice_delta) cannot apply; start the range after it")
     gone = [item["path"] for item in read if not _exists(table, item["path"])]
     if gone:
         raise BackfillError(bound, f"version {version} of {table} was vacuumed: {len(gone)} of its data file(s) are "

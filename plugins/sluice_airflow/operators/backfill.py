@@ -58,6 +58,10 @@ class BackfillPlanOperator(SluiceOperator):
             for version in plan.versions["versions"]:
                 self.log.info("Upstream version %(version)s committed %(committed_at)s: %(files)s file(s), "
                               "%(bytes)s bytes, %(records)s record(s)", version)
+        if plan.offsets is not None:  # a Kafka source's range
+            for key, counts in plan.offsets["partitions"].items():
+                self.log.info("Partition %s: offsets %s to %s, %s offset(s), %s to read", key, counts["first"],
+                              counts["last"], counts["offsets"], counts["to_read"])
         for note in plan.notes:
             self.log.info("%s", note)
         return result
@@ -70,9 +74,21 @@ class BackfillOperator(SparkAppOperator):
     """
 
     ui_color = "#d9c8f0"
+    _stream: str | None = None
+
+    def secret_env(self) -> dict[str, str]:
+        """The object store's credentials, and those of the connections the backfilled stream's kinds need (a
+        Kafka source's brokers): read here, in the worker at run time, never on the command line."""
+        from sluice_airflow.hooks import StreamConnectionsHook
+
+        env = super().secret_env()
+        if self._stream is not None:
+            env.update(StreamConnectionsHook(self.stream_catalog().select([self._stream])).environment())
+        return env
 
     def execute(self, context: Context) -> dict[str, Any]:
         request = _backfill_request(context, self.stream_catalog())
+        self._stream = request.stream
         with tempfile.TemporaryDirectory(prefix="sluice-backfill-") as folder:
             summary_file = Path(folder) / "summary.json"
             args = [*option_args({"catalog": self.catalog_path()}), *request.to_args(),

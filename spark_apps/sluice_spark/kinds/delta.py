@@ -1,13 +1,14 @@
 """The Delta source and the Delta sink in Spark.
 
 The source reads a table by version: delta-spark's ``format("delta")`` on the jvm engine, Sluice's ``sluice_delta``
-on rs. The declared columns are selected and cast; a row that lacks a required one goes to the dead-letter table like
-a file record. ``_source_file`` carries the upstream's lineage when the table has it. Under ``read: changes`` the
-frame is the table's change data feed (delta-spark's ``readChangeFeed``, or ``sluice_delta``'s), read from version 0
-unless ``startingVersion`` or ``startingTimestamp`` says otherwise (on both engines: delta-spark alone would start
-with a snapshot), without the updates' old rows, and with the change columns. The table's other columns
-follow the stream's drift policy (:func:`sluice_spark.drift.typed.typed_drift`), except the upstream stream's own
-(its ingest time, and what its drift policy rescued, which stays in its table).
+on rs (and on both for a range backfill, whose ending version only ``sluice_delta`` takes). The declared columns are
+selected and cast; a row that lacks a required one goes to the dead-letter table like a file record.
+``_source_file`` carries the upstream's lineage when the table has it. Under ``read: changes`` the frame is the
+table's change data feed (delta-spark's ``readChangeFeed``, or ``sluice_delta``'s), read from version 0 unless
+``startingVersion`` or ``startingTimestamp`` says otherwise (on both engines: delta-spark alone would start with a
+snapshot), without the updates' old rows, and with the change columns. The table's other columns follow the stream's
+drift policy (:func:`sluice_spark.drift.typed.typed_drift`), except the upstream stream's own (its ingest time, and
+what its drift policy rescued, which stays in its table).
 
 The sink writes the stream's table, its dead-letter table and any fan-out tables, each exactly once per micro-batch.
 Appends on ``rs`` go through :mod:`sluice_spark.rs.sink`, which writes Parquet on the executors. Everything
@@ -48,7 +49,10 @@ from sluice_spark.write.batches import BatchRouter, SinkRequest, stream_commit_i
 def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | None, trigger: TriggerSpec) -> DataFrame:
     """The source table, from the version after the checkpoint's, as a streaming DataFrame of the declared columns."""
     path = stream.source_path(roots)
-    engine = resolve_engine(spark, stream.sink.engine, stream.locations(roots))
+    # A range backfill's bound (endingVersion, never a catalog option) is read by sluice_delta on either engine:
+    # delta-spark's streaming source has no ending version. The writes still go through the stream's engine.
+    bounded = "endingVersion" in stream.source.options
+    engine = DeltaEngine.RS if bounded else resolve_engine(spark, stream.sink.engine, stream.locations(roots))
     if engine is not DeltaEngine.JVM:
         register_data_sources(spark)
     reader = spark.readStream.format("delta" if engine is DeltaEngine.JVM else DATA_SOURCE_NAME)

@@ -19,8 +19,10 @@ records again). Dead letters go to the stream's Delta dead-letter table, exactly
 
 from __future__ import annotations
 
+import json
 import logging
 import re
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -58,6 +60,8 @@ log = logging.getLogger(__name__)
 SCALA_BINARY = "2.13"
 _VALUE = "_kafka_value"
 _TOMBSTONE = "_kafka_tombstone"
+# A range backfill's offsets, as a source option only Sluice reads (popped before Spark sees the options).
+RANGES_OPTION = "sluice.backfill.ranges"
 
 
 def _spark_version() -> str:
@@ -148,8 +152,22 @@ def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | N
     require_kafka_connector(spark, stream.name)
     if stream.source.format is FileFormat.AVRO:
         require_avro(spark, stream.name)
-    frame = spark.readStream.format("kafka").options(**source_options(source)).load()
+    options = source_options(source)
+    ranges = options.pop(RANGES_OPTION, None)
+    frame = spark.readStream.format("kafka").options(**options).load()
+    if ranges is not None:  # a range backfill: only the planned offsets (Spark's streaming source has no end)
+        frame = frame.where(in_ranges(json.loads(ranges)))
     return decode_records(frame, stream)
+
+
+def in_ranges(ranges: list[dict[str, Any]]) -> Column:
+    """Whether a Kafka record (Kafka's schema) is in one of the offset ranges (topic, partition, first, last)."""
+    condition = F.lit(False)
+    for part in ranges:
+        condition = condition | ((F.col("topic") == F.lit(part["topic"]))
+                                 & (F.col("partition") == F.lit(int(part["partition"])))
+                                 & F.col("offset").between(int(part["first"]), int(part["last"])))
+    return condition
 
 
 def decode_records(frame: DataFrame, stream: StreamSpec) -> DataFrame:
