@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from sluice.catalog import Catalog, load_catalog
 from sluice.constants import DeltaEngine, RunStatus
-from sluice.errors import SluiceError, printable
+from sluice.errors import BackfillError, SluiceError, printable
 from sluice.paths import Roots
 from sluice.storage.lock import LockHeld
 
@@ -72,15 +72,14 @@ def run_job(args: argparse.Namespace, params: Mapping[str, Any], *, name: str, m
         request = parse_request(params, catalog, run_id=args.run_id)
         catalog.check_roots(roots)
     except SluiceError as exc:
-        emit(marker, json.dumps({"stream": args.stream, "status": RunStatus.REFUSED, "error": str(exc),
-                                 "retryable": False}), args.summary_file)
-        print(f"sluice: {printable(str(exc))}", file=sys.stderr)
-        return 2
+        return _refused(marker, args.stream, exc, args.summary_file)
     spark = configure_sluice(SparkSession.builder.appName(f"sluice-{name}:{request.stream}")).getOrCreate()
     try:
         engine = DeltaEngine(args.engine) if args.engine else None
         try:
             summary = run(spark, catalog, request, roots, engine=engine, lock_wait_seconds=args.lock_wait_seconds)
+        except BackfillError as exc:  # a param only the plan could check (a broker's offsets, a table's versions)
+            return _refused(marker, request.stream, exc, args.summary_file)
         except SluiceError as exc:
             emit(marker, json.dumps({"stream": request.stream, "status": RunStatus.FAILED, "error": str(exc),
                                      "retryable": isinstance(exc, LockHeld)}), args.summary_file)
@@ -89,3 +88,11 @@ def run_job(args: argparse.Namespace, params: Mapping[str, Any], *, name: str, m
         return 0 if summary.ok else 1
     finally:
         spark.stop()
+
+
+def _refused(marker: str, stream: str, exc: SluiceError, summary_file: str | None) -> int:
+    """A request refused before anything was read or written: its summary line, its reason on stderr, exit code 2."""
+    emit(marker, json.dumps({"stream": stream, "status": RunStatus.REFUSED, "error": str(exc), "retryable": False}),
+         summary_file)
+    print(f"sluice: {printable(str(exc))}", file=sys.stderr)
+    return 2

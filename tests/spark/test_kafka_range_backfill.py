@@ -149,3 +149,40 @@ def test_offsets_past_the_latest_or_the_live_stream_are_refused_before_anything_
         with pytest.raises(BackfillError, match=f"^offsets: .*{fragment}"):
             plan_backfill(parse_request({"stream": "clicks", "offsets": offsets}, catalog, run_id="r"),
                           catalog.get("clicks"), roots)
+
+
+def test_the_runner_reports_an_offset_only_the_broker_can_check_as_refused(kafka: Any, tmp_path: Any) -> None:
+    """Through ``backfill_runner.py`` (what the backfill task runs), an offset past the topic's latest is found by
+    the plan, inside the Spark application: the run is refused (exit 2, status refused, one line naming the param),
+    not failed, and nothing is written."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    from tests.helpers import spark_submit
+
+    topic = new_topic(kafka, partitions=2)
+    produce_at_known_times(kafka, topic)  # offsets 0 to 7 in each partition
+    catalog_path = tmp_path / "catalog.yaml"
+    catalog_path.write_text(yaml.safe_dump({"version": 1, "streams": [kafka_stream(
+        options={"subscribe": topic, "startingOffsets": "earliest"})]}), encoding="utf-8")
+    roots = roots_in(tmp_path)
+    summary = tmp_path / "summary.json"
+    runner = Path(__file__).resolve().parents[2] / "spark_apps" / "backfill_runner.py"
+    done = subprocess.run(
+        spark_submit(str(runner), "--catalog", str(catalog_path), "--stream", "clicks", "--select-by", "offset",
+                     "--offsets", json.dumps({"0": [0, 99]}), "--run-id", "past-latest", "--summary-file",
+                     str(summary), *roots.as_args()),
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable,
+             env_name("sluice_kafka"): json.dumps(kafka.spark_options())})
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    refused = json.loads(summary.read_text())
+    assert refused["status"] == "refused" and refused["error"].startswith("offsets: "), refused
+    # spark-submit's PythonRunner merges the driver's stderr into its stdout
+    said = [line for line in done.stdout.splitlines() if line.startswith("sluice: ")]
+    assert said == [f"sluice: offsets: {topic}:0: offset 99 is past the latest, 7"], said
+    assert not list(Path(roots.lake).rglob("*.parquet")), "a refused backfill writes nothing"
