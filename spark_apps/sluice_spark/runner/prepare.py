@@ -54,6 +54,7 @@ class PreparedStream:
     collect: bool = False
     # The columns ``add_new_columns`` added to the stream's table during this run, with their types.
     added_columns: dict[str, str] = field(default_factory=dict)
+    roots: Roots | None = None
 
 
 def build_routed_frame(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | None = None,
@@ -114,7 +115,7 @@ def prepare_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, run
     )
     summary.write_path = "driver" if collect else None
     return PreparedStream(stream, query_id, resolved, routed, targets, checkpoint, summary, data_columns=data_columns,
-                          collect=collect)
+                          collect=collect, roots=roots)
 
 
 def collects_on_driver(stream: StreamSpec, roots: Roots, engine: DeltaEngine, targets: list[TableTarget]) -> bool:
