@@ -115,6 +115,11 @@ def test_an_iceberg_overwrite_and_an_upsert_commit_once(tmp_path: Path) -> None:
     read = table.table().scan().to_arrow().sort_by("id")
     assert read.to_pylist() == [{"id": 5, "name": "five"}, {"id": 6, "name": "six"}]
     assert table.recorded_batch("q") == 2
+    older = pa.table({"id": [5, 7], "name": ["a5", "seven"]})  # "a5" sorts before the table's "five"
+    assert table.upsert_batch(older, ["id"], query_id="q", batch_id=3, metadata={}, sequence_by="name") is True
+    read = table.table().scan().to_arrow().sort_by("id")
+    assert read.to_pylist() == [{"id": 5, "name": "five"}, {"id": 6, "name": "six"}, {"id": 7, "name": "seven"}]
+    assert table.recorded_batch("q") == 3
 
 
 def test_an_existing_iceberg_table_gains_the_columns_it_lacks(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ snapshot's ancestors, so a snapshot rolled back is no longer held.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -22,6 +23,9 @@ from sluice.storage.tableformat import TableCommit, TableFormat
 # The default catalog's folder under the lake root, its SQLite file and its warehouse.
 CATALOG_FOLDER = "iceberg"
 CATALOG_NAME = "sluice"
+# The table's sequence value of a key, beside a batch's rows while a merge compares them.
+_HELD = "_sluice_held_sequence"
+log = logging.getLogger(__name__)
 
 
 def default_catalog_properties(lake_root: str) -> dict[str, str]:
@@ -80,15 +84,20 @@ class IcebergTableFormat(TableFormat):
         return bool(self.catalog.table_exists(self.identifier))
 
     def ensure(self, schema: Any, partition_by: Iterable[str] = (), *, description: str = "") -> bool:
-        """Create the table (and its namespace) with ``schema``; an existing table gains the columns it lacks, and
-        a column of another type is refused (pyiceberg's own message, with the table named)."""
+        """Create the table (and its namespace) with ``schema``, every column optional (Spark's nullability of a
+        computed column changes with the plan: a required column would refuse a later run's rows); an existing
+        table gains the columns it lacks, and a column of another type is refused (pyiceberg's own message, with
+        the table named)."""
+        import pyarrow as pa
+
         if list(partition_by):
             raise SluiceError(f"{self.name}: partitioned Iceberg tables are not supported yet")
         namespace = self.identifier.rsplit(".", 1)[0]
         self.catalog.create_namespace_if_not_exists(namespace)
         if not self.exists():
             properties = {"comment": description} if description else {}
-            self.catalog.create_table(self.identifier, schema=schema, properties=properties)
+            optional = pa.schema([field.with_nullable(True) for field in schema])
+            self.catalog.create_table(self.identifier, schema=optional, properties=properties)
             return True
         table = self.table()
         have = set(table.schema().as_arrow().names)
@@ -144,17 +153,40 @@ class IcebergTableFormat(TableFormat):
         else:
             table.append(rows, snapshot_properties=summary)
 
-    def upsert_batch(self, rows: Any, keys: list[str], *, query_id: str, batch_id: int,
-                     metadata: dict[str, Any]) -> bool:
+    def upsert_batch(self, rows: Any, keys: list[str], *, query_id: str, batch_id: int, metadata: dict[str, Any],
+                     sequence_by: str | None = None) -> bool:
         """Merge one batch's rows by ``keys`` (one row per key: the caller picks the newest), once: matched rows
-        are replaced, new keys inserted. False when the table already holds the batch."""
+        are replaced, new keys inserted; with ``sequence_by``, a row older than the one the table holds for its key
+        changes nothing (as a Delta merge's). False when the table already holds the batch."""
         from sluice.storage.tableformat import batch_properties, conform
 
         if self.holds_batch(query_id, batch_id):
+            log.warning("Batch %s of %s is already in %s; skipping its replay", batch_id, query_id, self.name)
             return False
         if rows.num_rows == 0:
             return True
         summary = {key: str(value) for key, value in
                    batch_properties(metadata, query_id=query_id, batch_id=batch_id, rows=rows.num_rows).items()}
-        self.table().upsert(conform(rows, self.schema()), join_cols=keys, snapshot_properties=summary)
+        data = conform(rows, self.schema())
+        if sequence_by is not None:
+            data = self._not_older(data, keys, sequence_by)
+        table = self.table()
+        if data.num_rows == 0:  # every row older than the table's: the batch still commits, to be held
+            table.append(data, snapshot_properties=summary)
+        else:
+            table.upsert(data, join_cols=keys, snapshot_properties=summary)
         return True
+
+    def _not_older(self, rows: Any, keys: list[str], sequence_by: str) -> Any:
+        """The rows whose ``sequence_by`` is at least the table's for their key (or whose key is new). Keys match
+        by equality: a NULL key matches nothing (phase 1; Delta's merge matches NULL keys too)."""
+        import pyarrow.compute as pc
+
+        held = self.table().scan(selected_fields=(*keys, sequence_by)).to_arrow().select([*keys, sequence_by])
+        if held.num_rows == 0:
+            return rows
+        held = held.rename_columns([*keys, _HELD])
+        joined = rows.join(held, keys=keys, join_type="left outer")
+        keep = pc.fill_null(pc.or_kleene(pc.is_null(joined.column(_HELD)),
+                                         pc.greater_equal(joined.column(sequence_by), joined.column(_HELD))), False)
+        return joined.filter(keep).select(rows.column_names).cast(rows.schema)

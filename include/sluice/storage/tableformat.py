@@ -100,9 +100,10 @@ class TableFormat(ABC):
         return recorded is not None and recorded >= batch_id
 
     def batches(self, query_id: str, *, limit: int | None = 50) -> list[int]:
-        """The batch ids of query ``query_id`` among the newest ``limit`` commits, oldest first."""
-        return [commit.batch_id for commit in self.commits(limit=limit)
-                if commit.query_id == query_id and commit.batch_id is not None]
+        """The batch ids of query ``query_id`` among the newest ``limit`` commits, oldest first, each once (an
+        Iceberg upsert commits its batch as two snapshots, a delete and an append, both carrying the batch)."""
+        return list(dict.fromkeys(commit.batch_id for commit in self.commits(limit=limit)
+                                  if commit.query_id == query_id and commit.batch_id is not None))
 
     def commit_batch(self, rows: Any, *, query_id: str, batch_id: int, metadata: Mapping[str, Any],
                      overwrite: bool = False) -> bool:

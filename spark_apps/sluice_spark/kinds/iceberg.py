@@ -51,18 +51,20 @@ def sink_writer(request: SinkRequest) -> DataStreamWriter:
 
     def commit(batch: DataFrame, batch_id: int) -> bool:
         good = batch.where(F.col(ROUTE_COLUMN) == GOOD_ROUTE).select(*request.data_columns)
-        if sink.mode is SinkMode.MERGE:
+        offered = None
+        if sink.mode is SinkMode.MERGE:  # a key's superseded versions count as processed, for the reconciliation
+            offered = good.count()
             good = latest_per_key(good, sink.keys, sink.sequence_by)
         rows = good.toArrow()
         faults.reach("before_commit", batch_id)
         metadata = commit_info(batch_id, GOOD_ROUTE)
         if sink.mode is SinkMode.MERGE:
             table.upsert_batch(rows, list(sink.keys), query_id=request.query_id, batch_id=batch_id,
-                               metadata=metadata)
+                               metadata=metadata, sequence_by=sink.sequence_by)
         else:
             table.commit_batch(rows, query_id=request.query_id, batch_id=batch_id, metadata=metadata,
                                overwrite=sink.mode is SinkMode.COMPLETE)
-        request.sent[batch_id] = rows.num_rows
+        request.sent[batch_id] = rows.num_rows if offered is None else offered
         faults.reach("between_commits", batch_id)
         return True
 
