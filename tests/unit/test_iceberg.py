@@ -56,6 +56,13 @@ def test_iceberg_sink_errors_name_the_field() -> None:
             "fan_out")
 
 
+def test_two_streams_cannot_write_one_iceberg_table() -> None:
+    rejects(catalog_with(iceberg_stream("one"), iceberg_stream("two")), "stream 'two'", "sink.table:",
+            "already used by stream 'one'")
+    rejects(catalog_with(iceberg_stream("one"), events_stream("two", sink={"path": "iceberg/warehouse"})),
+            "stream 'two'", "sink.path:", "holds the sink table")
+
+
 def test_the_default_catalog_needs_a_local_lake_root() -> None:
     with pytest.raises(SluiceError, match="local lake root"):
         default_catalog_properties("s3://bucket/lake")

@@ -41,6 +41,14 @@ class IcebergSink(SinkSpec):
     def destination(self) -> str:
         return f"Iceberg table {self.identifier} (catalog {self.catalog})"
 
+    @property
+    def lake_folder(self) -> str:
+        """Where the default catalog's warehouse keeps the table (pyiceberg's default location)."""
+        from sluice.storage.iceberg import CATALOG_FOLDER
+
+        namespace, table = self.identifier.rsplit(".", 1)
+        return f"{CATALOG_FOLDER}/warehouse/{namespace}/{table}"
+
     def catalog_properties(self, roots: Roots) -> dict[str, str]:
         """The pyiceberg properties of the sink's catalog in these roots."""
         from sluice.storage.iceberg import default_catalog_properties
