@@ -130,3 +130,30 @@ def test_merge_keeps_the_newest_row_per_key(spark: Any, tmp_path: Path) -> None:
     # u1's e4 (10:03) arrives after e2 (10:05): older than the row the table holds, it changes nothing.
     assert rows == [("u1", "e2"), ("u2", "e5"), ("u3", "e6")]
     assert table.batches(first.query_id) == [0, 1]
+
+
+def test_complete_mode_overwrites_the_table_with_each_result(spark: Any, tmp_path: Path) -> None:
+    """An aggregate in complete mode: each batch's whole result replaces the table in one overwrite snapshot."""
+    catalog = load_catalog(write_catalog(tmp_path, {
+        **events_stream(aggregate={"group_by": ["user_id"], "measures": {"events": "count(*)"}}),
+        "sink": {"format": "iceberg", "table": "gold.per_user", "engine": "rs", "mode": "complete"}}))
+    roots = roots_in(tmp_path)
+    producer = DemoProducer(roots.landing, seed=40, malformed_rate=0.1)
+
+    def expected() -> list[tuple[str, int]]:
+        good, _ = expected_events(Path(roots.landing) / "events", rescue=False)
+        counts: dict[str, int] = {}
+        for row in good:
+            counts[row[2]] = counts.get(row[2], 0) + 1
+        return sorted(counts.items())
+
+    for run in range(2):
+        producer.events_file(lines=50, now=NOW + dt.timedelta(minutes=run))
+        summary = run_streams(spark, catalog, ["events"], roots).streams[0]
+        assert summary.status == "succeeded", summary.error
+        table = iceberg_table(catalog, roots)
+        data = table.table().scan().to_arrow().to_pylist()
+        assert sorted((row["user_id"], row["events"]) for row in data) == expected()
+    # pyiceberg's overwrite: a delete of the table's files, then an append, in one transaction.
+    last = [commit for commit in table.commits() if commit.batch_id == table.recorded_batch(summary.query_id)]
+    assert [commit.operation for commit in last] == ["delete", "append"]
