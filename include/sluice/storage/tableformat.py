@@ -129,6 +129,16 @@ class DeltaTableFormat(TableFormat):
         self.path = path
         self.partition_by = tuple(partition_by)
         self.table_name = table_name or path.rstrip("/").rsplit("/", 1)[-1]
+        self._table: Any = None
+
+    def _open(self) -> Any:
+        """The delta-rs table, opened once for this object's check and commit (as one writer's batch is: the
+        commit's conflict check covers what changed since); TableNotFoundError when there is none."""
+        if self._table is None:
+            from sluice.storage.delta import open_table
+
+            self._table = open_table(self.path)
+        return self._table
 
     @property
     def name(self) -> str:
@@ -142,28 +152,32 @@ class DeltaTableFormat(TableFormat):
     def ensure(self, schema: Any, partition_by: Iterable[str] = (), *, description: str = "") -> bool:
         from sluice.storage.delta import ensure_table
 
+        self._table = None
         return ensure_table(self.path, schema, partition_by or self.partition_by, name=self.table_name,
                             description=description)
 
     def schema(self) -> Any:
         import pyarrow as pa
 
-        from sluice.storage.delta import open_table
-
-        return pa.schema(open_table(self.path).schema().to_arrow())
+        return pa.schema(self._open().schema().to_arrow())
 
     def recorded_batch(self, query_id: str) -> int | None:
+        from deltalake.exceptions import TableNotFoundError
+
         from sluice.storage.delta import recorded_batch
 
-        return recorded_batch(self.path, query_id)
+        try:
+            return recorded_batch(self._open(), query_id)
+        except TableNotFoundError:
+            return None
 
     def commits(self, *, limit: int | None = 50) -> list[TableCommit]:
         from deltalake.exceptions import TableNotFoundError
 
-        from sluice.storage.delta import _batch_commit, open_table
+        from sluice.storage.delta import _batch_commit
 
         try:
-            history = open_table(self.path).history(limit=limit)
+            history = self._open().history(limit=limit)
         except TableNotFoundError:
             return []
         commits = []
@@ -177,9 +191,7 @@ class DeltaTableFormat(TableFormat):
     def _commit(self, rows: Any, *, overwrite: bool, properties: dict[str, Any]) -> None:
         from deltalake import CommitProperties, Transaction, write_deltalake
 
-        from sluice.storage.delta import open_table
-
-        write_deltalake(open_table(self.path), rows, mode="overwrite" if overwrite else "append",
+        write_deltalake(self._open(), rows, mode="overwrite" if overwrite else "append",
                         partition_by=list(self.partition_by) or None,
                         commit_properties=CommitProperties(
                             custom_metadata=properties,
