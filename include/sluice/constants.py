@@ -44,10 +44,12 @@ class SchemaEvolution(Word):
 
 
 class SinkFormat(Word):
-    """Where a stream's good rows go: a Delta table (exactly once) or a Kafka topic (at least once)."""
+    """Where a stream's good rows go: a Delta table (exactly once), a Kafka topic (at least once) or an Iceberg
+    table (exactly once)."""
 
     DELTA = "delta"
     KAFKA = "kafka"
+    ICEBERG = "iceberg"
 
 
 class SinkMode(Word):

@@ -57,6 +57,8 @@ EXAMPLES: dict[str, tuple[Callable[[], dict[str, Any]], tuple[Any, ...]]] = {
     "sink (delta)": (lambda: catalog_with(events_stream()), ("streams", 0, "sink")),
     "sink (kafka)": (lambda: catalog_with(events_stream(sink={"format": "kafka", "topic": "events.out"})),
                      ("streams", 0, "sink")),
+    "sink (iceberg)": (lambda: catalog_with(events_stream(sink={"format": "iceberg", "table": "bronze.events"})),
+                       ("streams", 0, "sink")),
     "expectation": (lambda: catalog_with(events_stream(expectations={"known": {"check": "event_id IS NOT NULL"}})),
                     ("streams", 0, "expectations", "known")),
     "watermark": (lambda: catalog_with(pattern_stream(watermark=WATERMARK, dedupe={"keys": ["event_id"]})),

@@ -29,8 +29,11 @@ def test_only_sluice_delta_reads_a_tables_transaction_version() -> None:
 
 
 def test_only_the_writers_ask_whether_a_batch_is_a_replay() -> None:
-    # The redrive writes its own two commits (an append and a MERGE of marks), each once, by the same guard.
-    assert set(uses_of("holds_batch")) == {"spark_apps/sluice_spark/write/tables.py",
+    # The redrive writes its own two commits (an append and a MERGE of marks), each once, by the same guard. The
+    # table-format seam asks it for every format it commits to (sluice.storage.tableformat, and Iceberg's upsert).
+    assert set(uses_of("holds_batch")) == {"include/sluice/storage/tableformat.py",
+                                           "include/sluice/storage/iceberg.py",
+                                           "spark_apps/sluice_spark/write/tables.py",
                                            "spark_apps/sluice_spark/write/cdc.py",
                                            "spark_apps/sluice_spark/rs/sink.py",
                                            "spark_apps/sluice_spark/redrive.py"}
@@ -39,7 +42,9 @@ def test_only_the_writers_ask_whether_a_batch_is_a_replay() -> None:
 def test_every_foreach_batch_goes_through_the_router() -> None:
     assert set(uses_of("foreachBatch")) <= {"spark_apps/sluice_spark/kinds/delta.py",
                                             "spark_apps/sluice_spark/kinds/kafka.py",
+                                            "spark_apps/sluice_spark/kinds/iceberg.py",
                                             "spark_apps/sluice_spark/backfill.py"}
     assert set(uses_of("BatchRouter")) >= {"spark_apps/sluice_spark/kinds/delta.py",
                                            "spark_apps/sluice_spark/kinds/kafka.py",
+                                           "spark_apps/sluice_spark/kinds/iceberg.py",
                                            "spark_apps/sluice_spark/backfill.py"}

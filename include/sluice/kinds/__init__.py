@@ -28,6 +28,7 @@ from sluice.constants import SinkFormat, SourceType
 from sluice.kinds.base import Backlog, SinkKind, SourceKind
 from sluice.kinds.delta import DeltaSinkKind, DeltaSourceKind
 from sluice.kinds.files import FilesKind
+from sluice.kinds.iceberg import IcebergSinkKind
 from sluice.kinds.kafka import KafkaSinkKind, KafkaSourceKind
 from sluice.model.section import Section
 from sluice.model.sinks import SinkSpec
@@ -35,7 +36,8 @@ from sluice.model.sources import SourceSpec
 
 SOURCE_KINDS: dict[SourceType, SourceKind] = {kind.type: kind for kind in (FilesKind(), DeltaSourceKind(),
                                                                            KafkaSourceKind())}
-SINK_KINDS: dict[SinkFormat, SinkKind] = {kind.format: kind for kind in (DeltaSinkKind(), KafkaSinkKind())}
+SINK_KINDS: dict[SinkFormat, SinkKind] = {kind.format: kind for kind in (DeltaSinkKind(), KafkaSinkKind(),
+                                                                         IcebergSinkKind())}
 
 __all__ = ["SINK_KINDS", "SOURCE_KINDS", "Backlog", "SinkKind", "SourceKind", "parse_sink", "parse_source",
            "sink_kind", "source_kind"]

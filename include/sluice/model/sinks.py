@@ -37,6 +37,12 @@ class SinkSpec:
         return ()
 
     @property
+    def lake_folder(self) -> str | None:
+        """The folder under the lake root that a sink which is no Delta table writes its table in (an Iceberg
+        table's, in the default catalog's warehouse), claimed like a table path so that no two streams write it."""
+        return None
+
+    @property
     def destination(self) -> str:
         """Where the sink writes, as the catalog names it (a table path, a topic)."""
         return self.table or ""

@@ -179,6 +179,8 @@ class StreamSpec:
         paths = [WrittenPath(self.name, "checkpoint", "checkpoint", self.checkpoint, "checkpoints")]
         if self.sink.table:
             paths.append(WrittenPath(self.name, "sink table", "sink.path", self.sink.table, "lake"))
+        elif self.sink.lake_folder:
+            paths.append(WrittenPath(self.name, "sink table", "sink.table", self.sink.lake_folder, "lake"))
         paths.append(WrittenPath(self.name, "dead-letter table", "dead_letter.path", self.dead_letter_path, "lake"))
         paths += [WrittenPath(self.name, "fan-out table", f"fan_out[{position}].path", fan_out.path, "lake")
                   for position, fan_out in enumerate(self.patterns.fan_out)]

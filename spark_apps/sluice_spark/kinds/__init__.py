@@ -20,7 +20,7 @@ from pyspark.sql.streaming import DataStreamWriter
 from sluice.constants import SinkFormat, SourceType
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.paths import Roots
-from sluice_spark.kinds import delta, files, kafka
+from sluice_spark.kinds import delta, files, iceberg, kafka
 from sluice_spark.write.batches import SinkRequest
 
 Reader = Callable[..., DataFrame]
@@ -35,7 +35,8 @@ class SparkSink:
 READERS: dict[SourceType, Reader] = {SourceType.FILES: files.read, SourceType.DELTA: delta.read,
                                      SourceType.KAFKA: kafka.read}
 SINKS: dict[SinkFormat, SparkSink] = {SinkFormat.DELTA: SparkSink(delta.sink_writer),
-                                      SinkFormat.KAFKA: SparkSink(kafka.sink_writer)}
+                                      SinkFormat.KAFKA: SparkSink(kafka.sink_writer),
+                                      SinkFormat.ICEBERG: SparkSink(iceberg.sink_writer)}
 
 
 def read_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | None = None,

@@ -57,6 +57,7 @@ class PreparedStream:
     added_columns: dict[str, str] = field(default_factory=dict)
     # What a stream with ``source.notifications`` reads: the notified files, or its landing folder listed.
     notified: NotifiedRead | None = None
+    roots: Roots | None = None
 
 
 def build_routed_frame(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | None = None,
@@ -121,7 +122,7 @@ def prepare_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, run
     summary.write_path = "driver" if collect else None
     summary.notified = None if notified is None else notified.to_dict()
     return PreparedStream(stream, query_id, resolved, routed, targets, checkpoint, summary, data_columns=data_columns,
-                          collect=collect, notified=notified)
+                          collect=collect, notified=notified, roots=roots)
 
 
 def collects_on_driver(stream: StreamSpec, roots: Roots, engine: DeltaEngine, targets: list[TableTarget]) -> bool:

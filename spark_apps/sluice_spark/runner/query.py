@@ -45,7 +45,7 @@ def start_stream(prepared: PreparedStream) -> StreamingQuery:
     writer = kinds.sink(prepared.spec).writer(SinkRequest(
         prepared.frame, prepared.spec, prepared.targets, prepared.data_columns, prepared.engine, prepared.query_id,
         commit_info={CommitInfo.RUN: prepared.summary.run_id}, sent=prepared.sent_to_kafka,
-        collect=prepared.collect, added_columns=prepared.added_columns))
+        collect=prepared.collect, added_columns=prepared.added_columns, roots=prepared.roots))
     query = (
         writer.queryName(prepared.spec.name)
         .option("checkpointLocation", prepared.checkpoint)

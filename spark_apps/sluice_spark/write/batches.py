@@ -22,6 +22,7 @@ from pyspark.sql import functions as F
 from sluice.constants import SOURCE_FILE_COLUMN, DeltaEngine
 from sluice.model.predicates import RowFilter
 from sluice.model.stream import StreamSpec
+from sluice.paths import Roots
 from sluice.storage.delta import commit_metadata
 from sluice_spark import faults
 from sluice_spark.drift.added import add_columns, refuse_drift
@@ -62,6 +63,8 @@ class SinkRequest:
     collect: bool = False
     # Where the writer records the columns ``add_new_columns`` added, with their types.
     added_columns: dict[str, str] = field(default_factory=dict)
+    # The run's roots: where a sink outside the lake's Delta tables finds its catalog (an Iceberg sink's).
+    roots: Roots | None = None
 
 
 def sink_and_dead_letter(targets: Sequence[TableTarget]) -> tuple[TableTarget | None, TableTarget]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from sluice.storage.tableformat import conform
+
 
 def orderable(data_type: Any) -> bool:
     """Whether Spark can sort by a column of this type: not by a map or a variant, nor by what holds one."""
@@ -18,12 +20,5 @@ def orderable(data_type: Any) -> bool:
     return True
 
 
-def in_schema(rows: Any, schema: Any) -> Any:
-    """An Arrow table's columns in the order and the types of the table's schema (a column added to an existing
-    table comes last in it); a column of the table the rows lack (one of Sluice's own the stream no longer writes,
-    see :func:`sluice.storage.delta.ensure_table`) is NULL."""
-    import pyarrow as pa
-
-    columns = [rows.column(field.name) if field.name in rows.column_names else pa.nulls(rows.num_rows, field.type)
-               for field in schema]
-    return pa.Table.from_arrays(columns, names=schema.names).cast(schema)
+# An Arrow table in a table's schema: the table-format seam's, shared by every writer.
+in_schema = conform

@@ -27,6 +27,7 @@ from sluice.constants import ADDED_COLUMN_KEY, CommitInfo, DeltaEngine, SinkMode
 from sluice.model.predicates import DATAFUSION, SPARK_SQL, RowFilter, render
 from sluice.model.types import quote
 from sluice.storage.delta import holds_batch
+from sluice.storage.tableformat import DeltaTableFormat
 from sluice_spark import faults
 from sluice_spark.targets import TableTarget
 from sluice_spark.write.columns import in_schema as _in_schema
@@ -124,21 +125,10 @@ class RsTableWriter(DeltaTableWriter):
     def append_arrow(rows: Any, target: TableTarget, *, query_id: str, batch_id: int,
                      metadata: dict[str, Any]) -> bool:
         """Append an Arrow table already on the driver (a small batch collected once, see :class:`BatchRouter`),
-        with the same once-only transaction as :meth:`write`. False when the table already held the batch."""
-        import pyarrow as pa
-        from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-
-        table = DeltaTable(target.path)
-        if holds_batch(table, query_id, batch_id):
-            log.warning("Batch %s of %s is already in %s; skipping its replay", batch_id, query_id, target.path)
-            return False
-        if rows.num_rows == 0:
-            return True
-        properties = CommitProperties(custom_metadata={**metadata, CommitInfo.RECORDS: rows.num_rows},
-                                      app_transactions=[Transaction(query_id, batch_id)])
-        write_deltalake(table, _in_schema(rows, pa.schema(table.schema().to_arrow())), mode="append",
-                        partition_by=list(target.partition_by) or None, commit_properties=properties)
-        return True
+        through the table-format seam, with the same once-only transaction as :meth:`write`. False when the table
+        already held the batch."""
+        return DeltaTableFormat(target.path, partition_by=target.partition_by).commit_batch(
+            rows, query_id=query_id, batch_id=batch_id, metadata=metadata)
 
 
 def _with_added(schema: Any, added: Mapping[str, str], marker: str, rows: DataFrame) -> Any:

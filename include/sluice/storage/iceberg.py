@@ -1,0 +1,192 @@
+"""Iceberg tables through pyiceberg: no JVM, usable from Airflow workers, the runner's driver and tests.
+
+A table lives in an Iceberg catalog. Phase 1 knows one: the default SQL catalog, SQLite at
+``<lake root>/iceberg/catalog.db`` with its warehouse (data and metadata files) at ``<lake root>/iceberg/warehouse``,
+created on first use. Each batch commit is one snapshot whose summary carries Sluice's keys (``sluice.queryId``,
+``sluice.batchId``, ... as in a Delta commit's info): the exactly-once guard reads them back from the current
+snapshot's ancestors, so a snapshot rolled back is no longer held.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from sluice.constants import CommitInfo
+from sluice.errors import SluiceError
+from sluice.paths import is_absolute
+from sluice.storage.tableformat import TableCommit, TableFormat
+
+# The default catalog's folder under the lake root, its SQLite file and its warehouse.
+CATALOG_FOLDER = "iceberg"
+CATALOG_NAME = "sluice"
+# The table's sequence value of a key, beside a batch's rows while a merge compares them.
+_HELD = "_sluice_held_sequence"
+log = logging.getLogger(__name__)
+
+
+def default_catalog_properties(lake_root: str) -> dict[str, str]:
+    """The default SQL catalog's pyiceberg properties: SQLite and the warehouse under a local lake root. A lake root
+    on an object store needs a catalog of its own (a REST or PostgreSQL catalog, not there yet)."""
+    if "://" in lake_root and not lake_root.startswith("file://"):
+        raise SluiceError(f"the default Iceberg catalog is a SQLite file under a local lake root, and the lake root "
+                          f"is {lake_root}; an Iceberg sink on an object store needs a REST or SQL catalog "
+                          "connection, which this version does not support yet")
+    root = Path(lake_root.removeprefix("file://"))
+    if not is_absolute(str(root)):
+        root = root.absolute()
+    folder = root / CATALOG_FOLDER
+    return {"uri": f"sqlite:///{folder / 'catalog.db'}", "warehouse": (folder / "warehouse").as_uri()}
+
+
+def open_catalog(properties: dict[str, str]) -> Any:
+    """A pyiceberg SQL catalog (its tables created on first use), its local folders made."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    uri = properties["uri"]
+    if uri.startswith("sqlite:///"):
+        os.makedirs(os.path.dirname(uri.removeprefix("sqlite:///")), exist_ok=True)
+    return SqlCatalog(CATALOG_NAME, **properties)
+
+
+def _summary(snapshot: Any) -> dict[str, str]:
+    return dict(snapshot.summary.additional_properties) if snapshot.summary is not None else {}
+
+
+class IcebergTableFormat(TableFormat):
+    """The Iceberg table ``identifier`` (``namespace.table``) of a catalog given by its pyiceberg properties."""
+
+    format = "iceberg"
+
+    def __init__(self, identifier: str, catalog: dict[str, str]) -> None:
+        self.identifier = identifier
+        self.catalog_properties = catalog
+        self._catalog: Any = None
+
+    @property
+    def name(self) -> str:
+        return f"Iceberg table {self.identifier}"
+
+    @property
+    def catalog(self) -> Any:
+        if self._catalog is None:
+            self._catalog = open_catalog(self.catalog_properties)
+        return self._catalog
+
+    def table(self) -> Any:
+        """The pyiceberg table, loaded now (its current metadata)."""
+        return self.catalog.load_table(self.identifier)
+
+    def exists(self) -> bool:
+        return bool(self.catalog.table_exists(self.identifier))
+
+    def ensure(self, schema: Any, partition_by: Iterable[str] = (), *, description: str = "") -> bool:
+        """Create the table (and its namespace) with ``schema``, every column optional (Spark's nullability of a
+        computed column changes with the plan: a required column would refuse a later run's rows); an existing
+        table gains the columns it lacks, and a column of another type is refused (pyiceberg's own message, with
+        the table named)."""
+        import pyarrow as pa
+
+        if list(partition_by):
+            raise SluiceError(f"{self.name}: partitioned Iceberg tables are not supported yet")
+        namespace = self.identifier.rsplit(".", 1)[0]
+        self.catalog.create_namespace_if_not_exists(namespace)
+        if not self.exists():
+            properties = {"comment": description} if description else {}
+            optional = pa.schema([field.with_nullable(True) for field in schema])
+            self.catalog.create_table(self.identifier, schema=optional, properties=properties)
+            return True
+        table = self.table()
+        have = set(table.schema().as_arrow().names)
+        if any(field.name not in have for field in schema):
+            try:
+                with table.update_schema() as update:
+                    update.union_by_name(schema)
+            except Exception as error:
+                raise SluiceError(f"{self.name} cannot take the stream's columns: {error}") from error
+        return False
+
+    def schema(self) -> Any:
+        return self.table().schema().as_arrow()
+
+    def _ancestors(self) -> Iterator[Any]:
+        """The current snapshot and its ancestors, newest first."""
+        from pyiceberg.table.snapshots import ancestors_of
+
+        table = self.table()
+        yield from ancestors_of(table.current_snapshot(), table.metadata)
+
+    def recorded_batch(self, query_id: str) -> int | None:
+        """A query commits its batches in order: the newest snapshot of the query holds its newest batch."""
+        if not self.exists():
+            return None
+        for snapshot in self._ancestors():
+            summary = _summary(snapshot)
+            if summary.get(CommitInfo.QUERY) == query_id and CommitInfo.BATCH in summary:
+                return int(summary[CommitInfo.BATCH])
+        return None
+
+    def commits(self, *, limit: int | None = 50) -> list[TableCommit]:
+        if not self.exists():
+            return []
+        commits: list[TableCommit] = []
+        for snapshot in self._ancestors():
+            if limit is not None and len(commits) >= limit:
+                break
+            summary = _summary(snapshot)
+            batch = summary.get(CommitInfo.BATCH)
+            rows = summary.get(CommitInfo.RECORDS)
+            operation = snapshot.summary.operation.value if snapshot.summary is not None else ""
+            commits.append(TableCommit(int(snapshot.sequence_number or 0), snapshot.timestamp_ms / 1000, operation,
+                                       summary.get(CommitInfo.QUERY), None if batch is None else int(batch),
+                                       None if rows is None else int(rows), snapshot.snapshot_id))
+        return commits[::-1]
+
+    def _commit(self, rows: Any, *, overwrite: bool, properties: dict[str, Any]) -> None:
+        summary = {key: str(value) for key, value in properties.items()}
+        table = self.table()
+        if overwrite:
+            table.overwrite(rows, snapshot_properties=summary)
+        else:
+            table.append(rows, snapshot_properties=summary)
+
+    def upsert_batch(self, rows: Any, keys: list[str], *, query_id: str, batch_id: int, metadata: dict[str, Any],
+                     sequence_by: str | None = None) -> bool:
+        """Merge one batch's rows by ``keys`` (one row per key: the caller picks the newest), once: matched rows
+        are replaced, new keys inserted; with ``sequence_by``, a row older than the one the table holds for its key
+        changes nothing (as a Delta merge's). False when the table already holds the batch."""
+        from sluice.storage.tableformat import batch_properties, conform
+
+        if self.holds_batch(query_id, batch_id):
+            log.warning("Batch %s of %s is already in %s; skipping its replay", batch_id, query_id, self.name)
+            return False
+        if rows.num_rows == 0:
+            return True
+        summary = {key: str(value) for key, value in
+                   batch_properties(metadata, query_id=query_id, batch_id=batch_id, rows=rows.num_rows).items()}
+        data = conform(rows, self.schema())
+        if sequence_by is not None:
+            data = self._not_older(data, keys, sequence_by)
+        table = self.table()
+        if data.num_rows == 0:  # every row older than the table's: the batch still commits, to be held
+            table.append(data, snapshot_properties=summary)
+        else:
+            table.upsert(data, join_cols=keys, snapshot_properties=summary)
+        return True
+
+    def _not_older(self, rows: Any, keys: list[str], sequence_by: str) -> Any:
+        """The rows whose ``sequence_by`` is at least the table's for their key (or whose key is new). Keys match
+        by equality: a NULL key matches nothing (phase 1; Delta's merge matches NULL keys too)."""
+        import pyarrow.compute as pc
+
+        held = self.table().scan(selected_fields=(*keys, sequence_by)).to_arrow().select([*keys, sequence_by])
+        if held.num_rows == 0:
+            return rows
+        held = held.rename_columns([*keys, _HELD])
+        joined = rows.join(held, keys=keys, join_type="left outer")
+        keep = pc.fill_null(pc.or_kleene(pc.is_null(joined.column(_HELD)),
+                                         pc.greater_equal(joined.column(sequence_by), joined.column(_HELD))), False)
+        return joined.filter(keep).select(rows.column_names).cast(rows.schema)

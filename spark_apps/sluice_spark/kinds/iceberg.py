@@ -1,0 +1,74 @@
+"""The Iceberg sink in Spark: the pip-only engine (pyiceberg), no Iceberg jar.
+
+Each micro-batch's good rows are collected to the driver as Arrow and committed as one Iceberg snapshot (an append,
+an upsert by keys, or an overwrite of the whole table in complete mode) whose summary carries the query id and the
+batch id; a replayed batch the table already holds is skipped (:meth:`sluice.storage.tableformat.TableFormat.
+commit_batch`). The dead letters then go to the stream's Delta dead-letter table through the
+:class:`~sluice_spark.write.batches.BatchRouter`, exactly once by its own transaction.
+
+Spark's Iceberg runtime (``iceberg-spark-runtime-4.1_2.13``, 1.11.0 and 1.12.0, the newest on Maven Central) does not
+load on Spark 4.2 (``IncompatibleClassChangeError`` on Spark's connector ``View``), so there is no JVM engine yet.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming import DataStreamWriter
+
+from sluice.constants import SinkMode
+from sluice.errors import SluiceError
+from sluice.kinds.iceberg import IcebergSink
+from sluice.storage.iceberg import IcebergTableFormat
+from sluice_spark import faults
+from sluice_spark.kinds.delta import OUTPUT_MODES
+from sluice_spark.targets import GOOD_ROUTE, RAW_COLUMN, ROUTE_COLUMN
+from sluice_spark.write.batches import BatchRouter, SinkRequest, sink_and_dead_letter, stream_commit_info
+from sluice_spark.write.tables import latest_per_key
+
+
+def iceberg_table(request: SinkRequest) -> IcebergTableFormat:
+    """The stream's Iceberg table, created (with its namespace) from the good rows' columns unless it exists."""
+    sink = request.stream.sink
+    assert isinstance(sink, IcebergSink)
+    if request.roots is None:
+        raise SluiceError(f"stream '{request.stream.name}': an Iceberg sink needs the run's roots to find its catalog")
+    table = IcebergTableFormat(sink.identifier, sink.catalog_properties(request.roots))
+    schema = to_arrow_schema(request.frame.select(*request.data_columns).schema, timezone="UTC")
+    table.ensure(schema, description=request.stream.description)
+    return table
+
+
+def sink_writer(request: SinkRequest) -> DataStreamWriter:
+    """A ``DataStreamWriter`` (without trigger or checkpoint) that commits each micro-batch's good rows to the
+    stream's Iceberg table and its dead letters to the Delta dead-letter table, each exactly once.
+    ``request.sent`` receives the rows each batch gave the table, for the run's row reconciliation."""
+    stream, sink = request.stream, request.stream.sink
+    assert isinstance(sink, IcebergSink)
+    table = iceberg_table(request)
+    commit_info = stream_commit_info(request.commit_info, stream=stream.name, query_id=request.query_id)
+
+    def commit(batch: DataFrame, batch_id: int) -> bool:
+        good = batch.where(F.col(ROUTE_COLUMN) == GOOD_ROUTE).select(*request.data_columns)
+        offered = None
+        if sink.mode is SinkMode.MERGE:  # a key's superseded versions count as processed, for the reconciliation
+            offered = good.count()
+            good = latest_per_key(good, sink.keys, sink.sequence_by)
+        rows = good.toArrow()
+        faults.reach("before_commit", batch_id)
+        metadata = commit_info(batch_id, GOOD_ROUTE)
+        if sink.mode is SinkMode.MERGE:
+            table.upsert_batch(rows, list(sink.keys), query_id=request.query_id, batch_id=batch_id,
+                               metadata=metadata, sequence_by=sink.sequence_by)
+        else:
+            table.commit_batch(rows, query_id=request.query_id, batch_id=batch_id, metadata=metadata,
+                               overwrite=sink.mode is SinkMode.COMPLETE)
+        request.sent[batch_id] = rows.num_rows if offered is None else offered
+        faults.reach("between_commits", batch_id)
+        return True
+
+    router = BatchRouter([sink_and_dead_letter(request.targets)[1]], engine=request.engine, route_column=ROUTE_COLUMN,
+                         query_id=request.query_id, commit_info=commit_info, before=commit,
+                         example_column=RAW_COLUMN)
+    return request.frame.writeStream.foreachBatch(router).outputMode(OUTPUT_MODES[sink.mode])

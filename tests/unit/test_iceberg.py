@@ -1,0 +1,139 @@
+"""The Iceberg sink's catalog section, and the table-format seam on both formats (no Spark): a batch commits once,
+a replay of it is skipped, and the commits list the query and batch each carries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from sluice.catalog import parse_catalog
+from sluice.constants import CommitInfo, SinkFormat, SinkMode
+from sluice.errors import SluiceError
+from sluice.kinds.iceberg import IcebergSink
+from sluice.storage.iceberg import IcebergTableFormat, default_catalog_properties
+from sluice.storage.tableformat import DeltaTableFormat, TableFormat
+from tests.helpers import events_stream, roots_in
+from tests.unit.test_catalog import catalog_with, rejects
+
+
+def iceberg_stream(name: str = "to_iceberg", **sink: Any) -> dict[str, Any]:
+    return events_stream(name, sink={"format": "iceberg", "table": "bronze.events", **sink})
+
+
+# --- catalog -------------------------------------------------------------------------------------------------------
+
+
+def test_iceberg_sink_is_accepted_and_its_dead_letters_stay_in_delta(tmp_path: Path) -> None:
+    catalog = parse_catalog(catalog_with(iceberg_stream(), iceberg_stream(
+        "merged", table="silver.events", mode="merge", keys=["event_id"], sequence_by="event_time")))
+    sink = catalog.get("to_iceberg").sink
+    assert isinstance(sink, IcebergSink)
+    assert (sink.format, sink.identifier, sink.catalog, sink.mode, sink.table) == (
+        SinkFormat.ICEBERG, "bronze.events", "default", SinkMode.APPEND, None)
+    assert catalog.get("to_iceberg").dead_letter_path == "_dead_letter/to_iceberg"
+    merged = catalog.get("merged").sink
+    assert (merged.mode, merged.keys, merged.sequence_by) == (SinkMode.MERGE, ("event_id",), "event_time")
+    lake = roots_in(tmp_path).lake
+    assert sink.catalog_properties(roots_in(tmp_path)) == {
+        "uri": f"sqlite:///{lake}/iceberg/catalog.db", "warehouse": f"file://{lake}/iceberg/warehouse"}
+
+
+def test_iceberg_sink_errors_name_the_field() -> None:
+    rejects(catalog_with(events_stream(sink={"format": "iceberg"})), "sink.table:", "is required")
+    rejects(catalog_with(iceberg_stream(table="events")), "sink.table:", "namespace.table")
+    rejects(catalog_with(iceberg_stream(table="bronze.ev-ents")), "sink.table:", "namespace.table")
+    rejects(catalog_with(iceberg_stream(catalog="my_rest")), "sink.catalog:", "only the default catalog")
+    rejects(catalog_with(iceberg_stream(mode="cdc")), "sink.mode:", "not cdc")
+    rejects(catalog_with(iceberg_stream(mode="merge")), "sink.keys:", "needs the keys")
+    rejects(catalog_with(iceberg_stream(keys=["event_id"])), "sink.keys:", "keys are for mode merge")
+    rejects(catalog_with(iceberg_stream(mode="merge", keys=["nope"])), "sink.keys:", "'nope' is not produced")
+    rejects(catalog_with(iceberg_stream(sequence_by="event_time")), "sink.sequence_by:", "for mode merge")
+    rejects(catalog_with(iceberg_stream(path="bronze/x")), "sink: unknown key(s) path")
+    rejects(catalog_with(iceberg_stream(fan_out=[{"path": "bronze/clicks", "where": "event_type = 'click'"}])),
+            "fan_out")
+
+
+def test_two_streams_cannot_write_one_iceberg_table() -> None:
+    rejects(catalog_with(iceberg_stream("one"), iceberg_stream("two")), "stream 'two'", "sink.table:",
+            "already used by stream 'one'")
+    rejects(catalog_with(iceberg_stream("one"), events_stream("two", sink={"path": "iceberg/warehouse"})),
+            "stream 'two'", "sink.path:", "holds the sink table")
+
+
+def test_the_default_catalog_needs_a_local_lake_root() -> None:
+    with pytest.raises(SluiceError, match="local lake root"):
+        default_catalog_properties("s3://bucket/lake")
+
+
+# --- the seam, on both formats ---------------------------------------------------------------------------------------
+
+SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("name", pa.string())])
+
+
+def rows(*ids: int) -> pa.Table:
+    return pa.table({"name": [f"n{i}" for i in ids], "id": list(ids)})  # not in the table's order: conformed
+
+
+def tables(tmp_path: Path) -> list[TableFormat]:
+    return [DeltaTableFormat(str(tmp_path / "delta" / "t")),
+            IcebergTableFormat("db.t", default_catalog_properties(str(tmp_path / "lake")))]
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["delta", "iceberg"])
+def test_a_batch_commits_once_and_its_replay_is_skipped(tmp_path: Path, index: int) -> None:
+    table = tables(tmp_path)[index]
+    assert not table.exists() and table.recorded_batch("q1") is None and table.commits() == []
+    assert table.ensure(SCHEMA) is True and table.ensure(SCHEMA) is False
+    meta = {CommitInfo.STREAM: "s", CommitInfo.RUN: "r1"}
+    assert table.commit_batch(rows(1, 2), query_id="q1", batch_id=0, metadata=meta) is True
+    assert table.commit_batch(rows(3), query_id="q1", batch_id=1, metadata=meta) is True
+    assert table.commit_batch(rows(1, 2), query_id="q1", batch_id=0, metadata=meta) is False  # a replay
+    assert table.commit_batch(rows(3), query_id="q1", batch_id=1, metadata=meta) is False
+    assert table.commit_batch(rows(9), query_id="q2", batch_id=0, metadata=meta) is True  # another query
+    assert table.commit_batch(rows(), query_id="q2", batch_id=1, metadata=meta) is True  # nothing: no commit
+    assert (table.recorded_batch("q1"), table.recorded_batch("q2"), table.recorded_batch("q3")) == (1, 0, None)
+    assert table.batches("q1") == [0, 1] and table.batches("q2") == [0]
+    batch_commits = [(c.query_id, c.batch_id, c.rows) for c in table.commits() if c.query_id]
+    assert batch_commits == [("q1", 0, 2), ("q1", 1, 1), ("q2", 0, 1)]
+    versions = [commit.version for commit in table.commits()]
+    assert versions == sorted(versions)
+    assert table.schema().names == ["id", "name"]
+    if isinstance(table, IcebergTableFormat):
+        read = table.table().scan().to_arrow()
+    else:
+        from sluice.storage.delta import read_table
+        read = read_table(table.path)
+    assert sorted(zip(read.column("id").to_pylist(), read.column("name").to_pylist(), strict=True)) == [
+        (1, "n1"), (2, "n2"), (3, "n3"), (9, "n9")]
+
+
+def test_an_iceberg_overwrite_and_an_upsert_commit_once(tmp_path: Path) -> None:
+    table = IcebergTableFormat("db.t", default_catalog_properties(str(tmp_path / "lake")))
+    table.ensure(SCHEMA)
+    table.commit_batch(rows(1, 2), query_id="q", batch_id=0, metadata={})
+    assert table.commit_batch(rows(5), query_id="q", batch_id=1, metadata={}, overwrite=True) is True
+    assert table.table().scan().to_arrow().column("id").to_pylist() == [5]
+    changed = pa.table({"id": [5, 6], "name": ["five", "six"]})
+    assert table.upsert_batch(changed, ["id"], query_id="q", batch_id=2, metadata={}) is True
+    assert table.upsert_batch(changed, ["id"], query_id="q", batch_id=2, metadata={}) is False
+    read = table.table().scan().to_arrow().sort_by("id")
+    assert read.to_pylist() == [{"id": 5, "name": "five"}, {"id": 6, "name": "six"}]
+    assert table.recorded_batch("q") == 2
+    older = pa.table({"id": [5, 7], "name": ["a5", "seven"]})  # "a5" sorts before the table's "five"
+    assert table.upsert_batch(older, ["id"], query_id="q", batch_id=3, metadata={}, sequence_by="name") is True
+    read = table.table().scan().to_arrow().sort_by("id")
+    assert read.to_pylist() == [{"id": 5, "name": "five"}, {"id": 6, "name": "six"}, {"id": 7, "name": "seven"}]
+    assert table.recorded_batch("q") == 3
+
+
+def test_an_existing_iceberg_table_gains_the_columns_it_lacks(tmp_path: Path) -> None:
+    table = IcebergTableFormat("db.t", default_catalog_properties(str(tmp_path / "lake")))
+    table.ensure(SCHEMA)
+    wider = pa.schema([*SCHEMA, pa.field("extra", pa.float64())])
+    assert table.ensure(wider) is False
+    assert table.schema().names == ["id", "name", "extra"]
+    with pytest.raises(SluiceError, match="cannot take the stream's columns"):
+        table.ensure(pa.schema([pa.field("id", pa.string()), pa.field("other", pa.int32())]))
