@@ -61,7 +61,7 @@ SCALA_BINARY = "2.13"
 _VALUE = "_kafka_value"
 _TOMBSTONE = "_kafka_tombstone"
 # A range backfill's offsets, as a source option only Sluice reads (popped before Spark sees the options).
-RANGES_OPTION = "sluice.backfill.ranges"
+RANGES_OPTION = "_sluice_backfill_ranges"
 
 
 def _spark_version() -> str:
