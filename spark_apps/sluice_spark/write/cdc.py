@@ -224,9 +224,11 @@ class CdcApplier:
         as_deletes = as_deletes.withColumn(_ROW_SEQUENCE, F.col(quote(seq)))
         events = (changes.withColumn(_ORIGIN, F.lit(0)).withColumn(_ROW_SEQUENCE, F.col(quote(seq)))
                   .unionByName(versions).unionByName(as_deletes))
-        # One change per key and sequence: a delete, then the batch's change (a new version of a start replaces it).
+        # One change per key and sequence: a delete, then the newest (a version updated in place after its start
+        # holds a later change than its opening one, which a backfill may apply again), then the batch's change (a
+        # new version of a start replaces it).
         order = Window.partitionBy(*[quote(k) for k in keys], quote(seq)).orderBy(
-            F.col(DELETE_COLUMN).desc(), F.col(_ORIGIN))
+            F.col(DELETE_COLUMN).desc(), F.col(_ROW_SEQUENCE).desc_nulls_last(), F.col(_ORIGIN))
         events = events.withColumn("_r", F.row_number().over(order)).where("_r = 1").drop("_r", _ORIGIN)
         rebuilt = _versions(events, keys, seq, _tracked(target, columns)).localCheckpoint()
         closed = (rebuilt.where(F.col(CDC_END_COLUMN).isNotNull()).alias("n")
