@@ -29,7 +29,14 @@ from typing import Any
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from sluice.constants import CDC_END_COLUMN, CDC_START_COLUMN, DEBEZIUM_OP_COLUMN, CommitInfo, DeltaEngine
+from sluice.constants import (
+    CDC_END_COLUMN,
+    CDC_START_COLUMN,
+    CDC_TOMBSTONES,
+    DEBEZIUM_OP_COLUMN,
+    CommitInfo,
+    DeltaEngine,
+)
 from sluice.model.sinks import CdcSpec
 from sluice.model.types import quote
 from sluice.storage.delta import ensure_table, holds_batch, open_table, table_version
@@ -39,7 +46,7 @@ from sluice_spark.write.columns import in_schema, orderable
 
 log = logging.getLogger(__name__)
 
-TOMBSTONES = "_sluice_tombstones"
+TOMBSTONES = CDC_TOMBSTONES
 DELETE_COLUMN = "_sluice_delete"
 _TOMB_SEQUENCE = "_sluice_sequence"
 _TOMB_AT = "_sluice_deleted_at"
