@@ -326,7 +326,9 @@ def _merge_metrics(raw: dict[str, Any]) -> dict[str, int]:
 
 def _jvm_merge(source: DataFrame, path: str, on: str, query_id: str, batch_id: int, metadata: dict[str, Any],
                clauses: Any) -> dict[str, int]:
-    """A delta-spark MERGE under the batch's transaction id (delta-spark skips a replay), and its metrics."""
+    """A delta-spark MERGE under the batch's transaction id (delta-spark skips a replay), and its metrics (read with
+    delta-rs from the commit the MERGE made, under the stream's lock the table's latest: delta-spark's
+    ``history(1)`` would start a Spark job over the log for the same JSON)."""
     from delta.tables import DeltaTable
 
     spark = source.sparkSession
@@ -338,8 +340,8 @@ def _jvm_merge(source: DataFrame, path: str, on: str, query_id: str, batch_id: i
     try:
         table = DeltaTable.forPath(spark, path)
         clauses(table.alias("t").merge(source.alias("s"), on)).execute()
-        [entry] = table.history(1).select("operationMetrics").collect()
-        return _merge_metrics(dict(entry[0] or {}))
+        [entry] = open_table(path).history(1)
+        return _merge_metrics(dict(entry.get("operationMetrics") or {}))
     finally:
         for key in settings:
             spark.conf.unset(key)
