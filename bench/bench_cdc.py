@@ -9,10 +9,13 @@ Sides, on the jvm engine (delta-spark), each on a fresh copy of the same seeded 
   per key, ``whenMatchedDelete`` / ``whenMatchedUpdateAll`` / ``whenNotMatchedInsertAll``), without the
   transaction id and without remembering deletes.
 - Spark Declarative Pipelines' Auto CDC (``pyspark.pipelines.create_auto_cdc_flow``) is tried once with the
-  ``spark-pipelines`` CLI on the same changes; when it cannot run here, the line says why, and ``cdc_vs_sdp`` is
-  null. On pyspark 4.2 here it stops with AUTOCDC_TARGET_DOES_NOT_SUPPORT_MERGE: the CLI's own Spark Connect server
-  creates the streaming table as Parquet, and Auto CDC needs a MERGE-capable target (Delta's jars and DeltaCatalog
-  on that server, which this bench does not pass yet).
+  ``spark-pipelines`` CLI on the same changes, its Spark Connect server given Sluice's jars, Delta's session
+  extension and DeltaCatalog (``--conf``, :func:`sluice.operations.jars.spark_conf`) and the streaming table
+  ``format="delta"``; when it cannot run here, the line says why, and ``cdc_vs_sdp`` is null. On pyspark 4.2 with
+  delta-spark 4.4 it stops with AUTOCDC_TARGET_DOES_NOT_SUPPORT_MERGE, "the target table ... (format: delta) does
+  not support row-level operations": Auto CDC writes through Spark's DataSource V2 row-level operations (a table
+  that supports MERGE for Spark), and delta-spark's table does not offer them to Spark (Delta runs its MERGE as a
+  command of its own). Without the jars the table is created as Parquet and the same error names that format.
 
 The cdc table is checked against a plain-Python oracle. The last line is JSON with ``ratios`` and ``goals``.
 
@@ -41,6 +44,7 @@ from pyspark.sql import functions as F
 
 from sluice.constants import DeltaEngine, SinkMode
 from sluice.model.sinks import CdcSpec
+from sluice.operations.jars import spark_conf
 from sluice.storage.delta import query
 from sluice_spark.targets import TableTarget
 from sluice_spark.write.tables import table_writer
@@ -105,7 +109,7 @@ SDP_PIPELINE = textwrap.dedent('''
         return spark.readStream.format("parquet").schema("id long, name string, tier string, seq long, op string") \\
             .load("{changes}")
 
-    dp.create_streaming_table("customers")
+    dp.create_streaming_table("customers", format="delta")
     dp.create_auto_cdc_flow(target="customers", source="changes", keys=["id"], sequence_by="seq",
                             apply_as_deletes="op = 'd'", except_column_list=["op"], stored_as_scd_type=1)
 ''')
@@ -121,9 +125,11 @@ def try_sdp(root: Path, changes_path: Path) -> tuple[float | None, str]:
         "libraries": [{"glob": {"include": "pipeline.py"}}],
         "configuration": {"spark.sql.shuffle.partitions": "2"}}), encoding="utf-8")
     cli = Path(sys.executable).parent / "spark-pipelines"
+    # The CLI's Spark Connect server is a spark-submit of its own: Delta's jars, extension and catalog go to it.
+    delta = [arg for key, value in spark_conf().items() for arg in ("--conf", f"{key}={value}")]
     started = time.perf_counter()
     try:
-        done = subprocess.run([str(cli), "run", "--spec", str(project / "spark-pipeline.yml")], cwd=project,
+        done = subprocess.run([str(cli), "run", "--spec", str(project / "spark-pipeline.yml"), *delta], cwd=project,
                               capture_output=True, text=True, timeout=300, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, f"spark-pipelines did not finish: {exc}"

@@ -125,6 +125,8 @@ class TableRole(Word):
     SINK = "sink"
     DEAD_LETTER = "dead_letter"
     FAN_OUT = "fan_out"
+    # A cdc table's remembered deletes (:data:`CDC_TOMBSTONES`), committed after the table in each batch.
+    TOMBSTONES = "tombstones"
 
 
 class DeltaEngine(Word):
@@ -275,3 +277,6 @@ DEBEZIUM_COLUMNS = {DEBEZIUM_OP_COLUMN: "STRING", DEBEZIUM_TS_COLUMN: "BIGINT",
 # A CDC table of type 2: when each version of a key became current, and when it stopped being (NULL: current).
 CDC_START_COLUMN = "__start_at"
 CDC_END_COLUMN = "__end_at"
+# A cdc table's remembered deletes: a Delta table in this folder inside the table's own (readers and VACUUM leave a
+# folder whose name starts with ``_`` alone).
+CDC_TOMBSTONES = "_sluice_tombstones"

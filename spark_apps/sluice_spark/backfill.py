@@ -4,7 +4,8 @@ The query reads exactly the planned files (a Hadoop glob of their paths) through
 split and transform, so backfilled rows are the rows the stream would have written. Each micro-batch is
 committed in ``foreachBatch``: once per table, with the backfill's query id and batch id as the Delta
 transaction, so that a retried backfill (same run id, same frozen plan, same checkpoint) never writes a batch twice.
-``replace`` runs as one batch and swaps the range in one commit per table (``replaceWhere``).
+``replace`` runs as one batch and swaps the range in one commit per table (``replaceWhere``). A cdc table's changes
+are applied by its cdc writer in both modes, never swapped (:mod:`sluice.operations.backfill`).
 
 A Delta source's range is read the same way, through the stream's own source with ``startingVersion`` and
 ``endingVersion`` set to the planned versions: only ``sluice_delta`` takes an ending version (delta-spark's

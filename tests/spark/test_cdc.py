@@ -183,3 +183,21 @@ def test_type_2_places_a_late_change_in_history(spark: Any, tmp_path: Path, engi
     assert rows(path, 2) == [(1, "a", "free", 10, 10, 20), (1, "b", "team", 20, 20, 30),
                              (1, "renamed", "pro", 35, 30, 40), (1, "back", "free", 50, 50, None)]
     assert rows(path, 2) == type2([change for batch in batches for change in batch], tracked=(2,))
+
+
+@ENGINES
+def test_a_type_2_change_applied_again_keeps_the_in_place_update_after_it(spark: Any, tmp_path: Path,
+                                                                         engine: str) -> None:
+    """A version opened by one change and updated in place by a later one (a column outside
+    track_history_columns); a backfill applies the opening change again, under its own query: the version keeps the
+    later change's values."""
+    path = str(tmp_path / "customers")
+    create(path, 2)
+    table = target(path, 2, track=("tier",))
+    batches: list[list[Change]] = [[(1, "a", "free", 10, "u"), (2, "b", "pro", 10, "u")],
+                                   [(1, "renamed", "free", 20, "u")]]
+    apply(spark, engine, table, batches)
+    expected = [(1, "renamed", "free", 20, 10, None), (2, "b", "pro", 10, 10, None)]
+    assert rows(path, 2) == expected
+    assert apply(spark, engine, table, batches[:1], query="backfill") == [True]
+    assert rows(path, 2) == expected == type2([change for batch in batches for change in batch], tracked=(2,))

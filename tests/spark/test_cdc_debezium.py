@@ -152,11 +152,18 @@ def test_a_truncate_stops_the_run_unless_the_catalog_skips_it(spark: Any, tmp_pa
 @pytest.mark.parametrize("engine", ["rs", "jvm"])
 def test_sigkill_between_the_table_and_its_tombstones_then_rerun(tmp_path: Path, engine: str) -> None:
     """Three files of Debezium events, one batch each; the application is SIGKILLed in batch 1 after the table's
-    commit and before the tombstones' (the crash point between_commits is reached there first). The rerun replays
-    batch 1: the table's commit is skipped, the tombstones' made, and the table is the oracle's."""
+    commit and before the tombstones' (the crash point between_commits is reached there first). The health gate
+    sees what any stopped run leaves, the one uncommitted batch (a WARN: runs go on), with the tombstones a batch
+    behind the table: no health code of their own is needed, because the rerun replays batch 1, whose table commit
+    is skipped and whose tombstones are committed, and the table is the oracle's."""
     import yaml
 
-    from tests.spark.test_crash_recovery import kill_at_then_rerun
+    from sluice.constants import FaultCode, Severity
+    from sluice.operations.health import check_stream
+    from sluice.storage.checkpoint import read_query_id
+    from sluice.storage.delta import recorded_batch
+    from sluice_spark.write.cdc import tombstones_path
+    from tests.spark.test_crash_recovery import DRIVER, kill_application, submit, wait_for
 
     roots = roots_in(tmp_path)
     landing = Path(roots.landing) / "customers"
@@ -164,8 +171,9 @@ def test_sigkill_between_the_table_and_its_tombstones_then_rerun(tmp_path: Path,
     history = events(seed=11, keys=6, count=45)
     arrival = list(history)
     random.Random(2).shuffle(arrival)
-    for index in range(3):
-        part = arrival[index * len(arrival) // 3:(index + 1) * len(arrival) // 3]
+    parts = [arrival[index * len(arrival) // 3:(index + 1) * len(arrival) // 3] for index in range(3)]
+    assert any(event[1] == "d" for event in parts[1]), "batch 1 deletes keys: it has tombstones to commit"
+    for index, part in enumerate(parts):
         (landing / f"changes-{index}.json").write_text(
             "\n".join(envelope(event, wrapped=False).decode() for event in part) + "\n", encoding="utf-8")
         os.utime(landing / f"changes-{index}.json", (1_800_000_000 + index, 1_800_000_000 + index))
@@ -173,6 +181,25 @@ def test_sigkill_between_the_table_and_its_tombstones_then_rerun(tmp_path: Path,
     definition["trigger"] = {"max_files_per_trigger": 1}
     catalog_path = tmp_path / "catalog.yaml"
     catalog_path.write_text(yaml.safe_dump({"version": 1, "streams": [definition]}), encoding="utf-8")
-    kill_at_then_rerun(catalog_path, roots, "between_commits:1", tmp_path / "faults", stream="customers")
-    path = parse_catalog({"version": 1, "streams": [definition]}).get("customers").sink_path(roots)
+    spec = parse_catalog({"version": 1, "streams": [definition]}).get("customers")
+    path = spec.sink_path(roots)
+
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    crashed = submit(catalog_path, roots, ("SLUICE_FAULT_POINT", "between_commits:1"),
+                     ("SLUICE_FAULT_DIR", str(faults)), DRIVER, log=faults / "crashed.log", stream="customers")
+    wait_for(faults / "between_commits.reached", crashed, faults / "crashed.log")
+    kill_application(crashed, faults / "between_commits.reached")
+    query_id = read_query_id(spec.checkpoint_path(roots))
+    assert query_id is not None
+    assert recorded_batch(path, query_id) == 1 and (recorded_batch(tombstones_path(path), query_id) or 0) == 0
+    report = check_stream(spec, roots)
+    assert (report.status, report.codes) == (Severity.WARN, [FaultCode.UNCOMMITTED_BATCH]), report.describe()
+
+    rerun = submit(catalog_path, roots, DRIVER, stream="customers")
+    output, _ = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, output[-3000:]
+    last_delete = 2 if any(event[1] == "d" for event in parts[2]) else 1
+    assert recorded_batch(tombstones_path(path), query_id) == last_delete, "the replay committed the tombstones"
     assert table(path, 1) == type1(changes(history))
+    assert check_stream(spec, roots).status is Severity.OK

@@ -98,14 +98,22 @@ def test_a_merge_commits_counts_are_read_from_either_engines_history() -> None:
 
 
 
-def test_a_backfill_of_a_cdc_stream_is_refused_for_now() -> None:
-    """A backfill writes with a checkpoint of its own; re-applying a range's changes through the cdc writer is not
-    wired yet, so a cdc stream is refused like a merged one, naming the stream."""
+def test_a_backfill_of_a_cdc_stream_is_planned_and_a_merge_streams_refused() -> None:
+    """A backfill re-applies a cdc stream's changes through its cdc writer (their sequence makes that idempotent),
+    so its request is accepted in both modes; a merge stream's upserts are still refused, naming the stream."""
+    from sluice.constants import BackfillMode
     from sluice.operations.backfill import BackfillError, parse_request
 
     files = catalog(source={"type": "files", "format": "json", "path": "customers", "envelope": "debezium",
                             "schema": {"id": "bigint not null", "name": "string", "tier": "string"}})
     params = {"stream": "customers", "start": "2026-11-01T00:00:00Z", "end": "2026-11-02T00:00:00Z",
               "select_by": "file_time"}
+    for mode in BackfillMode:
+        assert parse_request({**params, "mode": mode.value}, parse_catalog(files), run_id="manual__1").mode is mode
+    merged = copy.deepcopy(files)
+    merged["streams"][0]["source"].pop("envelope")
+    merged["streams"][0]["source"]["schema"]["version"] = "bigint not null"
+    merged["streams"][0]["sink"] = {"path": "silver/customers", "mode": "merge", "keys": ["id"],
+                                    "sequence_by": "version"}
     with pytest.raises(BackfillError, match="stream 'customers' keeps state in its checkpoint, upserts its table"):
-        parse_request(params, parse_catalog(files), run_id="manual__1")
+        parse_request(params, parse_catalog(merged), run_id="manual__1")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sluice.constants import HealthGate, TableRole
+from sluice.constants import CDC_TOMBSTONES, HealthGate, SinkMode, TableRole
 from sluice.errors import CatalogError, SluiceError
 from sluice.model.expectations import Expectation
 from sluice.model.patterns import Patterns
@@ -117,14 +117,17 @@ class StreamSpec:
         """How messages name the transform: a Python transform's name, or ``sql``."""
         return self.transform if isinstance(self.transform, str) else "sql"
 
-    def tables(self, roots: Roots) -> list[StreamTable]:
+    def tables(self, roots: Roots, *, tombstones: bool = False) -> list[StreamTable]:
         """Every Delta table the stream's batches commit to, resolved under the lake root: its sink (a Delta sink
         only), its dead-letter table, then its fan-out tables. The one answer the runner, the health checks, repair
-        and backfill use."""
+        and backfill use. With ``tombstones``, a cdc sink's remembered deletes last: the cdc writer commits them
+        after its table, with the same transaction ids, so the health checks and repair see them like a table."""
         tables = [StreamTable(TableRole.SINK, join(roots.lake, self.sink.table))] if self.sink.table else []
         tables.append(StreamTable(TableRole.DEAD_LETTER, self.dead_letter_table_path(roots)))
         tables += [StreamTable(TableRole.FAN_OUT, join(roots.lake, spec.path), index)
                    for index, spec in enumerate(self.patterns.fan_out)]
+        if tombstones and self.sink.table and self.sink.mode is SinkMode.CDC:
+            tables.append(StreamTable(TableRole.TOMBSTONES, join(join(roots.lake, self.sink.table), CDC_TOMBSTONES)))
         return tables
 
     @property

@@ -32,6 +32,13 @@ included), or ``select_by: timestamp`` with ``start`` and ``end``, resolved to o
 offsets-for-times (:mod:`sluice.operations.kafka_range`). Each row keeps its record's coordinates
 (``_source_file`` is ``kafka://<topic>/<partition>/<offset>``), so ``replace`` swaps out exactly the rows of those
 offsets, and ``append`` reads only the offsets neither table holds yet.
+
+A cdc stream (``sink.mode: cdc``) is backfilled through its own cdc writer, with the backfill's transaction ids on
+the table and on its tombstones: its rows are changes, applied by key in ``sequence_by`` order, and a change no newer
+than the key's row or remembered delete changes nothing, so re-applying a range is idempotent. ``append`` applies
+the files of the range the tables hold nothing of; ``replace`` re-applies every file of the range. No cdc row is
+swapped out by a predicate: a key's row (type 1) or versions (type 2) are the sum of changes from many files, and
+the re-applied changes rebuild them (the dead letters of the files read are swapped, as for any stream).
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from typing import Any
 
 from sluice.arguments import option_args
 from sluice.catalog import Catalog
-from sluice.constants import SOURCE_FILE_COLUMN, BackfillMode, SourceType
+from sluice.constants import SOURCE_FILE_COLUMN, BackfillMode, SinkMode, SourceType
 from sluice.errors import BackfillError, SluiceError, printable
 from sluice.kinds import sink_kind, source_kind
 from sluice.limits import BACKFILL_MAX_RANGE_DAYS
@@ -383,7 +390,9 @@ def _refuse_stream(stream: StreamSpec) -> None:
     refusal = sink_kind(stream.sink).backfill_refusal
     if refusal is not None:
         raise BackfillError("stream", f"stream '{stream.name}' writes to {stream.sink.format.value}; {refusal}")
-    if stream.patterns.stateful or stream.patterns.fan_out or stream.sink.mode.value != "append":
+    # A cdc sink's changes are re-applied by sequence, which is idempotent; a merge's upserts are not replayable so.
+    if stream.patterns.stateful or stream.patterns.fan_out or stream.sink.mode not in (SinkMode.APPEND,
+                                                                                       SinkMode.CDC):
         raise BackfillError("stream", f"stream '{stream.name}' keeps state in its checkpoint, upserts its table or "
                                       "fans out; a backfill runs with a checkpoint of its own and writes the stream's "
                                       "table only, so it could neither see that state nor keep the tables in step. "
@@ -453,10 +462,25 @@ def _utf8(path: str) -> bool:
     return True
 
 
-def _distinct(path: str, column: str, where: RowFilter | None) -> set[str]:
+def _distinct(path: str, column: str, where: RowFilter | None, *, if_present: bool = False) -> set[str]:
+    """The column's distinct values (as text) where ``where`` holds; with ``if_present``, none when the table lacks
+    the column (a cdc sink may leave ``_source_file`` out with ``except_columns``)."""
+    if if_present and column not in _columns(path):
+        return set()
     sql = f"SELECT DISTINCT {DATAFUSION.identifier(column)} AS v FROM t"
     rows = query(path, sql + (f" WHERE {render(where, DATAFUSION)}" if where else ""))
     return set() if rows is None else {str(value) for value in rows.column("v").to_pylist() if value is not None}
+
+
+def _columns(path: str) -> list[str]:
+    from deltalake.exceptions import TableNotFoundError
+
+    from sluice.storage.delta import open_table
+
+    try:
+        return [field.name for field in open_table(path).schema().fields]
+    except TableNotFoundError:
+        return []
 
 
 def count_rows(path: str, where: RowFilter) -> int:
@@ -518,8 +542,10 @@ def plan_backfill(request: BackfillRequest, stream: StreamSpec, roots: Roots) ->
                           "next run ingests them, so the backfill leaves them alone")
     column = plan.event_time_column
     where = RowFilter(time_column=column, start=request.start, end=request.end) if column else None
+    changes = stream.sink.mode is SinkMode.CDC
     if request.mode is BackfillMode.APPEND:
-        held = {local_file_path(uri) for uri in _distinct(stream.sink_path(roots), SOURCE_FILE_COLUMN, where)}
+        held = {local_file_path(uri) for uri in _distinct(stream.sink_path(roots), SOURCE_FILE_COLUMN, where,
+                                                           if_present=changes)}
         held |= {local_file_path(uri) for uri in _distinct(stream.dead_letter_table_path(roots),
                                                            DEAD_LETTER_SOURCE_COLUMN, None)}
         kept = [f for f in plan.files if f.path not in held]
@@ -527,17 +553,22 @@ def plan_backfill(request: BackfillRequest, stream: StreamSpec, roots: Roots) ->
         plan.files = kept
     elif plan.files:
         uris = _stored_uris(stream, roots, plan.files)
-        plan.sink_filter = RowFilter(file_column=SOURCE_FILE_COLUMN, files=tuple(uris), time_column=column,
-                                     start=request.start if column else None, end=request.end if column else None)
+        if changes:
+            plan.notes.append("a cdc table's changes of the range are re-applied by key in sequence order, not "
+                              "swapped: a change no newer than its key's row or remembered delete changes nothing")
+        else:
+            plan.sink_filter = RowFilter(file_column=SOURCE_FILE_COLUMN, files=tuple(uris), time_column=column,
+                                         start=request.start if column else None,
+                                         end=request.end if column else None)
+            plan.rows_to_replace = count_rows(stream.sink_path(roots), plan.sink_filter)
         plan.dead_letter_filter = RowFilter(file_column=DEAD_LETTER_SOURCE_COLUMN, files=tuple(uris))
-        plan.rows_to_replace = count_rows(stream.sink_path(roots), plan.sink_filter)
         plan.dead_letter_rows_to_replace = count_rows(stream.dead_letter_table_path(roots), plan.dead_letter_filter)
     return plan
 
 
 def _stored_uris(stream: StreamSpec, roots: Roots, files: list[SourceFile]) -> list[str]:
     """How the tables spell each file (as Spark recorded it), or how Spark will spell it."""
-    stored = _distinct(stream.sink_path(roots), SOURCE_FILE_COLUMN, None) | _distinct(
+    stored = _distinct(stream.sink_path(roots), SOURCE_FILE_COLUMN, None, if_present=True) | _distinct(
         stream.dead_letter_table_path(roots), DEAD_LETTER_SOURCE_COLUMN, None)
     by_path = {local_file_path(uri): uri for uri in stored}
     return sorted({by_path.get(f.path, f.uri) for f in files} | {f.uri for f in files})

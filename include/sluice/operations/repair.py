@@ -74,7 +74,7 @@ def _sink_batch(stream: StreamSpec, roots: Roots, query_id: str | None) -> int |
     if query_id is None:
         return None
     versions = []
-    for table in stream.tables(roots):
+    for table in stream.tables(roots, tombstones=True):
         version = recorded_batch(table.path, query_id)
         if version is not None:
             versions.append(version)
@@ -198,8 +198,9 @@ def reset_to_version(stream: StreamSpec, roots: Roots, version: int) -> dict[str
 
     The newest batch of the checkpoint's query that the table holds at ``version`` is batch B. The checkpoint is
     cut back to batch B (later offsets, commits, file-source log entries and state versions are moved aside),
-    then the sink table is restored to ``version`` and the dead-letter table to the version before its first
-    batch after B, each in one commit that also resets the query's Delta transaction version to B. The next run
+    then the sink table is restored to ``version`` and the dead-letter table (and a cdc sink's tombstones: deletes
+    of batches that will be read again, or never, must not outlive them) to the version before its first batch
+    after B, each in one commit that also resets the query's Delta transaction version to B. The next run
     reads again everything after batch B, and the tables end exactly as if it had never been read.
 
     The checkpoint is cut first: a crash between the steps leaves SINK_AHEAD_OF_CHECKPOINT, which stops runs,
@@ -245,9 +246,9 @@ def _reset(stream: StreamSpec, roots: Roots, checkpoint: Folder, version: int) -
     aside = _beside(checkpoint, "reset")
     moved = _cut_checkpoint(checkpoint, batch, log_offsets, aside)
     restored: dict[str, Any] = {}
-    for table in stream.tables(roots):
-        # The sink goes back to the version asked for; every other table (dead letters, fan-out) to its newest
-        # version that holds no batch after B.
+    for table in stream.tables(roots, tombstones=True):
+        # The sink goes back to the version asked for; every other table (dead letters, fan-out, a cdc sink's
+        # tombstones) to its newest version that holds no batch after B.
         target = version if table.role is TableRole.SINK else max(
             (at for at, txn in txn_timeline(table.path, query_id) if txn <= batch), default=None)
         restored[table.name] = _restore(table.path, target, query_id, batch, stream.name, version)

@@ -29,7 +29,15 @@ from typing import Any
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from sluice.constants import CDC_END_COLUMN, CDC_START_COLUMN, DEBEZIUM_OP_COLUMN, CommitInfo, DeltaEngine
+from sluice.constants import (
+    CDC_END_COLUMN,
+    CDC_START_COLUMN,
+    CDC_TOMBSTONES,
+    DEBEZIUM_OP_COLUMN,
+    CommitInfo,
+    DeltaEngine,
+)
+from sluice.model.predicates import DATAFUSION
 from sluice.model.sinks import CdcSpec
 from sluice.model.types import quote
 from sluice.storage.delta import ensure_table, holds_batch, open_table, table_version
@@ -39,13 +47,16 @@ from sluice_spark.write.columns import in_schema, orderable
 
 log = logging.getLogger(__name__)
 
-TOMBSTONES = "_sluice_tombstones"
+TOMBSTONES = CDC_TOMBSTONES
 DELETE_COLUMN = "_sluice_delete"
 _TOMB_SEQUENCE = "_sluice_sequence"
 _TOMB_AT = "_sluice_deleted_at"
 _ACTION = "_sluice_action"
 _ORIGIN = "_sluice_origin"
 _ROW_SEQUENCE = "_sluice_row_sequence"
+# The most touched keys a type 2 batch on rs names in the filter of its read of the table (a longer IN list costs
+# DataFusion more to plan than the whole table costs to read).
+_KEY_FILTER_MAX = 10_000
 
 
 def tombstones_path(path: str) -> str:
@@ -82,15 +93,37 @@ def _ranked(rows: DataFrame, partition: Sequence[str], sequence_by: str) -> Data
     return rows.withColumn("_sluice_rank", F.row_number().over(order)).where("_sluice_rank = 1").drop("_sluice_rank")
 
 
-def _read_delta(spark: Any, path: str, engine: DeltaEngine) -> DataFrame:
+def _read_delta(spark: Any, path: str, engine: DeltaEngine, where: str | None = None) -> DataFrame:
     """A Delta table as a DataFrame: delta-spark's reader on jvm; on rs, the rows delta-rs reads (tombstones and the
-    touched keys' versions are small)."""
+    touched keys' versions are small), only those ``where`` (DataFusion SQL) holds for when given."""
     if engine is DeltaEngine.JVM:
         return spark.read.format("delta").load(path)
-    from sluice.storage.delta import read_table
+    from sluice.storage.delta import query, read_table
 
-    table = read_table(path)
+    table = read_table(path) if where is None else query(path, f"SELECT * FROM t WHERE {where}")
     return spark.createDataFrame(table) if table.num_rows else spark.createDataFrame([], _spark_schema(spark, path))
+
+
+def key_filter(touched: Sequence[Sequence[Any]], keys: Sequence[str], types: Sequence[Any]) -> str | None:
+    """A DataFusion filter that keeps the rows of the touched keys and skips files whose statistics (or partition
+    values) hold none of them: each key column IN the values it takes among the touched keys. A superset when there
+    are several key columns (the left semi join after it is exact). None, to read the whole table, when a key
+    column is not an integer or a string, or the values are too many for one statement."""
+    from pyspark.sql.types import IntegralType, StringType
+
+    if not touched or len(touched) > _KEY_FILTER_MAX:
+        return None
+    parts = []
+    for index, (name, data_type) in enumerate(zip(keys, types, strict=True)):
+        values = sorted({row[index] for row in touched if row[index] is not None})
+        if isinstance(data_type, IntegralType):
+            literals = [str(int(value)) for value in values]
+        elif isinstance(data_type, StringType):
+            literals = [DATAFUSION.string(str(value)) for value in values]
+        else:
+            return None
+        parts.append(f"{DATAFUSION.identifier(name)} IN ({', '.join(literals)})" if literals else "FALSE")
+    return " AND ".join(parts)
 
 
 def _spark_schema(spark: Any, path: str) -> Any:
@@ -200,7 +233,11 @@ class CdcApplier:
         spark = changes.sparkSession
         columns = [name for name in changes.columns if name != DELETE_COLUMN]
         touched = changes.select(*[quote(k) for k in keys]).distinct()
-        table = _read_delta(spark, target.path, self.engine)
+        where = None
+        if self.engine is DeltaEngine.RS:  # delta-rs reads on the driver: only the files that may hold those keys
+            where = key_filter(touched.limit(_KEY_FILTER_MAX + 1).collect(), keys,
+                               [touched.schema[k].dataType for k in keys])
+        table = _read_delta(spark, target.path, self.engine, where)
         old = table.join(touched, keys, "left_semi").localCheckpoint()
         # The history as changes: each version an upsert at its start; a version that ends where no other starts
         # was ended by a delete; the tombstones are the other deletes.
@@ -224,9 +261,11 @@ class CdcApplier:
         as_deletes = as_deletes.withColumn(_ROW_SEQUENCE, F.col(quote(seq)))
         events = (changes.withColumn(_ORIGIN, F.lit(0)).withColumn(_ROW_SEQUENCE, F.col(quote(seq)))
                   .unionByName(versions).unionByName(as_deletes))
-        # One change per key and sequence: a delete, then the batch's change (a new version of a start replaces it).
+        # One change per key and sequence: a delete, then the newest (a version updated in place after its start
+        # holds a later change than its opening one, which a backfill may apply again), then the batch's change (a
+        # new version of a start replaces it).
         order = Window.partitionBy(*[quote(k) for k in keys], quote(seq)).orderBy(
-            F.col(DELETE_COLUMN).desc(), F.col(_ORIGIN))
+            F.col(DELETE_COLUMN).desc(), F.col(_ROW_SEQUENCE).desc_nulls_last(), F.col(_ORIGIN))
         events = events.withColumn("_r", F.row_number().over(order)).where("_r = 1").drop("_r", _ORIGIN)
         rebuilt = _versions(events, keys, seq, _tracked(target, columns)).localCheckpoint()
         closed = (rebuilt.where(F.col(CDC_END_COLUMN).isNotNull()).alias("n")
@@ -317,7 +356,9 @@ def _merge_metrics(raw: dict[str, Any]) -> dict[str, int]:
 
 def _jvm_merge(source: DataFrame, path: str, on: str, query_id: str, batch_id: int, metadata: dict[str, Any],
                clauses: Any) -> dict[str, int]:
-    """A delta-spark MERGE under the batch's transaction id (delta-spark skips a replay), and its metrics."""
+    """A delta-spark MERGE under the batch's transaction id (delta-spark skips a replay), and its metrics (read with
+    delta-rs from the commit the MERGE made, under the stream's lock the table's latest: delta-spark's
+    ``history(1)`` would start a Spark job over the log for the same JSON)."""
     from delta.tables import DeltaTable
 
     spark = source.sparkSession
@@ -329,8 +370,8 @@ def _jvm_merge(source: DataFrame, path: str, on: str, query_id: str, batch_id: i
     try:
         table = DeltaTable.forPath(spark, path)
         clauses(table.alias("t").merge(source.alias("s"), on)).execute()
-        [entry] = table.history(1).select("operationMetrics").collect()
-        return _merge_metrics(dict(entry[0] or {}))
+        [entry] = open_table(path).history(1)
+        return _merge_metrics(dict(entry.get("operationMetrics") or {}))
     finally:
         for key in settings:
             spark.conf.unset(key)
