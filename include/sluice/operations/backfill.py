@@ -473,6 +473,7 @@ def _distinct(path: str, column: str, where: RowFilter | None, *, if_present: bo
 
 
 def _columns(path: str) -> list[str]:
+    """A Delta table's columns; none when there is no table yet."""
     from deltalake.exceptions import TableNotFoundError
 
     from sluice.storage.delta import open_table
@@ -598,7 +599,7 @@ def _plan_kafka(request: BackfillRequest, stream: StreamSpec, roots: Roots) -> B
     dead_filter = RowFilter(file_column=DEAD_LETTER_SOURCE_COLUMN, offsets=selection)
     plan = BackfillPlan(request=request.to_dict(), files=[], notes=notes)
     sink_columns = _columns(stream.sink_path(roots))
-    if sink_columns is not None and SOURCE_FILE_COLUMN not in sink_columns:
+    if sink_columns and SOURCE_FILE_COLUMN not in sink_columns:  # no table yet: nothing to tell apart
         raise BackfillError("stream", f"stream '{stream.name}' writes no {SOURCE_FILE_COLUMN} column (its "
                                       "transform drops it), so its table does not say which record a row came "
                                       "from: a Kafka range backfill cannot tell the range's rows")
@@ -619,8 +620,3 @@ def _plan_kafka(request: BackfillRequest, stream: StreamSpec, roots: Roots) -> B
         plan.dead_letter_rows_to_replace = count_rows(stream.dead_letter_table_path(roots), dead_filter)
     plan.offsets = plan_range.to_dict()
     return plan
-
-
-def _columns(path: str) -> list[str] | None:
-    rows = query(path, "SELECT * FROM t LIMIT 0")
-    return None if rows is None else list(rows.column_names)
