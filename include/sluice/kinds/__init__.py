@@ -24,7 +24,9 @@ source type. The operators, the runners and the warm server reach its credential
 
 from __future__ import annotations
 
-from sluice.constants import SinkFormat, SourceType
+from typing import TYPE_CHECKING
+
+from sluice.constants import SinkFormat, SourceType, TableRole
 from sluice.kinds.base import Backlog, SinkKind, SourceKind
 from sluice.kinds.delta import DeltaSinkKind, DeltaSourceKind
 from sluice.kinds.files import FilesKind
@@ -34,13 +36,18 @@ from sluice.model.section import Section
 from sluice.model.sinks import SinkSpec
 from sluice.model.sources import SourceSpec
 
+if TYPE_CHECKING:
+    from sluice.model.stream import StreamSpec
+    from sluice.paths import Roots
+    from sluice.storage.tableformat import TableFormat
+
 SOURCE_KINDS: dict[SourceType, SourceKind] = {kind.type: kind for kind in (FilesKind(), DeltaSourceKind(),
                                                                            KafkaSourceKind())}
 SINK_KINDS: dict[SinkFormat, SinkKind] = {kind.format: kind for kind in (DeltaSinkKind(), KafkaSinkKind(),
                                                                          IcebergSinkKind())}
 
 __all__ = ["SINK_KINDS", "SOURCE_KINDS", "Backlog", "SinkKind", "SourceKind", "parse_sink", "parse_source",
-           "sink_kind", "source_kind"]
+           "sink_kind", "sink_table_format", "source_kind", "table_formats"]
 
 
 def source_kind(source: SourceSpec) -> SourceKind:
@@ -49,6 +56,28 @@ def source_kind(source: SourceSpec) -> SourceKind:
 
 def sink_kind(sink: SinkSpec) -> SinkKind:
     return SINK_KINDS[sink.format]
+
+
+def sink_table_format(stream: StreamSpec, roots: Roots) -> TableFormat | None:
+    """The stream's sink table through the table-format seam (Delta or Iceberg); None for a sink that is no table
+    (Kafka)."""
+    from sluice.storage.tableformat import DeltaTableFormat
+
+    if stream.sink.table is not None:
+        return DeltaTableFormat(stream.sink_path(roots))
+    return sink_kind(stream.sink).table_format(stream.sink, roots)
+
+
+def table_formats(stream: StreamSpec, roots: Roots, *, tombstones: bool = False) -> list[tuple[str, TableFormat]]:
+    """Every table the stream's batches commit to, by the name reports give it (``sink``, ``dead_letter``,
+    ``fan_out[i]``), through the seam: its Delta tables (:meth:`~sluice.model.stream.StreamSpec.tables`, with a cdc
+    sink's ``tombstones`` when asked) and an Iceberg sink's table first."""
+    from sluice.storage.tableformat import DeltaTableFormat
+
+    formats: list[tuple[str, TableFormat]] = [(table.name, DeltaTableFormat(table.path))
+                                              for table in stream.tables(roots, tombstones=tombstones)]
+    own = sink_kind(stream.sink).table_format(stream.sink, roots) if stream.sink.table is None else None
+    return [*([(TableRole.SINK.value, own)] if own is not None else []), *formats]
 
 
 def parse_source(section: Section) -> SourceSpec:

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from sluice.model.stream import StreamSpec
     from sluice.paths import Roots
     from sluice.storage.checkpoint import CheckpointReader
+    from sluice.storage.tableformat import TableFormat
 
 
 @dataclass
@@ -189,6 +190,11 @@ class SinkKind(ABC):
     def asset_uri(self, sink: SinkSpec) -> tuple[str, str] | None:
         """The URI and group of the Airflow Asset a stream writing this sink produces, when it is no table (a
         table's is its path); None for a table."""
+        return None
+
+    def table_format(self, sink: SinkSpec, roots: Roots) -> TableFormat | None:
+        """The sink's table through the table-format seam, when it is a table that is no Delta table of
+        :meth:`~sluice.model.stream.StreamSpec.tables` (an Iceberg table); None otherwise."""
         return None
 
     def check_output(self, sink: SinkSpec, columns: list[str], *, stream: str) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from sluice.constants import DeltaEngine, SinkFormat, SinkMode
 from sluice.kinds.base import SinkKind
@@ -18,6 +18,9 @@ from sluice.model.keys import Block, Key, Type, choices
 from sluice.model.section import Section
 from sluice.model.sinks import SinkSpec
 from sluice.paths import Roots
+
+if TYPE_CHECKING:
+    from sluice.storage.iceberg import IcebergTableFormat
 
 DEFAULT_CATALOG = "default"
 # namespace.table, a namespace of one or more levels; each part a plain name (it becomes a folder of the warehouse).
@@ -116,6 +119,12 @@ class IcebergSinkKind(SinkKind):
         """The table, under its catalog's name."""
         assert isinstance(sink, IcebergSink)
         return f"sluice://iceberg/{sink.catalog}/{sink.identifier}", "iceberg"
+
+    def table_format(self, sink: SinkSpec, roots: Roots) -> IcebergTableFormat:
+        from sluice.storage.iceberg import IcebergTableFormat
+
+        assert isinstance(sink, IcebergSink)
+        return IcebergTableFormat(sink.identifier, sink.catalog_properties(roots))
 
     def check_output(self, sink: SinkSpec, columns: list[str], *, stream: str) -> None:
         """Refuse keys and a sequence column the stream does not produce."""

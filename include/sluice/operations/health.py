@@ -1,4 +1,4 @@
-"""Checkpoint health checks: the gate in front of every run. Plain files and delta-rs only, no JVM.
+"""Checkpoint health checks: the gate in front of every run. Plain files, delta-rs and pyiceberg, no JVM.
 
 A report has a status (OK, WARN or FAIL), findings with stable codes, messages that say what happened and what to
 do, and evidence; and facts about the checkpoint. FAIL stops the run before Spark starts. Repair is never
@@ -13,7 +13,7 @@ from typing import Any
 
 from sluice.constants import FaultCode, Severity
 from sluice.errors import printable
-from sluice.kinds import source_kind
+from sluice.kinds import sink_table_format, source_kind, table_formats
 from sluice.model.findings import Finding
 from sluice.model.stream import StreamSpec
 from sluice.model.transforms import TRANSFORMS
@@ -256,31 +256,34 @@ def _check_source_logs(report: HealthReport, reader: CheckpointReader, stream: S
 
 def _check_sink(report: HealthReport, stream: StreamSpec, roots: Roots, query_id: str | None,
                 offsets: list[int], commits: list[int]) -> None:
-    """The sink must not hold a batch the checkpoint never planned: that means the checkpoint went back in time."""
+    """The sink must not hold a batch the checkpoint never planned: that means the checkpoint went back in time.
+    Every table is read through the table-format seam: Delta's transactions, Iceberg's snapshot summaries."""
     if query_id is None:
         return
-    from sluice.storage.delta import recorded_batch, txn_timeline
-
     planned = offsets[-1] if offsets else -1
     known_to_sink = False
     # A cdc sink's tombstones too: a reset that rolled the table back and left them ahead would have the replayed
     # batches' deletes skipped there, and the deletes of batches never replayed remembered.
-    for table in stream.tables(roots, tombstones=True):
-        role, path = table.name, table.path
-        committed = recorded_batch(path, query_id)
+    for role, table in table_formats(stream, roots, tombstones=True):
+        committed = table.recorded_batch(query_id)
         known_to_sink = known_to_sink or committed is not None
         if committed is not None and committed > planned:
             last = commits[-1] if commits else -1
-            sink_path = stream.sink_path(roots)
-            reachable = max((at for at, txn in txn_timeline(sink_path, query_id) if txn <= last), default=0)
+            sink = sink_table_format(stream, roots)
+            reachable = sink.version_holding(query_id, last) if sink is not None else 0
+            if sink is None or sink.format == "delta":
+                remedy = (f"roll the tables back to where the checkpoint is, so that the next run reads the rest "
+                          f"again: {_repair(stream.name, 'reset')} --version {reachable}")
+            else:
+                remedy = (f"roll the {sink.format} table back to snapshot {reachable} (repair reset rolls back Delta "
+                          "tables only), so that the next run reads the rest again")
             report.add(FaultCode.SINK_AHEAD_OF_CHECKPOINT, Health.FAIL,
                        f"the {role} table holds batch {committed} of query {query_id}, but the checkpoint has only "
                        f"planned up to batch {planned}: it was restored from an old backup or rolled back, and a run "
                        "would read again files whose rows the table already has. Either restore the newest checkpoint "
-                       "backup (python -m sluice repair backup keeps them beside the checkpoint), or roll the "
-                       f"tables back to where the checkpoint is, so that the next run reads the rest again: "
-                       f"{_repair(stream.name, 'reset')} --version {reachable}",
-                       table=path, txn_version=committed, latest_offsets_batch=planned, reset_version=reachable)
+                       "backup (python -m sluice repair backup keeps them beside the checkpoint), or " + remedy,
+                       table=table.name, txn_version=committed, latest_offsets_batch=planned,
+                       reset_version=reachable)
     if not known_to_sink:
         _check_sink_knows_query(report, stream, roots, query_id)
 
@@ -288,16 +291,13 @@ def _check_sink(report: HealthReport, stream: StreamSpec, roots: Roots, query_id
 def _check_sink_knows_query(report: HealthReport, stream: StreamSpec, roots: Roots, query_id: str | None) -> None:
     """A checkpoint whose query id the stream's table has never seen, in front of a table that this stream already
     fed: the checkpoint was lost and recreated, or copied from another stream."""
-    from sluice.storage.delta import stream_query_ids
-
-    for table in stream.tables(roots):
-        role, path = table.name, table.path
-        others = [qid for qid in stream_query_ids(path, stream.name) if qid != query_id]
+    for role, table in table_formats(stream, roots):
+        others = [qid for qid in table.query_ids(stream.name) if qid != query_id]
         if others:
             report.add(FaultCode.QUERY_ID_UNKNOWN_TO_SINK, Health.WARN if stream.allow_new_query_id else Health.FAIL,
                        f"the checkpoint's query id {query_id} is unknown to the {role} table, which holds commits of "
                        f"this stream from query {others[0]}: the checkpoint was lost and recreated, or copied from "
                        "another stream, and a run would ingest files again and duplicate rows. Restore the stream's "
                        "own checkpoint from a backup",
-                       table=path, sink_query_ids=others[:5])
+                       table=table.name, sink_query_ids=others[:5])
             return

@@ -208,6 +208,9 @@ def reset_to_version(stream: StreamSpec, roots: Roots, version: int) -> dict[str
     """
     if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= MAX_DELTA_VERSION:
         raise RepairError(f"version: expected a Delta version number from 0 to {MAX_DELTA_VERSION}, got {version!r}")
+    if stream.sink.table is None:
+        raise RepairError(f"stream '{stream.name}' writes to {stream.sink.destination}: reset rolls back Delta sinks "
+                          "only (an Iceberg table is rolled back to a snapshot: see the Iceberg guide)")
     checkpoint = _checkpoint(stream, roots)
     with _exclusive(checkpoint, stream.name):
         return _reset(stream, roots, checkpoint, version)

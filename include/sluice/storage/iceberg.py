@@ -142,7 +142,8 @@ class IcebergTableFormat(TableFormat):
             operation = snapshot.summary.operation.value if snapshot.summary is not None else ""
             commits.append(TableCommit(int(snapshot.sequence_number or 0), snapshot.timestamp_ms / 1000, operation,
                                        summary.get(CommitInfo.QUERY), None if batch is None else int(batch),
-                                       None if rows is None else int(rows), snapshot.snapshot_id))
+                                       None if rows is None else int(rows), snapshot.snapshot_id,
+                                       summary.get(CommitInfo.STREAM)))
         return commits[::-1]
 
     def _commit(self, rows: Any, *, overwrite: bool, properties: dict[str, Any]) -> None:

@@ -7,8 +7,9 @@ question (:meth:`TableFormat.holds_batch`) and commits an append or an overwrite
 id, batch id), skipping a batch it already holds. A third format adds a module with one subclass; the writers that go
 through this seam do not change.
 
-Phase 1 routes the writers' appends through it (the rs Delta engine's driver-side append, the Iceberg sink). Health,
-repair, maintenance, lag, the run log and the Streams page still call :mod:`sluice.storage.delta` directly.
+The writers' appends go through it (the rs Delta engine's driver-side append, the Iceberg sink), and so do the
+health gate's reads of a stream's tables, the lag's and the Streams page's view of the sink's newest commit
+(:func:`sluice.kinds.table_formats`). Repair and Delta maintenance still call :mod:`sluice.storage.delta` directly.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class TableCommit:
     batch_id: int | None = None
     rows: int | None = None
     snapshot_id: int | None = None
+    stream: str | None = None
 
 
 def conform(rows: Any, schema: Any) -> Any:
@@ -104,6 +106,24 @@ class TableFormat(ABC):
         Iceberg upsert commits its batch as two snapshots, a delete and an append, both carrying the batch)."""
         return list(dict.fromkeys(commit.batch_id for commit in self.commits(limit=limit)
                                   if commit.query_id == query_id and commit.batch_id is not None))
+
+    def query_ids(self, stream: str, *, limit: int | None = 200) -> list[str]:
+        """The query ids that committed batches of ``stream`` to the table, newest first (from the newest ``limit``
+        commits): the health gate's test of a checkpoint the table does not know."""
+        return list(dict.fromkeys(commit.query_id for commit in reversed(self.commits(limit=limit))
+                                  if commit.stream == stream and commit.query_id is not None))
+
+    def version_holding(self, query_id: str, batch_id: int) -> int | None:
+        """The newest commit (Delta's version, Iceberg's snapshot id) at which the table held no batch of query
+        ``query_id`` past ``batch_id``: where to roll a table back that is ahead of its checkpoint. None when every
+        commit the table keeps is past it."""
+        held, found = -1, None
+        for commit in self.commits(limit=None):
+            if commit.query_id == query_id and commit.batch_id is not None:
+                held = commit.batch_id
+            if held <= batch_id:
+                found = commit.snapshot_id if commit.snapshot_id is not None else commit.version
+        return found
 
     def commit_batch(self, rows: Any, *, query_id: str, batch_id: int, metadata: Mapping[str, Any],
                      overwrite: bool = False) -> bool:
@@ -185,8 +205,15 @@ class DeltaTableFormat(TableFormat):
             batch = _batch_commit(info)
             commits.append(TableCommit(int(info["version"]), int(info["timestamp"]) / 1000,
                                        str(info.get("operation", "")), batch.query_id if batch else None,
-                                       batch.batch_id if batch else None, batch.rows if batch else None))
+                                       batch.batch_id if batch else None, batch.rows if batch else None,
+                                       stream=batch.stream if batch else None))
         return commits
+
+    def version_holding(self, query_id: str, batch_id: int) -> int | None:
+        """From the transaction timeline, which counts ``repair reset`` commits too; 0 when no version is."""
+        from sluice.storage.delta import txn_timeline
+
+        return max((at for at, txn in txn_timeline(self.path, query_id) if txn <= batch_id), default=0)
 
     def _commit(self, rows: Any, *, overwrite: bool, properties: dict[str, Any]) -> None:
         from deltalake import CommitProperties, Transaction, write_deltalake

@@ -1,0 +1,108 @@
+"""Operations on an Iceberg sink, read through the table-format seam from the snapshot summaries: the health gate's
+codes (a table ahead of its checkpoint, a checkpoint the table does not know, a healthy one), the lag's and the
+Streams page's view of the newest snapshot, and maintenance expiring snapshots under which the stream still runs
+exactly once.
+
+One real Spark run (three batches) makes the world; each test restores it at the same path and damages it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sluice.catalog import Catalog, load_catalog
+from sluice.cli.demo_producer import DemoProducer
+from sluice.constants import CommitInfo
+from sluice.operations.health import Health, check_stream
+from sluice.paths import Roots
+from tests.helpers import fresh_world, keep_pristine, roots_in, write_catalog
+from tests.spark.test_iceberg import iceberg_events, iceberg_table
+
+pytestmark = pytest.mark.spark
+
+NOW = dt.datetime(2026, 11, 22, 8, 0, tzinfo=dt.timezone.utc)
+
+
+@pytest.fixture(scope="module")
+def golden(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three batches of one stream in an Iceberg table, by a real Spark run, kept pristine beside the world."""
+    from sluice_spark.runner import run_streams
+
+    folder = tmp_path_factory.mktemp("iceberg-ops") / "world"
+    folder.mkdir()
+    write_catalog(folder, iceberg_events())
+    producer = DemoProducer(folder / "landing", seed=61, malformed_rate=0.05)
+    for index in range(3):
+        producer.events_file(lines=30, now=NOW + dt.timedelta(minutes=index))
+    summary = run_streams(spark, load_catalog(folder / "catalog.yaml"), ["events"], roots_in(folder))
+    assert summary.streams[0].status == "succeeded" and summary.streams[0].batches == 3
+    return keep_pristine(folder)
+
+
+@pytest.fixture
+def world(golden: Path) -> tuple[Catalog, Roots, Path]:
+    return fresh_world(golden)
+
+
+def checkpoint_of(world: tuple[Catalog, Roots, Path]) -> Path:
+    catalog, roots, _ = world
+    return Path(catalog.get("events").checkpoint_path(roots))
+
+
+def snapshot_of_batch(world: tuple[Catalog, Roots, Path], batch_id: int) -> int:
+    """The oracle: the snapshot whose summary carries the batch, read by pyiceberg itself."""
+    catalog, roots, _ = world
+    [found] = [snapshot.snapshot_id for snapshot in iceberg_table(catalog, roots).table().snapshots()
+               if snapshot.summary.additional_properties.get(CommitInfo.BATCH) == str(batch_id)]
+    return int(found)
+
+
+def test_a_healthy_iceberg_stream_is_ok(world: tuple[Catalog, Roots, Path]) -> None:
+    report = check_stream(world[0].get("events"), world[1])
+    assert report.status is Health.OK and report.codes == []
+    assert report.facts["last_batch_id"] == 2
+
+
+def test_an_old_checkpoint_puts_the_iceberg_table_ahead(world: tuple[Catalog, Roots, Path]) -> None:
+    checkpoint = checkpoint_of(world)
+    for log_name in ("offsets", "commits"):
+        for batch in ("2", "1"):
+            (checkpoint / log_name / batch).unlink()
+            (checkpoint / log_name / f".{batch}.crc").unlink(missing_ok=True)
+    report = check_stream(world[0].get("events"), world[1])
+    assert report.status is Health.FAIL
+    [iceberg] = [finding for finding in report.findings if finding.evidence.get("table") == "Iceberg table "
+                 "bronze.events"]
+    assert iceberg.code.value == "SINK_AHEAD_OF_CHECKPOINT"
+    assert (iceberg.evidence["txn_version"], iceberg.evidence["latest_offsets_batch"]) == (2, 0)
+    assert iceberg.evidence["reset_version"] == snapshot_of_batch(world, 0)
+    assert f"snapshot {snapshot_of_batch(world, 0)}" in iceberg.message
+
+
+def test_a_checkpoint_unknown_to_the_iceberg_table_fails(world: tuple[Catalog, Roots, Path]) -> None:
+    (checkpoint_of(world) / "metadata").write_text('{"id":"5d9b0c9e-1111-4222-8333-944455556666"}')
+    report = check_stream(world[0].get("events"), world[1])
+    assert report.status is Health.FAIL and report.codes == ["QUERY_ID_UNKNOWN_TO_SINK"]
+    assert report.findings[0].evidence["table"] == "Iceberg table bronze.events"
+
+
+def test_a_lost_checkpoint_in_front_of_an_iceberg_table_fails(world: tuple[Catalog, Roots, Path]) -> None:
+    shutil.rmtree(checkpoint_of(world))
+    report = check_stream(world[0].get("events"), world[1])
+    assert report.status is Health.FAIL and report.codes == ["NEW", "QUERY_ID_UNKNOWN_TO_SINK"]
+
+
+
+def test_reset_refuses_an_iceberg_sink_and_changes_nothing(world: tuple[Catalog, Roots, Path]) -> None:
+    from sluice.operations.repair import RepairError, reset_to_version
+
+    checkpoint = checkpoint_of(world)
+    before = sorted(path.name for path in checkpoint.parent.iterdir())
+    with pytest.raises(RepairError, match="reset rolls back Delta sinks only"):
+        reset_to_version(world[0].get("events"), world[1], 0)
+    assert sorted(path.name for path in checkpoint.parent.iterdir()) == before
