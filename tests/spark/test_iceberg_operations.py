@@ -106,3 +106,18 @@ def test_reset_refuses_an_iceberg_sink_and_changes_nothing(world: tuple[Catalog,
     with pytest.raises(RepairError, match="reset rolls back Delta sinks only"):
         reset_to_version(world[0].get("events"), world[1], 0)
     assert sorted(path.name for path in checkpoint.parent.iterdir()) == before
+
+
+def test_the_streams_page_and_the_lag_read_the_iceberg_snapshots(world: tuple[Catalog, Roots, Path]) -> None:
+    from sluice.lag.observe import observe
+    from sluice.operations.streams_view import detail
+
+    catalog, roots, _ = world
+    stream = catalog.get("events")
+    page = detail(stream, roots)
+    versions = [row for row in page["versions"] if row["batch_id"] is not None]
+    assert [(row["batch_id"], row["snapshot_id"], row["stream"]) for row in versions] == [
+        (batch, snapshot_of_batch(world, batch), "events") for batch in (2, 1, 0)]
+    assert page["health"]["status"] == "OK"
+    observation = observe(stream, roots)
+    assert observation.last_batch_id == 2 and observation.backlog.files == 0

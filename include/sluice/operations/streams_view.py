@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import quote
 
 from sluice.catalog import Catalog
+from sluice.kinds import sink_table_format
 from sluice.lag.observe import LagReport, check, error_report
 from sluice.lag.store import LagStore, default_path
 from sluice.model.stream import StreamSpec
@@ -184,6 +185,20 @@ def detail(stream: StreamSpec, roots: Roots, *, days: float = 30, now: float | N
         "operations": [_run_row(row) for row in operations],
         "dead_letters": _dead_letters(stream, roots),
         "health": _health(stream, roots, now),
-        "versions": table_history(stream.sink_path(roots), limit=20) if stream.sink.table else [],
+        "versions": _versions(stream, roots),
         "links": dag_links(stream),
     }
+
+
+def _versions(stream: StreamSpec, roots: Roots, limit: int = 20) -> list[dict[str, Any]]:
+    """The sink's newest commits, newest first: a Delta sink's versions (with its resets), another table format's
+    commits through the seam (an Iceberg table's snapshots, each with its snapshot id); none for a Kafka sink."""
+    if stream.sink.table:
+        return table_history(stream.sink_path(roots), limit=limit)
+    table = sink_table_format(stream, roots)
+    if table is None:
+        return []
+    return [{"version": commit.version, "snapshot_id": commit.snapshot_id, "time": iso_utc(commit.committed_at),
+             "operation": commit.operation, "stream": commit.stream, "query_id": commit.query_id,
+             "batch_id": commit.batch_id, "rows": commit.rows, "reset_after_batch": None}
+            for commit in reversed(table.commits(limit=limit))]
