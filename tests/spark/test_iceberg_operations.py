@@ -20,8 +20,8 @@ from sluice.cli.demo_producer import DemoProducer
 from sluice.constants import CommitInfo
 from sluice.operations.health import Health, check_stream
 from sluice.paths import Roots
-from tests.helpers import fresh_world, keep_pristine, roots_in, write_catalog
-from tests.spark.test_iceberg import iceberg_events, iceberg_table
+from tests.helpers import expected_events, fresh_world, keep_pristine, roots_in, write_catalog
+from tests.spark.test_iceberg import iceberg_events, iceberg_rows, iceberg_table
 
 pytestmark = pytest.mark.spark
 
@@ -121,3 +121,53 @@ def test_the_streams_page_and_the_lag_read_the_iceberg_snapshots(world: tuple[Ca
     assert page["health"]["status"] == "OK"
     observation = observe(stream, roots)
     assert observation.last_batch_id == 2 and observation.backlog.files == 0
+
+
+EIGHT_DAYS = 8 * 86400
+
+
+def test_maintenance_expires_old_snapshots_and_orphans_then_the_stream_runs_exactly_once(
+        spark: Any, world: tuple[Catalog, Roots, Path]) -> None:
+    """Eight days on, every snapshot is past the 7-day retention but the current one (which holds the checkpoint's
+    last batch); a stray data file (a crashed write) goes, the table's own stay. The next run appends only the new
+    file's rows: the guard still finds the query's batch in the snapshots that are left."""
+    import time
+
+    from sluice.operations.maintenance import maintain_stream
+    from sluice_spark.runner import run_streams
+
+    catalog, roots, folder = world
+    table = iceberg_table(catalog, roots)
+    stray = Path(table.table().metadata.location.removeprefix("file://")) / "data" / "00000-0-crashed.parquet"
+    stray.write_bytes(b"PAR1")
+    [report] = [r for r in maintain_stream(catalog.get("events"), catalog, roots, run_id="m1",
+                                           now=time.time() + EIGHT_DAYS) if r.role == "sink"]
+    assert (report.snapshots_expired, report.vacuumed_files) == (2, 1) and not stray.exists()
+    assert [s.summary.additional_properties[CommitInfo.BATCH] for s in table.table().snapshots()] == ["2"]
+    assert iceberg_rows(table) == expected_events(folder / "landing" / "events")[0]
+
+    DemoProducer(folder / "landing", seed=62, malformed_rate=0.05).events_file(lines=20, now=NOW.replace(hour=9))
+    summary = run_streams(spark, catalog, ["events"], roots).streams[0]
+    assert summary.status == "succeeded", summary.error
+    assert iceberg_rows(table) == expected_events(folder / "landing" / "events")[0]
+    assert table.batches(summary.query_id) == [2, 3]
+
+
+def test_maintenance_keeps_the_snapshot_of_the_checkpoint_s_last_batch(world: tuple[Catalog, Roots, Path]) -> None:
+    """The checkpoint recorded batch 1 only (batch 2 replays after a crash): batch 1's snapshot stays, so the guard
+    can still tell what the table holds; under the retention nothing is expired at all."""
+    import time
+
+    from sluice.operations.maintenance import MaintenanceError, maintain_stream
+
+    catalog, roots, _ = world
+    checkpoint = checkpoint_of(world)
+    (checkpoint / "commits" / "2").unlink()
+    stream = catalog.get("events")
+    [aged] = [r for r in maintain_stream(stream, catalog, roots, run_id="m2", dry_run=True,
+                                         now=time.time() + EIGHT_DAYS) if r.role == "sink"]
+    assert aged.snapshots_expired == 1
+    [today] = [r for r in maintain_stream(stream, catalog, roots, run_id="m3") if r.role == "sink"]
+    assert (today.snapshots_expired, today.version_after) == (0, 3)
+    with pytest.raises(MaintenanceError, match="vacuum_retention_hours"):
+        maintain_stream(stream, catalog, roots, run_id="m4", vacuum_retention_hours=1)

@@ -22,6 +22,9 @@ alone, a table read after months of runs lists thousands of files and replays th
    that write a log checkpoint, a stream's included, unless the table sets ``delta.enableExpiredLogCleanup`` to
    false: a Delta-source stream must not fall further behind than ``delta.logRetentionDuration``.)
 
+An Iceberg sink's snapshots are expired and its orphan data files removed under the same retention, never from the
+snapshot that holds the checkpoint's last batch on (:func:`maintain_iceberg_table`); pyiceberg cannot compact.
+
 Every table of a stream (its sink, dead-letter and fan-out tables) is maintained while holding the stream's lock,
 so no run commits meanwhile; a running stream is waited for. The run log's own tables take no lock: their writers
 merge with retries. Each stream's maintenance is a row of the run log (kind ``maintenance``).
@@ -49,6 +52,7 @@ from sluice.times import iso_utc
 if TYPE_CHECKING:
     from sluice.catalog import Catalog
     from sluice.model.stream import StreamSpec
+    from sluice.storage.iceberg import IcebergTableFormat
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +86,7 @@ class TableReport:
     vacuum_retention_hours: float | None = None
     checkpoint_version: int | None = None
     log_cleaned: bool = False
+    snapshots_expired: int = 0
     skipped: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -227,14 +232,60 @@ def maintain_table(path: str, role: str, *, readers: Sequence[Reader] = (), vacu
     return report
 
 
+def maintain_iceberg_table(table: IcebergTableFormat, role: str, *, checkpoint: str,
+                           vacuum_retention: float | None = None, dry_run: bool = False,
+                           now: float | None = None) -> TableReport:
+    """Expire an Iceberg table's old snapshots and remove its orphan data files, under the retention a Delta vacuum
+    keeps (the table's ``history.expire.max-snapshot-age-ms``, else 7 days; less is refused), and never a snapshot
+    from the one that holds the checkpoint's last recorded batch on (:func:`sluice.storage.iceberg.expire_snapshots`).
+    No compaction: pyiceberg 0.12 cannot rewrite data files. A missing table is reported as skipped."""
+    from sluice.storage.checkpoint import CheckpointReader, read_query_id
+    from sluice.storage.iceberg import MAX_SNAPSHOT_AGE, expire_snapshots, remove_orphan_files
+
+    report = TableReport(table=table.name, role=role)
+    if not table.exists():
+        report.skipped.append("no table yet")
+        return report
+    iceberg = table.table()
+    configured = iceberg.properties.get(MAX_SNAPSHOT_AGE)
+    hours = check_retention(vacuum_retention, int(configured) / 3_600_000 if configured else
+                            DEFAULT_DELETED_FILE_RETENTION_HOURS, table=table.name)
+    commits = CheckpointReader(checkpoint).commit_ids()
+    cutoff = (now or time.time()) - hours * 3600
+    report.vacuum_retention_hours = hours
+    report.version_before = len(iceberg.metadata.snapshots)
+    report.files_before = iceberg.inspect.data_files().num_rows
+    report.skipped.append("compaction: pyiceberg 0.12 cannot rewrite an Iceberg table's data files")
+    if dry_run:
+        report.skipped.append("dry run: nothing changed")
+    report.snapshots_expired = len(expire_snapshots(table, older_than=cutoff, query_id=read_query_id(checkpoint),
+                                                    last_batch=commits[-1] if commits else None, dry_run=dry_run))
+    report.vacuumed_files = len(remove_orphan_files(table, older_than=cutoff, dry_run=dry_run))
+    iceberg = table.table()
+    report.version_after = len(iceberg.metadata.snapshots)
+    report.files_after = iceberg.inspect.data_files().num_rows
+    return report
+
+
 def maintain_stream(stream: StreamSpec, catalog: Catalog, roots: Roots, *, run_id: str,
                     vacuum_retention_hours: float | None = None, dry_run: bool = False,
-                    lock_wait_seconds: float = DEFAULT_LOCK_WAIT_SECONDS) -> list[TableReport]:
-    """Maintain every table of ``stream`` while holding its lock, and log it in the run log."""
+                    lock_wait_seconds: float = DEFAULT_LOCK_WAIT_SECONDS, now: float | None = None
+                    ) -> list[TableReport]:
+    """Maintain every table of ``stream`` while holding its lock, and log it in the run log: an Iceberg sink
+    through :func:`maintain_iceberg_table` (``now`` ages its snapshots), its Delta tables through
+    :func:`maintain_table`."""
+    from sluice.kinds import sink_table_format
+    from sluice.storage.iceberg import IcebergTableFormat
+
     started = time.time()
     reports: list[TableReport] = []
     try:
         with waiting_lock(stream.checkpoint_path(roots), stream.name, f"maintenance/{run_id}", lock_wait_seconds):
+            sink = sink_table_format(stream, roots) if stream.sink.table is None else None
+            if isinstance(sink, IcebergTableFormat):
+                reports.append(maintain_iceberg_table(sink, "sink", checkpoint=stream.checkpoint_path(roots),
+                                                      vacuum_retention=vacuum_retention_hours, dry_run=dry_run,
+                                                      now=now))
             for table in stream.tables(roots):
                 readers = readers_of(table.path, catalog, roots)
                 reports.append(maintain_table(table.path, str(table.role), readers=readers,

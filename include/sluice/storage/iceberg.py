@@ -191,3 +191,48 @@ class IcebergTableFormat(TableFormat):
         keep = pc.fill_null(pc.or_kleene(pc.is_null(joined.column(_HELD)),
                                          pc.greater_equal(joined.column(sequence_by), joined.column(_HELD))), False)
         return joined.filter(keep).select(rows.column_names).cast(rows.schema)
+
+
+# Iceberg's own table property for the age of the snapshots to keep, read by maintenance.
+MAX_SNAPSHOT_AGE = "history.expire.max-snapshot-age-ms"
+
+
+def expire_snapshots(table: IcebergTableFormat, *, older_than: float, query_id: str | None, last_batch: int | None,
+                     dry_run: bool = False) -> list[int]:
+    """Expire the snapshots committed before ``older_than`` (epoch seconds), except what a reader and the
+    exactly-once guard need: the current snapshot and every snapshot from the oldest one that holds the
+    checkpoint's last recorded batch (``last_batch`` of ``query_id``) on. pyiceberg 0.12 only drops them from the
+    metadata; their data files no other snapshot keeps are then orphans (:func:`remove_orphan_files`). The ids
+    expired (to be expired, under ``dry_run``)."""
+    iceberg = table.table()
+    snapshots = sorted(iceberg.snapshots(), key=lambda snapshot: snapshot.timestamp_ms)
+    current = iceberg.current_snapshot()
+    keep_from = next((snapshot.timestamp_ms for snapshot in snapshots
+                      if query_id is not None and last_batch is not None
+                      and _summary(snapshot).get(CommitInfo.QUERY) == query_id
+                      and int(_summary(snapshot).get(CommitInfo.BATCH, -1)) >= last_batch), None)
+    cutoff = older_than * 1000 if keep_from is None else min(older_than * 1000, keep_from)
+    expired = [snapshot.snapshot_id for snapshot in snapshots
+               if snapshot.timestamp_ms < cutoff and (current is None or snapshot.snapshot_id != current.snapshot_id)]
+    if expired and not dry_run:
+        iceberg.maintenance.expire_snapshots().by_ids(expired).commit()
+    return expired
+
+
+def remove_orphan_files(table: IcebergTableFormat, *, older_than: float, dry_run: bool = False) -> list[str]:
+    """Delete the data files under the table's ``data/`` folder that no snapshot it keeps references and that are
+    older than ``older_than`` (epoch seconds): a file younger than that may belong to a commit in flight. A local
+    warehouse only (the default catalog's); pyiceberg 0.12 has no orphan removal of its own."""
+    iceberg = table.table()
+    location = iceberg.metadata.location
+    if not location.startswith("file:") and "://" in location:
+        raise SluiceError(f"{table.name}: orphan removal lists a local warehouse only, not {location}")
+    folder = Path(location.removeprefix("file://").removeprefix("file:")) / "data"
+    referenced = {path.removeprefix("file://").removeprefix("file:")
+                  for path in iceberg.inspect.all_files().column("file_path").to_pylist()}
+    orphans = [str(path) for path in folder.rglob("*") if path.is_file() and str(path) not in referenced
+               and path.stat().st_mtime < older_than]
+    if not dry_run:
+        for path in orphans:
+            os.remove(path)
+    return sorted(orphans)
