@@ -129,7 +129,7 @@ lint: $(INSTALLED)  ## ruff (include plugins spark_apps dags tests bench docs .c
 	$(BIN)/lint-imports
 
 .PHONY: bench
-bench: $(INSTALLED)  ## benchmarks: ingest (Delta sink vs Parquet sink, BENCH_ROWS=1000000), the two Delta engines, Kafka into Delta vs plain Spark, expectations and a SQL transform vs none, the rescue policy vs none, health check, lag check, MERGE vs append, the Streams page, a run's cost, a group of streams, history, CDC type 1 vs merge
+bench: $(INSTALLED)  ## benchmarks: ingest (Delta sink vs Parquet sink, BENCH_ROWS=1000000), the two Delta engines, Kafka into Delta vs plain Spark, expectations and a SQL transform vs none, the rescue policy vs none, health check, lag check, MERGE vs append, the Streams page, a run's cost, a group of streams, history, CDC type 1 vs merge, the Iceberg sink vs the rs Delta sink
 	$(BIN)/python bench/bench_ingest.py --rows $${BENCH_ROWS:-1000000}
 	$(BIN)/python bench/bench_engines.py --rows $${BENCH_ROWS:-1000000}
 	$(BIN)/python bench/bench_kafka.py --records $${BENCH_ROWS:-1000000}
@@ -143,6 +143,7 @@ bench: $(INSTALLED)  ## benchmarks: ingest (Delta sink vs Parquet sink, BENCH_RO
 	$(BIN)/python bench/bench_multi.py
 	$(BIN)/python bench/bench_history.py
 	$(BIN)/python bench/bench_cdc.py
+	$(BIN)/python bench/bench_iceberg.py --rows $${BENCH_ROWS:-1000000}
 
 .PHONY: freeze
 freeze: $(INSTALLED)  ## rewrite requirements.txt (runtime) and requirements-dev.txt from the environment after an upgrade
