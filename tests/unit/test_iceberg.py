@@ -137,3 +137,44 @@ def test_an_existing_iceberg_table_gains_the_columns_it_lacks(tmp_path: Path) ->
     assert table.schema().names == ["id", "name", "extra"]
     with pytest.raises(SluiceError, match="cannot take the stream's columns"):
         table.ensure(pa.schema([pa.field("id", pa.string()), pa.field("other", pa.int32())]))
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["delta", "iceberg"])
+def test_the_health_gate_s_reads_of_the_seam(tmp_path: Path, index: int) -> None:
+    """The query ids a stream committed, newest first, and the commit to roll back to for a checkpoint behind."""
+    table = tables(tmp_path)[index]
+    table.ensure(SCHEMA)
+    for query, batch, stream in (("q1", 0, "s"), ("q1", 1, "s"), ("q2", 0, "s"), ("q3", 0, "other")):
+        table.commit_batch(rows(batch), query_id=query, batch_id=batch, metadata={CommitInfo.STREAM: stream})
+    assert table.query_ids("s") == ["q2", "q1"] and table.query_ids("nobody") == []
+    of_batch = {(c.query_id, c.batch_id): (c.snapshot_id if c.snapshot_id is not None else c.version)
+                for c in table.commits()}
+    assert table.version_holding("q1", 0) == of_batch[("q1", 0)]
+    assert table.version_holding("q1", 1) == of_batch[("q3", 0)]  # the newest: nothing past batch 1 anywhere
+    assert table.version_holding("q1", -1) == (0 if index == 0 else None)  # Delta's version 0 is the empty table
+
+
+def test_expiry_keeps_the_checkpoint_s_last_batch_and_orphans_go(tmp_path: Path) -> None:
+    import time
+
+    from sluice.storage.iceberg import expire_snapshots, remove_orphan_files
+
+    table = IcebergTableFormat("db.t", default_catalog_properties(str(tmp_path / "lake")))
+    table.ensure(SCHEMA)
+    table.commit_batch(rows(1, 2), query_id="q", batch_id=0, metadata={})
+    table.commit_batch(rows(5), query_id="q", batch_id=1, metadata={}, overwrite=True)  # batch 0's file replaced
+    table.commit_batch(rows(6), query_id="q", batch_id=2, metadata={})
+    later = time.time() + 10
+
+    def batches() -> set[str]:
+        return {s.summary.additional_properties.get(CommitInfo.BATCH, "") for s in table.table().snapshots()}
+
+    assert expire_snapshots(table, older_than=later, query_id="q", last_batch=0, dry_run=True) == []
+    assert remove_orphan_files(table, older_than=later) == []  # every file is still some snapshot's
+    assert expire_snapshots(table, older_than=later, query_id="q", last_batch=1)
+    assert "0" not in batches() and {"1", "2"} <= batches()
+    [orphan] = remove_orphan_files(table, older_than=later)
+    assert not Path(orphan).exists() and remove_orphan_files(table, older_than=later) == []
+    assert sorted(table.table().scan().to_arrow().column("id").to_pylist()) == [5, 6]
+    assert table.recorded_batch("q") == 2 and table.commit_batch(rows(6), query_id="q", batch_id=2,
+                                                                  metadata={}) is False

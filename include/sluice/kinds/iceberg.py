@@ -31,7 +31,8 @@ _MODES = (SinkMode.APPEND, SinkMode.MERGE, SinkMode.COMPLETE)
 @dataclass(frozen=True, kw_only=True)
 class IcebergSink(SinkSpec):
     """The Iceberg table ``identifier`` of ``catalog``. ``table`` (the Delta table a sink is) stays None: health,
-    repair, lag and the page do not read Iceberg yet, and the loader gives it no fan-out and no added columns."""
+    the Streams page and maintenance reach the table through :meth:`IcebergSinkKind.table_format`, repair refuses
+    it, and the loader gives it no fan-out and no added columns."""
 
     format: ClassVar[SinkFormat] = SinkFormat.ICEBERG
     identifier: str
