@@ -178,3 +178,20 @@ def test_expiry_keeps_the_checkpoint_s_last_batch_and_orphans_go(tmp_path: Path)
     assert sorted(table.table().scan().to_arrow().column("id").to_pylist()) == [5, 6]
     assert table.recorded_batch("q") == 2 and table.commit_batch(rows(6), query_id="q", batch_id=2,
                                                                   metadata={}) is False
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["delta", "iceberg"])
+def test_the_newest_value_comes_from_file_statistics(tmp_path: Path, index: int) -> None:
+    """What the lag shows as the newest event time when the stream has no watermark: the files' upper bounds."""
+    import datetime as dt
+
+    table = tables(tmp_path)[index]
+    assert table.newest_value("at") is None  # no table yet
+    stamps = pa.schema([pa.field("id", pa.int64()), pa.field("at", pa.timestamp("us", tz="UTC"))])
+    table.ensure(stamps)
+    assert table.newest_value("at") is None  # no file yet
+    newest = dt.datetime(2026, 11, 22, 8, 30, tzinfo=dt.timezone.utc)
+    for batch, at in enumerate((newest, newest - dt.timedelta(hours=1))):
+        table.commit_batch(pa.table({"id": [batch], "at": pa.array([at], pa.timestamp("us", tz="UTC"))}),
+                           query_id="q", batch_id=batch, metadata={})
+    assert table.newest_value("at") == newest and table.newest_value("nope") is None

@@ -1,5 +1,5 @@
-"""How far behind a stream is, from its source and its checkpoint alone: plain files, delta-rs and a Kafka client,
-no JVM, cheap enough for a sensor to run every minute.
+"""How far behind a stream is, from its source and its checkpoint alone: plain files, delta-rs or pyiceberg and a
+Kafka client, no JVM, cheap enough for a sensor to run every minute.
 
 Between two availableNow runs no query is running, so Spark has no progress to report, and Spark does not commit
 offsets to Kafka, so consumer-group lag tools (Burrow) cannot see it. The backlog is therefore computed the way the
@@ -31,7 +31,7 @@ from enum import Enum
 from typing import Any
 
 from sluice.constants import FileFormat, SchemaEvolution, SinkMode, SourceType
-from sluice.kinds import Backlog, source_kind
+from sluice.kinds import Backlog, sink_table_format, source_kind
 from sluice.kinds.delta import DeltaSink
 from sluice.model.stream import AlertSpec, StreamSpec
 from sluice.paths import Roots
@@ -191,21 +191,10 @@ def newest_event_time(stream: StreamSpec, roots: Roots, reader: CheckpointReader
         if watermark > 0:
             return iso_utc(watermark / 1000)
     column = stream.backfill.event_time_column
-    if column is None or stream.sink.table is None:  # a Kafka sink has no table to read statistics from
+    table = None if column is None else sink_table_format(stream, roots)
+    if column is None or table is None:  # a Kafka sink has no table to read statistics from
         return None
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    from deltalake.exceptions import TableNotFoundError
-
-    from sluice.storage.delta import open_table
-
-    try:
-        actions = pa.table(open_table(stream.sink_path(roots)).get_add_actions(flatten=True))
-    except TableNotFoundError:
-        return None
-    if f"max.{column}" not in actions.column_names or actions.num_rows == 0:
-        return None
-    newest = pc.max(actions.column(f"max.{column}")).as_py()
+    newest = table.newest_value(column)
     return None if newest is None else newest.isoformat()
 
 

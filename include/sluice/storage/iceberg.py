@@ -146,6 +146,20 @@ class IcebergTableFormat(TableFormat):
                                        summary.get(CommitInfo.STREAM)))
         return commits[::-1]
 
+    def newest_value(self, column: str) -> Any:
+        """From the current snapshot's data files' upper bounds (``readable_metrics``)."""
+        import pyarrow.compute as pc
+
+        if not self.exists():
+            return None
+        files = self.table().inspect.data_files()
+        if files.num_rows == 0 or "readable_metrics" not in files.column_names:
+            return None
+        metrics = files.column("readable_metrics").combine_chunks()
+        if column not in [metrics.type.field(index).name for index in range(metrics.type.num_fields)]:
+            return None
+        return pc.max(metrics.field(column).field("upper_bound")).as_py()
+
     def _commit(self, rows: Any, *, overwrite: bool, properties: dict[str, Any]) -> None:
         summary = {key: str(value) for key, value in properties.items()}
         table = self.table()

@@ -107,6 +107,11 @@ class TableFormat(ABC):
         return list(dict.fromkeys(commit.batch_id for commit in self.commits(limit=limit)
                                   if commit.query_id == query_id and commit.batch_id is not None))
 
+    def newest_value(self, column: str) -> Any:
+        """The largest value of ``column`` in the table by its files' statistics alone (no data read), as Python;
+        None when there is no table, no file, or no statistic for the column."""
+        return None
+
     def query_ids(self, stream: str, *, limit: int | None = 200) -> list[str]:
         """The query ids that committed batches of ``stream`` to the table, newest first (from the newest ``limit``
         commits): the health gate's test of a checkpoint the table does not know."""
@@ -208,6 +213,19 @@ class DeltaTableFormat(TableFormat):
                                        batch.batch_id if batch else None, batch.rows if batch else None,
                                        stream=batch.stream if batch else None))
         return commits
+
+    def newest_value(self, column: str) -> Any:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            actions = pa.table(self._open().get_add_actions(flatten=True))
+        except TableNotFoundError:
+            return None
+        if f"max.{column}" not in actions.column_names or actions.num_rows == 0:
+            return None
+        return pc.max(actions.column(f"max.{column}")).as_py()
 
     def version_holding(self, query_id: str, batch_id: int) -> int | None:
         """From the transaction timeline, which counts ``repair reset`` commits too; 0 when no version is."""
