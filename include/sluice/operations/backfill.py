@@ -154,6 +154,16 @@ def parse_zone(value: object) -> Any:
                                         "UTC") from None
 
 
+def _time_range(params: Mapping[str, Any]) -> tuple[datetime, datetime]:
+    """A request's ``start`` and ``end``, read in its ``timezone``; refused by name unless end is after start."""
+    zone = parse_zone(params.get("timezone"))
+    start = _parse_time("start", params.get("start"), zone)
+    end = _parse_time("end", params.get("end"), zone)
+    if end <= start:
+        raise BackfillError("end", f"{end.isoformat()} is not after start {start.isoformat()}")
+    return start, end
+
+
 def _parse_time(name: str, value: object, zone: Any) -> datetime:
     import pendulum
 
@@ -234,11 +244,7 @@ def parse_request(params: Mapping[str, Any], catalog: Catalog, *, run_id: str) -
     if refusal is not None:
         raise BackfillError("stream", f"stream '{name}' reads a {stream.source.type.value} source; {refusal}")
     _refuse_stream(stream)
-    zone = parse_zone(params.get("timezone"))
-    start = _parse_time("start", params.get("start"), zone)
-    end = _parse_time("end", params.get("end"), zone)
-    if end <= start:
-        raise BackfillError("end", f"{end.isoformat()} is not after start {start.isoformat()}")
+    start, end = _time_range(params)
     longest = timedelta(days=stream.backfill.max_range_days)
     if end - start > longest:
         raise BackfillError("end", f"the range is {end - start}, longer than the {stream.backfill.max_range_days} "
@@ -318,11 +324,7 @@ def _parse_delta_range(params: Mapping[str, Any], stream: StreamSpec, *, run_id:
         if versions["start_version"] is not None or versions["end_version"] is not None:
             name = "start_version" if versions["start_version"] is not None else "end_version"
             raise BackfillError(name, "select_by commit_time takes start and end, not versions")
-        zone = parse_zone(params.get("timezone"))
-        start = _parse_time("start", params.get("start"), zone)
-        end = _parse_time("end", params.get("end"), zone)
-        if end <= start:
-            raise BackfillError("end", f"{end.isoformat()} is not after start {start.isoformat()}")
+        start, end = _time_range(params)
     if params.get("max_files_per_trigger") not in (None, ""):
         limit = params.get("max_files_per_trigger")
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_FILES_PER_TRIGGER:
@@ -372,11 +374,7 @@ def _parse_kafka_range(params: Mapping[str, Any], stream: StreamSpec, *, run_id:
     else:
         if has_offsets:
             raise BackfillError("offsets", "select_by timestamp takes start and end, not offsets")
-        zone = parse_zone(params.get("timezone"))
-        start = _parse_time("start", params.get("start"), zone)
-        end = _parse_time("end", params.get("end"), zone)
-        if end <= start:
-            raise BackfillError("end", f"{end.isoformat()} is not after start {start.isoformat()}")
+        start, end = _time_range(params)
     if params.get("max_files_per_trigger") not in (None, ""):
         raise BackfillError("max_files_per_trigger", "a Kafka source has no files; its batches follow the "
                                                      "catalog's maxOffsetsPerTrigger")
