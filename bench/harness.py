@@ -74,12 +74,13 @@ def run_files_stream(spark: SparkSession, landing: Path, out: Path, *, schema: d
                      "dead_letter": result.dead_letter_rows, "rescued": result.rescued_rows}
 
 
-def compare_sides(doc: str, prefix: str, sides: tuple[str, str], write: Callable[[Path, int, int], None],
+def compare_sides(doc: str, prefix: str, sides: tuple[str, ...], write: Callable[[Path, int, int], None],
                   run: Callable[[SparkSession, Path, Path, str], tuple[float, dict[str, Any]]],
-                  check: Callable[[dict[str, dict[str, Any]], int], None], goal: float) -> None:
-    """A benchmark of two sides over the same written files (``--rows`` in ``--files``): every side warmed up once,
+                  check: Callable[[dict[str, dict[str, Any]], int], None], goal: float | dict[str, float]) -> None:
+    """A benchmark of sides over the same written files (``--rows`` in ``--files``): every side warmed up once,
     then ``--rounds`` alternating rounds; ``check`` sees each side's counts of its last run. The last line is the
-    result as JSON, with the ratio ``<second>_vs_<first>`` and its goal."""
+    result as JSON, with the ratio ``<side>_vs_<first>`` of every other side and its goal (``goal``, or ``goal[side]``
+    for more than two sides)."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--files", type=int, default=20)
@@ -104,9 +105,10 @@ def compare_sides(doc: str, prefix: str, sides: tuple[str, str], write: Callable
         best = best_of_rounds(sides, args.rounds, timed)
         check(counts, args.rows // args.files * args.files)
         print(", ".join(f"{side} side: {counts[side]}" for side in sides))
-        ratio = f"{sides[1]}_vs_{sides[0]}"
+        goals = goal if isinstance(goal, dict) else {sides[1]: goal}
         print(json.dumps({"rows": args.rows, "best_seconds": {k: round(v, 2) for k, v in best.items()},
-                          "ratios": {ratio: round(best[sides[1]] / best[sides[0]], 3)}, "goals": {ratio: goal}}))
+                          "ratios": {f"{side}_vs_{sides[0]}": round(best[side] / best[sides[0]], 3) for side in goals},
+                          "goals": {f"{side}_vs_{sides[0]}": value for side, value in goals.items()}}))
         spark.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -101,3 +101,43 @@ def test_a_file_that_is_no_parquet_is_one_dead_letter_and_one_cut_short_stops_th
     whole = parquet_bytes(pa.table({"id": ["a"]}))
     with pytest.raises(ParquetReadError, match="not a whole Parquet file"):
         conform(declared, [whole[: len(whole) // 2]])
+
+
+# Text Arrow's number parsers take and text they refuse, side by side: signs, hex, blanks, exponents, NaN, infinity,
+# digits of other scripts, separators, overflow.
+_NUMBER_TEXTS = ["1", "-2", "+3", "0x1F", "0X1f", " 4", "4 ", "1e3", "1E-2", "nan", "NaN", "inf", "-Infinity", "1.5",
+                 ".5", "5.", "abc", "", None, "\u0661\u0662", "\uff11\uff12", "1_000", "99999999999999999999", "-0",
+                 "true", "12.345", "1,5", "u01234", "\t7", "0b101", "1d", "1f"]
+
+
+@pytest.mark.parametrize("target", [pa.int8(), pa.int64(), pa.uint16(), pa.float32(), pa.float64(),
+                                    pa.decimal128(12, 2), pa.decimal128(5, 0)], ids=str)
+def test_text_set_aside_in_one_pass_is_what_the_cast_itself_refuses(target: pa.DataType) -> None:
+    from sluice_spark.drift.parquet import _cast_or_bisect, _screened_cast
+
+    texts = pa.array(_NUMBER_TEXTS * 2, pa.string())
+
+    screened, screened_failed = _screened_cast(texts, target, True)
+    halved, halved_failed = _cast_or_bisect(texts, target, True)
+
+    assert screened_failed == halved_failed and screened_failed
+    assert str(screened.to_pylist()) == str(halved.to_pylist())  # NaN is no NaN's equal
+
+
+def test_a_rescued_misfit_carries_its_record_only_where_a_dead_letter_may_need_it() -> None:
+    declared = pa.schema([("id", pa.string()), ("n", pa.int64())])
+    output = pa.schema([*declared, *(pa.field(name, pa.string()) for name, _ in
+                                     output_columns(SchemaEvolution.RESCUE))])
+    file = parquet_bytes(pa.table({"id": ["a", None, "c"], "n": ["x", "y", "3"]}))
+    batch = pa.record_batch([pa.array(["file:/landing/0.parquet"]), pa.array([file], pa.binary())],
+                            names=["_source_file", "content"])
+
+    rows = [row for out in conform_files(iter([batch]), declared=declared, output=output,
+                                         policy=SchemaEvolution.RESCUE, required=frozenset({"id"}))
+            for row in out.to_pylist()]
+    every = conform(declared, [file])
+
+    # A row whose required id is there is no dead letter: its misfit is in _rescued_data, its record is not kept.
+    assert [rescued(row) for row in rows] == [{"n": "x"}, {"n": "y"}, {}] == [rescued(row) for row in every]
+    assert [row[CORRUPT_COLUMN] for row in rows] == [None, '{"id": null, "n": "y"}', None]
+    assert [row[CORRUPT_COLUMN] is not None for row in every] == [True, True, False]

@@ -78,9 +78,13 @@ def output_columns(policy: SchemaEvolution) -> list[tuple[str, str]]:
 
 
 def conform_files(batches: Iterator[pa.RecordBatch], *, declared: pa.Schema, output: pa.Schema,
-                  policy: SchemaEvolution) -> Iterator[pa.RecordBatch]:
+                  policy: SchemaEvolution, required: frozenset[str] | None = None) -> Iterator[pa.RecordBatch]:
     """``mapInArrow``'s function: batches of files (``_source_file``, ``content``) to batches of records in
-    ``output`` (the declared columns, then :func:`output_columns`)."""
+    ``output`` (the declared columns, then :func:`output_columns`).
+
+    ``required`` (the declared required columns, when no nested field is required and the policy rescues) lets a
+    row whose misfits were rescued skip its whole record's JSON when none of them is NULL: only a dead letter reads
+    it (:func:`sluice_spark.steps.quality.dead_letter_reason`)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -105,7 +109,7 @@ def conform_files(batches: Iterator[pa.RecordBatch], *, declared: pa.Schema, out
             # run (its rows so far cannot be taken back), as Spark's reader does.
             try:
                 for records in data.iter_batches(batch_size=_BATCH_ROWS):
-                    yield _conform_batch(records, declared, output, policy, path)
+                    yield _conform_batch(records, declared, output, policy, path, required)
             except (OSError, pa.ArrowException) as error:
                 raise ParquetReadError(f"cannot read the Parquet file {path}: {error}") from error
 
@@ -119,7 +123,7 @@ def _unreadable(output: pa.Schema, path: str, reason: str) -> pa.RecordBatch:
 
 
 def _conform_batch(records: pa.RecordBatch, declared: pa.Schema, output: pa.Schema, policy: SchemaEvolution,
-                   path: str) -> pa.RecordBatch:
+                   path: str, required: frozenset[str] | None = None) -> pa.RecordBatch:
     import numpy as np
     import pyarrow as pa
 
@@ -131,6 +135,11 @@ def _conform_batch(records: pa.RecordBatch, declared: pa.Schema, output: pa.Sche
     columns: dict[str, pa.Array] = {name: typed.field(index) for index, name in enumerate(declared.names)}
     count = records.num_rows
     misfit_rows = sorted(found.misfits)
+    if misfit_rows and required is not None:  # a row whose required columns all hold a value is no dead letter
+        complete = np.ones(count, dtype=bool)
+        for name in required & set(columns):
+            complete &= columns[name].is_valid().to_numpy(zero_copy_only=False)
+        misfit_rows = [row for row in misfit_rows if not complete[row]]
     corrupt: list[str | None] = [None] * count
     if misfit_rows:
         originals = _py_values(whole.take(pa.array(misfit_rows)))
@@ -338,7 +347,7 @@ def _cast(array: pa.Array, target: pa.DataType, path_of: PathOf, rows: np.ndarra
     safe = not (pa.types.is_timestamp(array.type) and pa.types.is_timestamp(target))
     if not safe and array.type.tz is None and target.tz is not None:
         array = array.cast(pa.timestamp(array.type.unit, tz="UTC"))
-    cast, failed = _cast_or_bisect(array, target, safe)
+    cast, failed = _screened_cast(array, target, safe)
     if safe and not (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)
                      or pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type)):
         try:
@@ -358,6 +367,36 @@ def _cast(array: pa.Array, target: pa.DataType, path_of: PathOf, rows: np.ndarra
         for position, value in zip(failed, values, strict=True):
             found.misfits.setdefault(int(rows[position]), {})[path_of(position)] = _json_value(value)
     return cast
+
+
+# Every character Arrow's parsers of a number may accept, with room to spare (signs, digits, hex, exponents, NaN,
+# infinity, blanks): a text with another character cannot be that number.
+_INTEGER_TEXT = r"^[\s0-9a-fA-FxX+_-]*$"
+_REAL_TEXT = r"^[\s0-9.eE+_nNaAiIfFtTyY-]*$"
+
+
+def _screened_cast(array: pa.Array, target: pa.DataType, safe: bool) -> tuple[pa.Array, list[int]]:
+    """:func:`_cast_or_bisect`, with text that cannot be the target number set aside first in one pass (a column of
+    words where a number is declared would otherwise be halved down to each word)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    texts = pa.types.is_string(array.type) or pa.types.is_large_string(array.type)
+    pattern = (_INTEGER_TEXT if pa.types.is_integer(target) else
+               _REAL_TEXT if pa.types.is_floating(target) or pa.types.is_decimal(target) else None)
+    if not texts or pattern is None:
+        return _cast_or_bisect(array, target, safe)
+    try:
+        return array.cast(target, safe=safe), []
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        pass
+    possible = pc.fill_null(pc.match_substring_regex(array, pattern), True)
+    if pc.all(possible).as_py():
+        return _cast_or_bisect(array, target, safe)
+    cast, failed = _cast_or_bisect(pc.if_else(possible, array, pa.scalar(None, array.type)), target, safe)
+    impossible = np.flatnonzero(~possible.to_numpy(zero_copy_only=False)).tolist()
+    return cast, sorted([*failed, *impossible])
 
 
 def _cast_or_bisect(array: pa.Array, target: pa.DataType, safe: bool) -> tuple[pa.Array, list[int]]:

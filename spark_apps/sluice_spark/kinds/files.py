@@ -116,7 +116,9 @@ def _parquet_files(spark: SparkSession, stream: StreamSpec, path: str, trigger: 
     output = StructType.fromDDL(ddl)
     assert isinstance(output, StructType)
     declared = to_arrow_schema(StructType(output.fields[:len(source.read_schema.columns)]), timezone="UTC")
-    records = files.mapInArrow(partial(conform_files, declared=declared, policy=policy,
+    schema = source.read_schema
+    required = frozenset(schema.required) if source.rescues and not schema.required_fields else None
+    records = files.mapInArrow(partial(conform_files, declared=declared, policy=policy, required=required,
                                        output=to_arrow_schema(output, timezone="UTC")), output)
     # Spark counts the files; the stream's records are counted here.
     return records.observe(RECORDS_METRIC.format(stream=stream.name), F.count(F.lit(1)).alias("records"))
