@@ -6,8 +6,7 @@ common case, which both sides can read):
 
 - ``none``: Spark's CSV reader with the declared schema, checking each file's header against it;
 - ``rescue``: each file's columns found by its header (:mod:`sluice_spark.drift.csv`): Spark's reader splits the
-  records as text, the driver reads each file's header once before the run (the plan looks it up by the row's file),
-  and ``from_csv`` types the declared fields.
+  records as text, a Python UDF reads each file's header once, and ``from_csv`` types the declared fields.
 
 Rounds alternate the order and the best time of each side is kept, because these machines are shared and noisy.
 The goal (Sluice's own: the issue names none) is rescue / none <= 1.3. The last line is the result as JSON.
