@@ -43,25 +43,3 @@ def test_a_header_the_bytes_may_cut_short_is_not_taken_from_them() -> None:
     assert first_record(b"id,amo", complete=True) is None
     assert first_record(b"id,amount\n1", complete=True) == "id,amount"
     assert first_record(b"id,amo") == "id,amo"
-
-
-def test_the_driver_reads_each_listed_files_header_keyed_by_its_version(tmp_path) -> None:
-    from sluice.catalog import parse_catalog
-    from sluice.storage.landing import spark_file_uri
-    from sluice_spark.drift.csv import known_headers
-
-    catalog = parse_catalog({"version": 1, "streams": [{
-        "name": "orders",
-        "source": {"type": "files", "format": "csv", "path": str(tmp_path), "schema": {"id": "string"},
-                   "options": {"header": True, "comment": "#"}},
-        "sink": {"path": str(tmp_path / "t")}, "checkpoint": str(tmp_path / "c"), "schedule": "@hourly"}]})
-    (tmp_path / "a.csv").write_text("# export\nid,coupon\n1,X\n")
-    (tmp_path / "b.csv").write_text("")
-    (tmp_path / "c.csv.zst").write_bytes(b"\x28\xb5\x2f\xfd")
-    files = [(spark_file_uri(str(tmp_path / name)), (tmp_path / name).stat().st_size, 1700000000.7)
-             for name in ("a.csv", "b.csv", "c.csv.zst")]
-
-    headers = known_headers(catalog.streams["orders"].source, files)
-
-    # An empty file names nothing, and a file of a codec read nowhere is left to the executors, which say why.
-    assert headers == {(files[0][0], files[0][1], 1700000000): "id,coupon"}

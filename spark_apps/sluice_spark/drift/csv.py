@@ -9,10 +9,8 @@ whitespace and ``nullValue`` mean what they mean to Spark:
 1. Spark's reader splits the files into records and drops each file's header line (``header``, with
    ``enforceSchema``: no check), reading the declared number of fields as text. A record with another number of
    fields keeps its text in ``_corrupt_record``.
-2. The header is each file's first record (:func:`first_record`: the first line that is not blank or a comment, or
-   as many lines as a quoted header spans under ``multiLine``), read before the run by the driver for the files its
-   listing of the landing zone says the run reads (:func:`known_headers`) and looked up by the JVM; a file that
-   landed since (or a backfill's) is read by the executors, once per file.
+2. The header is each file's first record, read from the file by the executors (:func:`first_record`: the first
+   line that is not blank or a comment, or as many lines as a quoted header spans under ``multiLine``).
 3. A header, and a record Spark did not split into the declared number of fields, is split again by
    ``from_csv`` with a marker field appended: the marker's position is the number of fields (Spark's reader
    says nothing else about it).
@@ -168,74 +166,17 @@ def _header_of(uri: str, version: tuple[Any, Any], options: tuple[tuple[str, str
 
 def header_text(options: tuple[tuple[str, str], ...]) -> Any:
     """A pandas UDF: a file (its ``_metadata.file_path``) -> its header's text, each file read once per Python
-    worker; NULL for a NULL file (one whose header the driver read: :func:`known_headers`)."""
+    worker."""
 
     @F.pandas_udf("string")  # type: ignore[call-overload]
     def header(files: pd.Series, modified: pd.Series, sizes: pd.Series) -> pd.Series:
         # A batch of rows holds a few files (each at one version): each is looked up once.
-        versions = pd.DataFrame({"file": files, "modified": modified, "size": sizes}).dropna(
-            subset=["file"]).drop_duplicates("file")
+        versions = pd.DataFrame({"file": files, "modified": modified, "size": sizes}).drop_duplicates("file")
         found = {row.file: _header_of(row.file, (row.modified, row.size), options)
                  for row in versions.itertuples(index=False)}
-        # Built as objects: a batch of NULL files only would map to floats (NaN), which Arrow does not take as text.
-        return pd.Series([found.get(file) for file in files], index=files.index, dtype=object)
+        return files.map(found)
 
     return header
-
-
-#: The most files whose headers the driver reads before a run (:func:`known_headers`); the others are read by the
-#: executors.
-DRIVER_HEADERS = 1024
-# Threads the driver reads headers with (an object store answers each read after a round trip).
-_HEADER_READERS = 8
-
-
-def known_headers(source: SourceSpec, files: list[tuple[str, int, float]]) -> dict[tuple[str, int, int], str]:
-    """The headers of the files a run will read (``(uri, size, modified seconds)``, as the driver lists them), read
-    on the driver before the run: by the file's ``_metadata.file_path``, size and modification time (whole seconds),
-    so that a file written again in between is read again. A file whose header does not read here is left to the
-    executors (which raise its error)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    options = tuple(sorted(source.options.items()))
-
-    def read(found: tuple[str, int, float]) -> tuple[tuple[str, int, int], str | None]:
-        uri, size, modified = found
-        try:
-            return (uri, size, int(modified)), _header_of(uri, (int(modified), size), options)
-        except Exception:  # the executors read it again, and say why it fails
-            return (uri, size, int(modified)), None
-
-    chosen = files[:DRIVER_HEADERS]
-    if len(chosen) <= 1:
-        pairs = list(map(read, chosen))
-    else:
-        with ThreadPoolExecutor(min(_HEADER_READERS, len(chosen))) as pool:
-            pairs = list(pool.map(read, chosen))
-    return {key: header for key, header in pairs if header is not None}
-
-
-def _sql_text(text: str) -> str:
-    """A Spark SQL string literal of ``text`` (a ``$`` escaped too: Spark substitutes ``${...}`` in SQL text)."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'").replace("$", "\\u0024") + "'"
-
-
-def _known_header(headers: Mapping[tuple[str, int, int], str]) -> Column:
-    """A row's header from :func:`known_headers`, looked up in the JVM (NULL for a file the driver did not read, or
-    read at another version): a constant array of small maps, the file's bucket found by the CRC-32 of its path (a
-    map looks its keys up one by one)."""
-    buckets: list[list[tuple[tuple[str, int, int], str]]] = [[] for _ in range(max(1, len(headers) // 2))]
-    for key, header in sorted(headers.items()):
-        buckets[zlib.crc32(key[0].encode("utf-8")) % len(buckets)].append((key, header))
-    maps = ", ".join("map(" + ", ".join(
-        f"{_sql_text(uri)}, named_struct('size', {size}L, 'modified', {modified}L, 'header', {_sql_text(header)})"
-        for (uri, size, modified), header in bucket) + ")" if bucket else
-        "cast(map() AS map<string, struct<size: bigint, modified: bigint, header: string>>)" for bucket in buckets)
-    path = F.col(SOURCE_FILE_COLUMN)
-    bucket = F.pmod(F.crc32(path.cast("binary")), F.lit(len(buckets))) + 1
-    found = F.try_element_at(F.element_at(F.expr(f"array({maps})"), bucket.cast("int")), path)
-    return F.when((found["size"] == F.col(_SIZE)) & (found["modified"] == F.unix_seconds(F.col(_MODIFIED))),
-                  found["header"])
 
 
 # The escapes Spark's CSVExprUtils.toChar reads in a separator.
@@ -293,8 +234,7 @@ def _requoted(value: Column, options: Mapping[str, str]) -> Column:
     return F.coalesce(F.concat(F.lit(quote_char), escaped, F.lit(quote_char)), F.lit(options.get("nullValue", "")))
 
 
-def conform(frame: DataFrame, source: SourceSpec,
-            headers: Mapping[tuple[str, int, int], str] | None = None) -> DataFrame:
+def conform(frame: DataFrame, source: SourceSpec) -> DataFrame:
     """Spark's reader's rows (the declared number of fields as text, ``_corrupt_record``, ``_source_file``) matched
     to the schema by their files' headers: the declared columns typed, ``_corrupt_record``, ``_rescued_data``,
     ``_source_file`` and the declared fields as text (:data:`CSV_FIELDS_COLUMN`, for the dead-letter reasons).
@@ -308,21 +248,13 @@ def conform(frame: DataFrame, source: SourceSpec,
     text_columns = [F.col(quote(name)) for name in names]
     raw = F.col(CORRUPT_COLUMN)
 
-    # 1. The file's header: the driver's (``headers``, :func:`known_headers`), else read once per file on a worker;
-    # whether it is the declared names as they are (the common case, which needs no split).
-    read_header = header_text(tuple(sorted(source.options.items())))
-    if headers:
-        staged = frame.withColumn(_HEADER, _known_header(headers))
-        # The Python worker still sees every row (a UDF runs whatever its branch), but NULL for the files the driver
-        # read: it reads only the others (files that landed since the driver listed them).
-        unknown = F.col(_HEADER).isNull()
-        header = F.coalesce(F.col(_HEADER), read_header(*[F.when(unknown, F.col(name)) for name in (
-            SOURCE_FILE_COLUMN, _MODIFIED, _SIZE)]))
-    else:
-        staged, header = frame, read_header(F.col(SOURCE_FILE_COLUMN), F.col(_MODIFIED), F.col(_SIZE))
+    # 1. The file's header, once per file on a worker; whether it is the declared names as they are (the common
+    # case, which needs no split).
+    header = header_text(tuple(sorted(source.options.items())))(F.col(SOURCE_FILE_COLUMN), F.col(_MODIFIED),
+                                                                F.col(_SIZE))
     special = {separator, source.options.get("quote", '"'), source.options.get("escape", "\\"), " ", "\t"}
     splits_plainly = not any(char in name for name in names for part in special if part for char in part)
-    staged = staged.withColumn(_HEADER, header).withColumn(
+    staged = frame.withColumn(_HEADER, header).withColumn(
         _PLAIN, F.coalesce(F.col(_HEADER) == F.lit(separator.join(names)), F.lit(False)) if splits_plainly
         else F.lit(False))
     plain = F.col(_PLAIN)

@@ -11,7 +11,6 @@ reader keeps it. """
 
 from __future__ import annotations
 
-import logging
 from functools import partial
 from pathlib import Path
 
@@ -31,8 +30,6 @@ from sluice.kinds.files import FileSource
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.model.types import quote
 from sluice.paths import Roots
-from sluice.storage.checkpoint import CheckpointReader
-from sluice.storage.landing import SourceState, unread_files
 from sluice_spark.drift import csv as csv_drift
 from sluice_spark.drift.fields import parse_json_text, reads_by_header, rescue_csv
 from sluice_spark.drift.parquet import conform_files, output_columns
@@ -48,14 +45,11 @@ _JSON_OPTIONS = frozenset({"timestampFormat", "dateFormat", "timeZone"})
 #: JSON file read as text has lines that are no record (blank ones), or is one input row holding many (multiLine).
 RECORDS_METRIC = "sluice_records_{stream}"
 
-log = logging.getLogger(__name__)
-
 
 def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | None, trigger: TriggerSpec) -> DataFrame:
     """The landing folder (or ``path``, a backfill's glob of the files it selected) as a streaming DataFrame."""
     source = stream.source
     assert isinstance(source, FileSource)
-    landing = path is None  # not a backfill's selection of files
     if path is None:
         path = stream.source_path(roots)
         require_hadoop_connector(spark, path, f"stream '{stream.name}': landing folder")
@@ -74,8 +68,7 @@ def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | N
             .option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT_COLUMN).load(path)
         return csv_drift.conform(frame.select(*[quote(name) for name in source.read_schema.names], CORRUPT_COLUMN,
                                               F.col("_metadata.file_path").alias(SOURCE_FILE_COLUMN),
-                                              *csv_drift.file_version()), source,
-                                 headers=_unread_headers(stream, roots) if landing else {})
+                                              *csv_drift.file_version()), source)
 
     schema = source.schema.ddl(nullable_only=True)
     if source.format is FileFormat.CSV and source.options.get("header") == "true":
@@ -96,18 +89,6 @@ def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | N
         frame = frame.select(*source.schema.names, CORRUPT_COLUMN, rescue_csv(source).alias(RESCUED_COLUMN),
                              SOURCE_FILE_COLUMN)
     return frame
-
-
-def _unread_headers(stream: StreamSpec, roots: Roots) -> dict[tuple[str, int, int], str]:
-    """The headers of the CSV files the run will read, read on the driver from its own listing of the landing zone
-    (:func:`sluice_spark.drift.csv.known_headers`); none when the listing fails (the executors read them all)."""
-    try:
-        unread = unread_files(stream, roots, SourceState.of(stream, CheckpointReader(stream.checkpoint_path(roots))))
-    except Exception as error:  # only a shortcut: the executors read every header instead
-        log.warning("stream %s: cannot list the landing zone for its CSV headers (%s); the executors read them",
-                    stream.name, error)
-        return {}
-    return csv_drift.known_headers(stream.source, [(found.uri, found.size, found.modified) for found in unread.files])
 
 
 def _limited(reader: DataStreamReader, trigger: TriggerSpec) -> DataStreamReader:
