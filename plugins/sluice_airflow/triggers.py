@@ -165,12 +165,14 @@ class _FolderChanges:
         self.changed.clear()
 
     async def _watch(self) -> None:
-        from watchfiles import awatch
-
         try:
+            from watchfiles import awatch
+
             async for _ in awatch(self.folder, watch_filter=None, step=20, recursive=True):
                 self.changed.set()
-        except (OSError, RuntimeError) as exc:  # no inotify here (or out of watches): the looks go on alone
+        except FileNotFoundError:
+            pass  # the folder went away: watched again once it is back
+        except (ImportError, OSError, RuntimeError) as exc:  # no inotify here, or out of watches: the looks go on
             self._failed = True
             self.log.warning("Cannot watch %s for changes (%s); looking at it every poll only", self.folder, exc)
 
