@@ -4,6 +4,7 @@ stream's source for new data (the watcher of its arrival Asset)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -11,6 +12,9 @@ from typing import TYPE_CHECKING, Any
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from sluice.lag.arrival import ArrivalWatch
     from sluice.paths import Roots
 
 
@@ -126,12 +130,65 @@ class StreamLagTrigger(_StoreAccess, BaseTrigger):
             await asyncio.sleep(wait)
 
 
+class _FolderChanges:
+    """What the OS says of a local landing folder (inotify, through ``watchfiles``): the watcher waits for a change
+    or its next look, whichever comes first, so a file is looked at when it lands rather than up to a ``poll``
+    later. The looks stay: they are what decides, and they catch what no event tells (a folder made after the
+    watch began, a file system without notifications). The watch holds one thread of the triggerer."""
+
+    def __init__(self, folder: Path, log: Any) -> None:
+        self.folder, self.log = folder, log
+        self.changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._failed = False
+        self._woken = 0.0
+
+    # A folder that changes all the time (a file uploaded in many writes) is looked at this often at most.
+    MIN_GAP_SECONDS = 0.2
+
+    async def wait(self, seconds: float) -> None:
+        """Until the folder changes, at most ``seconds``."""
+        if self._task is None and not self._failed and self.folder.is_dir():
+            self._task = asyncio.create_task(self._watch())
+        if self._task is None or self._task.done():
+            self._task = None
+            await asyncio.sleep(seconds)
+            return
+        until = time.monotonic() + seconds
+        gap = min(self._woken + self.MIN_GAP_SECONDS, until) - time.monotonic()
+        if gap > 0:
+            await asyncio.sleep(gap)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.changed.wait(), timeout=max(until - time.monotonic(), 0.0))
+        if self.changed.is_set():
+            self._woken = time.monotonic()
+        self.changed.clear()
+
+    async def _watch(self) -> None:
+        try:
+            from watchfiles import awatch
+
+            async for _ in awatch(self.folder, watch_filter=None, step=20, recursive=True):
+                self.changed.set()
+        except FileNotFoundError:
+            pass  # the folder went away: watched again once it is back
+        except (ImportError, OSError, RuntimeError) as exc:  # no inotify here, or out of watches: the looks go on
+            self._failed = True
+            self.log.warning("Cannot watch %s for changes (%s); looking at it every poll only", self.folder, exc)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
 class StreamArrivalTrigger(_StoreAccess, BaseEventTrigger):
     """The watcher of a stream's arrival Asset (the catalog's ``arrival``): look at the stream's source every
     ``poll`` seconds for data its checkpoint has not processed (its lag probe: a landing folder's listing, a topic's
     end offsets, a table's versions; no JVM), and fire an event, which starts the stream's DAG, once new data has
     settled (:class:`sluice.lag.arrival.ArrivalWatch`). It never ends: the triggerer runs it for as long as the DAG
-    is scheduled on the Asset.
+    is scheduled on the Asset. A local landing folder is also looked at as soon as it changes (:class:`_FolderChanges`).
 
     The roots and the catalog are the triggerer's (``SLUICE_*``, ``SLUICE_CATALOG``), as the run's are the
     worker's: nothing of the deployment is frozen into the serialized DAG.
@@ -183,7 +240,7 @@ class StreamArrivalTrigger(_StoreAccess, BaseEventTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from sluice.catalog import load_catalog
         from sluice.errors import SluiceError
-        from sluice.lag.arrival import ArrivalWatch
+        from sluice.lag.arrival import ArrivalWatch, local_folder
 
         stream = load_catalog(self.catalog).get(self.stream)
         spec = stream.arrival
@@ -191,6 +248,20 @@ class StreamArrivalTrigger(_StoreAccess, BaseEventTrigger):
         if spec is None:
             raise SluiceError(f"stream {self.stream!r} has no arrival block in the catalog; nothing to watch")
         watch = ArrivalWatch(spec)
+        folder = local_folder(stream, self._roots())
+        changes = _FolderChanges(folder, self.log) if folder is not None else None
+        try:
+            async for event in self._watched(watch, changes, queue_conn):
+                yield event
+        finally:
+            if changes is not None:
+                await changes.close()
+
+    async def _watched(self, watch: ArrivalWatch, changes: _FolderChanges | None,
+                       queue_conn: str | None) -> AsyncIterator[TriggerEvent]:
+        from sluice.errors import SluiceError
+
+        spec = watch.spec
         while True:
             try:
                 unread_now = await asyncio.to_thread(self._look, await self._credentials(),
@@ -208,4 +279,5 @@ class StreamArrivalTrigger(_StoreAccess, BaseEventTrigger):
                 yield TriggerEvent({"stream": self.stream, "new": arrival.new,
                                     "waited_seconds": round(arrival.waited_seconds, 1),
                                     "examples": list(arrival.examples)})
-            await asyncio.sleep(watch.next_look_in(time.monotonic()))
+            wait = watch.next_look_in(time.monotonic())
+            await (changes.wait(wait) if changes is not None else asyncio.sleep(wait))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import time
 from pathlib import Path
 from typing import Any
 
@@ -167,3 +168,39 @@ def test_the_trigger_fires_once_for_a_burst_of_files_and_again_for_a_later_file(
     first, second = asyncio.run(scenario())
     assert first["stream"] == "events" and first["new"] == 3
     assert second["new"] == 1
+
+
+def test_a_file_landing_in_a_local_folder_is_seen_when_it_lands_not_a_poll_later(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sluice_airflow.triggers import StreamArrivalTrigger
+
+    monkeypatch.setenv("SLUICE_CATALOG", str(write_catalog(tmp_path, events_stream(
+        arrival={"poll": "60s", "settle": "1s", "max_wait": "10s"}))))
+    monkeypatch.setenv("SLUICE_DATA_ROOT", str(tmp_path))
+    producer = DemoProducer(tmp_path / "landing", seed=3, malformed_rate=0.0)
+    producer.events_file(lines=2, now=NOW)  # read by no run yet: announced by the first look
+    trigger = StreamArrivalTrigger(stream="events", storage_conn_id=None)
+
+    async def scenario() -> tuple[float, dict[str, Any]]:
+        events = trigger.run()
+        await asyncio.wait_for(anext(events), timeout=20)
+        pending = asyncio.ensure_future(anext(events))
+        await asyncio.sleep(1.5)  # the watcher waits for its next look, a minute away
+        landed = time.monotonic()
+        producer.events_file(lines=2, now=NOW + dt.timedelta(minutes=1))
+        second = await asyncio.wait_for(pending, timeout=20)
+        fired = time.monotonic() - landed
+        await events.aclose()
+        return fired, second.payload
+
+    fired, payload = asyncio.run(scenario())
+    assert payload["new"] == 1
+    assert 1.0 <= fired < 5, f"fired {fired:.1f}s after the file landed: the settle time, not the minute's poll"
+
+
+def test_a_stream_on_arrival_checks_its_health_in_its_run_task_unless_the_catalog_says_otherwise() -> None:
+    from sluice.constants import HealthGate
+
+    assert catalog_of(arrival={}).get("events").health_gate is HealthGate.INLINE
+    assert catalog_of(arrival={}, health_gate="task").get("events").health_gate is HealthGate.TASK
+    assert catalog_of().get("events").health_gate is HealthGate.TASK

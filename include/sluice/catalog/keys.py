@@ -75,7 +75,7 @@ BLOCKS: tuple[Block, ...] = (
         Key("group", Type.STRING, "run with the other streams of the group in one Spark application "
             "(DAG `ingest_group_<group>`)", pattern=NAME_PATTERN),
         Key("health_gate", Type.CHOICE, "where the checkpoint health gate runs: a task of its own, or inside the run "
-            "task", default=HealthGate.TASK, choices=choices(HealthGate)),
+            "task", default_text="`task`; `inline` for a stream with `arrival`", choices=choices(HealthGate)),
     )),
     *(block for kind in SOURCE_KINDS.values() for block in kind.catalog_blocks()),
     *(block for kind in SINK_KINDS.values() for block in kind.catalog_blocks()),

@@ -168,7 +168,9 @@ def parse_stream(raw: object, *, index: int) -> StreamSpec:
     if group is not None and arrival is not None:
         raise top.error("arrival", f"the streams of group {group!r} run together on one cron; run this stream on "
                                    "arrival outside the group")
-    health_gate = top.enum("health_gate", HealthGate, HealthGate.TASK)
+    # A run started by arrival waits for each task's start: the gate inside the run task spares it one task process
+    # and one scheduler turn (docs/guides/scheduling.md, what latency to expect).
+    health_gate = top.enum("health_gate", HealthGate, HealthGate.INLINE if arrival is not None else HealthGate.TASK)
     owner = top.get("owner", str, "data-eng")
     tags = top.get("tags", list, [])
     if not all(isinstance(tag, str) and tag for tag in tags):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from sluice.model.stream import ArrivalSpec, StreamSpec
 from sluice.paths import Roots
@@ -32,6 +33,21 @@ def unread(stream: StreamSpec, roots: Roots, *, queue_credentials: Mapping[str, 
         return watch_unread(stream, roots, credentials=queue_credentials)
     reader = CheckpointReader(stream.checkpoint_path(roots))
     return source_kind(stream.source).backlog(stream, roots, reader).arrivals
+
+
+def local_folder(stream: StreamSpec, roots: Roots) -> Path | None:
+    """The local landing folder whose changes the watcher may await instead of sleeping until its next look (the
+    OS tells of a file when it lands): a files source on a local path, without ``source.notifications`` (whose
+    queue says what landed). None for any other source; the folder may not exist yet."""
+    from sluice.constants import SourceType
+    from sluice.storage.store import is_local
+
+    if stream.source.type is not SourceType.FILES or getattr(stream.source, "notifications", None) is not None:
+        return None
+    place = stream.source_path(roots)
+    if not is_local(place):
+        return None
+    return Path(place.removeprefix("file://"))
 
 
 @dataclass(frozen=True)
