@@ -10,6 +10,7 @@ an overwrite refused (naming the table and the snapshot) unless skipped, and the
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -152,3 +153,34 @@ def test_the_source_plans_appends_refuses_an_overwrite_and_measures_its_lag(tmp_
                                           "streaming-skip-delete-snapshots": "true"}, identifier="bronze.events")
     with pytest.raises(IcebergSourceError, match="snapshot 42, which the checkpoint read up to, is no longer"):
         history_after(table.table(), {"snapshot": 42, "sequence": 9}, identifier="bronze.events")
+
+
+def test_the_stream_reader_plans_whole_snapshots_within_its_limit_and_reads_them_after_pickling(
+        tmp_path: Path) -> None:
+    """The ``sluice_iceberg`` reader driven as Spark drives it, without a JVM: AvailableNow reads what was committed
+    before it started, a file limit cuts batches at whole snapshots, and a partition read after crossing to an
+    executor (pickled) gives the snapshot's rows."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles
+
+    from sluice_spark.rs.iceberg_source import IcebergDataSource, IcebergStreamReader
+
+    table = _table(default_catalog_properties(str(tmp_path / "lake")))
+    for first in (1, 3, 5):
+        _append(table, [first, first + 1])
+    options = {"table": "bronze.events", "catalog": "default", "lakeRoot": str(tmp_path / "lake")}
+    reader = IcebergStreamReader(IcebergDataSource(options).schema(), options)
+    start = reader.initialOffset()
+    reader.prepareForTriggerAvailableNow()
+    _append(table, [99])  # after the query started: the next run's
+
+    one = reader.latestOffset(start, ReadMaxFiles(1))
+    rest = reader.latestOffset(one, ReadAllAvailable())
+
+    def rows(begin: dict[str, int], end: dict[str, int]) -> list[int]:
+        parts = pickle.loads(pickle.dumps(reader.partitions(begin, end)))
+        executor = pickle.loads(pickle.dumps(reader))
+        return sorted(row["id"] for part in parts for batch in executor.read(part) for row in batch.to_pylist())
+
+    assert rows(start, one) == [1, 2]
+    assert rows(one, rest) == [3, 4, 5, 6]
+    assert reader.latestOffset(rest, ReadAllAvailable()) == rest
