@@ -40,12 +40,12 @@ def test_a_postgres_catalog_through_a_connection_holds_the_table_and_its_batches
     roots = roots_in(tmp_path)
     properties = catalog_properties("pg_cat", roots)
     assert properties["warehouse"] == (tmp_path / "lake" / "iceberg" / "warehouse").as_uri()
-    table = IcebergTableFormat("bronze.events", properties)
+    table = IcebergTableFormat("lab.batches", properties)  # the database outlives the test: not bronze.events
     table.ensure(pa.schema([pa.field("id", pa.int64())]))
     rows = pa.table({"id": pa.array([1, 2, 3], pa.int64())})
     assert table.commit_batch(rows, query_id="q", batch_id=0, metadata={})
 
-    again = IcebergTableFormat("bronze.events", catalog_properties("pg_cat", roots))
+    again = IcebergTableFormat("lab.batches", catalog_properties("pg_cat", roots))
     assert again.catalog.engine.url.get_backend_name() == "postgresql"
     assert not again.commit_batch(rows, query_id="q", batch_id=0, metadata={})
     assert sorted(again.table().scan().to_arrow().column("id").to_pylist()) == [1, 2, 3]
