@@ -19,6 +19,8 @@ class SourceType(Word):
     DELTA = "delta"
     # Topics of a Kafka cluster; the brokers and their security settings come from an Airflow connection.
     KAFKA = "kafka"
+    # A table of an Iceberg catalog, read by snapshot (appends only): a silver or gold stream reading an Iceberg bronze.
+    ICEBERG = "iceberg"
 
 
 class FileFormat(Word):
@@ -26,6 +28,7 @@ class FileFormat(Word):
     CSV = "csv"
     PARQUET = "parquet"
     DELTA = "delta"
+    ICEBERG = "iceberg"
     # Kafka record values encoded as Avro binary (needs the spark-avro package at run time).
     AVRO = "avro"
 

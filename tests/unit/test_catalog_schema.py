@@ -57,6 +57,11 @@ EXAMPLES: dict[str, tuple[Callable[[], dict[str, Any]], tuple[Any, ...]]] = {
     "sink (delta)": (lambda: catalog_with(events_stream()), ("streams", 0, "sink")),
     "sink (kafka)": (lambda: catalog_with(events_stream(sink={"format": "kafka", "topic": "events.out"})),
                      ("streams", 0, "sink")),
+    "source (iceberg)": (lambda: catalog_with({
+        "name": "silver", "transform": "identity", "checkpoint": "silver/events", "schedule": "*/5 * * * *",
+        "source": {"type": "iceberg", "table": "bronze.events", "schema": {"event_id": "string not null"},
+        "options": {"streaming-skip-delete-snapshots": True}}, "sink": {"path": "silver/events"}}),
+        ("streams", 0, "source")),
     "sink (iceberg)": (lambda: catalog_with(events_stream(sink={"format": "iceberg", "table": "bronze.events"})),
                        ("streams", 0, "sink")),
     "expectation": (lambda: catalog_with(events_stream(expectations={"known": {"check": "event_id IS NOT NULL"}})),

@@ -45,7 +45,7 @@ def test_iceberg_sink_errors_name_the_field() -> None:
     rejects(catalog_with(events_stream(sink={"format": "iceberg"})), "sink.table:", "is required")
     rejects(catalog_with(iceberg_stream(table="events")), "sink.table:", "namespace.table")
     rejects(catalog_with(iceberg_stream(table="bronze.ev-ents")), "sink.table:", "namespace.table")
-    rejects(catalog_with(iceberg_stream(catalog="my_rest")), "sink.catalog:", "only the default catalog")
+    rejects(catalog_with(iceberg_stream(catalog="my rest!")), "sink.catalog:", "an Airflow connection id")
     rejects(catalog_with(iceberg_stream(mode="cdc")), "sink.mode:", "not cdc")
     rejects(catalog_with(iceberg_stream(mode="merge")), "sink.keys:", "needs the keys")
     rejects(catalog_with(iceberg_stream(keys=["event_id"])), "sink.keys:", "keys are for mode merge")

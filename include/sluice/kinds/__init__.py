@@ -30,7 +30,7 @@ from sluice.constants import SinkFormat, SourceType, TableRole
 from sluice.kinds.base import Backlog, SinkKind, SourceKind
 from sluice.kinds.delta import DeltaSinkKind, DeltaSourceKind
 from sluice.kinds.files import FilesKind
-from sluice.kinds.iceberg import IcebergSinkKind
+from sluice.kinds.iceberg import IcebergSinkKind, IcebergSourceKind
 from sluice.kinds.kafka import KafkaSinkKind, KafkaSourceKind
 from sluice.model.section import Section
 from sluice.model.sinks import SinkSpec
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from sluice.storage.tableformat import TableFormat
 
 SOURCE_KINDS: dict[SourceType, SourceKind] = {kind.type: kind for kind in (FilesKind(), DeltaSourceKind(),
-                                                                           KafkaSourceKind())}
+                                                                           KafkaSourceKind(), IcebergSourceKind())}
 SINK_KINDS: dict[SinkFormat, SinkKind] = {kind.format: kind for kind in (DeltaSinkKind(), KafkaSinkKind(),
                                                                          IcebergSinkKind())}
 

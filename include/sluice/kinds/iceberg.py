@@ -1,4 +1,11 @@
-"""The Iceberg sink: a table of an Iceberg catalog, written exactly once by the pip-only engine (pyiceberg).
+"""The Iceberg source and the Iceberg sink: a table of an Iceberg catalog, read by snapshot, or written exactly once
+by the pip-only engine (pyiceberg).
+
+An Iceberg source (``source.type: iceberg``, ``table``, ``catalog``) reads the rows each new append snapshot of the
+table's history adds (:mod:`sluice.storage.iceberg_snapshots`): a silver or gold stream reading an Iceberg bronze.
+Its checkpoint keeps the last snapshot read; its lag is the snapshots after it, with the files, bytes and records
+their summaries say they add. It runs on a schedule of its own (an upstream Iceberg stream's commits do not trigger
+it yet).
 
 The catalog names the table by its identifier (``sink.table: namespace.table``) in a catalog (``sink.catalog``; the
 default is a SQL catalog on SQLite under the lake root, :func:`sluice.storage.iceberg.default_catalog_properties`).
@@ -8,24 +15,45 @@ as a Kafka sink's do: redrive, health and the Streams page read dead letters fro
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from sluice.constants import DeltaEngine, SinkFormat, SinkMode
-from sluice.kinds.base import SinkKind
-from sluice.model.keys import Block, Key, Type, choices
+from sluice.constants import DeltaEngine, FileFormat, SchemaEvolution, SinkFormat, SinkMode, SourceType
+from sluice.kinds.base import (
+    Backlog,
+    Credentials,
+    SinkKind,
+    SourceKind,
+    declared_schema,
+    reader_options,
+    schema_evolution,
+)
+from sluice.model.keys import SCHEMA, Block, Key, Type, choices, evolution
 from sluice.model.section import Section
 from sluice.model.sinks import SinkSpec
+from sluice.model.sources import SourceSpec
 from sluice.paths import Roots
 
 if TYPE_CHECKING:
+    from sluice.model.stream import StreamSpec
+    from sluice.storage.checkpoint import CheckpointReader
     from sluice.storage.iceberg import IcebergTableFormat
 
 DEFAULT_CATALOG = "default"
 # namespace.table, a namespace of one or more levels; each part a plain name (it becomes a folder of the warehouse).
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
+_CONN_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
 _MODES = (SinkMode.APPEND, SinkMode.MERGE, SinkMode.COMPLETE)
+
+
+CATALOG_KEY = Key("catalog", Type.STRING, "the Iceberg catalog: `default` (a SQL catalog on SQLite under the lake "
+                  "root) or an Airflow connection's id: type postgres is a SQL catalog on PostgreSQL, type "
+                  "http/iceberg a REST catalog by URL (Iceberg guide)", default=DEFAULT_CATALOG,
+                  pattern=_CONN_ID.pattern)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +70,11 @@ class IcebergSink(SinkSpec):
     sequence_by: str | None = None
 
     @property
+    def connection(self) -> str | None:
+        """The Airflow connection of the catalog; the default catalog needs none."""
+        return None if self.catalog == DEFAULT_CATALOG else self.catalog
+
+    @property
     def destination(self) -> str:
         return f"Iceberg table {self.identifier} (catalog {self.catalog})"
 
@@ -55,9 +88,149 @@ class IcebergSink(SinkSpec):
 
     def catalog_properties(self, roots: Roots) -> dict[str, str]:
         """The pyiceberg properties of the sink's catalog in these roots."""
-        from sluice.storage.iceberg import default_catalog_properties
+        return catalog_properties(self.catalog, roots)
 
+
+def catalog_properties(catalog: str, roots: Roots) -> dict[str, str]:
+    """The pyiceberg properties of the Iceberg catalog a source or sink names, in these roots: the default SQLite
+    catalog, or an Airflow connection's (:mod:`sluice.connections.iceberg`); a SQL catalog's warehouse defaults to
+    ``iceberg/warehouse`` under the lake root."""
+    from sluice.connections.iceberg import connection_properties
+    from sluice.storage.iceberg import CATALOG_FOLDER, default_catalog_properties
+
+    if catalog == DEFAULT_CATALOG:
         return default_catalog_properties(roots.lake)
+    properties = connection_properties(catalog)
+    if properties.get("type") == "sql" and "warehouse" not in properties:
+        lake = roots.lake if "://" in roots.lake else Path(roots.lake).absolute().as_uri()
+        properties["warehouse"] = f"{lake.rstrip('/')}/{CATALOG_FOLDER}/warehouse"
+    return properties
+
+
+class IcebergCredentials(Credentials):
+    """A catalog connection reaches the driver as one ``SLUICE_ICEBERG_CONN_<ID>`` variable: the JSON of its
+    pyiceberg catalog properties (:mod:`sluice.connections.iceberg`)."""
+
+    def environment(self, conn_id: str) -> dict[str, str]:
+        from sluice.connections.iceberg import catalog_properties as properties_of
+        from sluice.connections.iceberg import env_name, read_connection
+
+        return {env_name(conn_id): json.dumps(properties_of(read_connection(conn_id)))}
+
+    def secrets(self, environ: Mapping[str, str]) -> list[str]:
+        from sluice.connections.iceberg import env_secrets
+
+        return env_secrets(environ)
+
+    def described(self, env: Mapping[str, str]) -> str:
+        from sluice.connections.iceberg import redact
+
+        return "; ".join(f"Iceberg catalog, {redact(json.loads(text))}" for text in env.values())
+
+
+ICEBERG_CREDENTIALS = IcebergCredentials()
+
+
+def _identifier(section: Section) -> str:
+    identifier = section.get("table", str, required=True)
+    if not _IDENTIFIER.match(identifier):
+        raise section.error("table", f"expected an Iceberg identifier namespace.table (letters, digits, '_'), "
+                                     f"got {identifier!r}")
+    return identifier
+
+
+def _catalog(section: Section) -> str:
+    catalog = section.get("catalog", str, DEFAULT_CATALOG)
+    if not _CONN_ID.match(catalog):
+        raise section.error("catalog", f"expected default or an Airflow connection id (letters, digits, '_', '-', "
+                                       f"'.'), got {catalog!r}")
+    return catalog
+
+
+@dataclass(frozen=True, kw_only=True)
+class IcebergSource(SourceSpec):
+    """The Iceberg table ``identifier`` of ``catalog``, read by snapshot. ``table`` (the Delta table a source reads)
+    stays None: no catalog stream is its upstream by path, and maintenance keeps no Delta version for it."""
+
+    type: ClassVar[SourceType] = SourceType.ICEBERG
+    format: FileFormat = FileFormat.ICEBERG
+    identifier: str
+    catalog: str = DEFAULT_CATALOG
+
+    @property
+    def origin(self) -> str:
+        return f"{self.catalog}:{self.identifier}"
+
+    @property
+    def connection(self) -> str | None:
+        """The Airflow connection of the catalog; the default catalog needs none."""
+        return None if self.catalog == DEFAULT_CATALOG else self.catalog
+
+
+# The reader options of an Iceberg source: Spark's Iceberg source's names for skipping snapshots that are no appends.
+SOURCE_OPTIONS = frozenset({"streaming-skip-overwrite-snapshots", "streaming-skip-delete-snapshots"})
+# As a Delta source's: new fields are the table's undeclared columns, misfits the values a declared type cannot hold.
+SOURCE_POLICIES = (SchemaEvolution.RESCUE, SchemaEvolution.ADD_NEW_COLUMNS, SchemaEvolution.FAIL_ON_NEW_COLUMNS,
+                   SchemaEvolution.NONE)
+
+_ICEBERG_SOURCE = Block(
+    "source (iceberg)", "source", "A table of an Iceberg catalog, read by snapshot: the rows each append adds (a "
+    "silver or gold stream; Iceberg guide).",
+    (
+        Key("type", Type.CHOICE, "the source kind", required=True, choices=("iceberg",)),
+        Key("format", Type.CHOICE, "the table format", default=FileFormat.ICEBERG, choices=("iceberg",)),
+        Key("table", Type.STRING, "the table's identifier, `namespace.table`", required=True,
+            pattern=_IDENTIFIER.pattern),
+        CATALOG_KEY,
+        SCHEMA,
+        Key("options", Type.OPTIONS, "skip overwrite or delete snapshots instead of stopping at them (`true`)",
+            choices=tuple(sorted(SOURCE_OPTIONS))),
+        evolution(SOURCE_POLICIES, SchemaEvolution.RESCUE, "schema drift"),
+    ),
+    when=("type", "iceberg"),
+)
+
+
+class IcebergSourceKind(SourceKind):
+    type = SourceType.ICEBERG
+    credentials = ICEBERG_CREDENTIALS
+    backfill_refusal = "backfills select files by time or Delta versions; an Iceberg source has neither yet"
+
+    def catalog_blocks(self) -> tuple[Block, ...]:
+        return (_ICEBERG_SOURCE,)
+
+    def parse(self, section: Section) -> IcebergSource:
+        file_format = section.enum("format", FileFormat, FileFormat.ICEBERG)
+        if file_format is not FileFormat.ICEBERG:
+            raise section.error("format", f"an iceberg source cannot have format {file_format.value}")
+        identifier = _identifier(section)
+        catalog = _catalog(section)
+        schema = declared_schema(section, "iceberg")
+        options = reader_options(section, SOURCE_OPTIONS, "iceberg")
+        for name, value in options.items():
+            if value not in ("true", "false"):
+                raise section.section("options").error(name, f"expected true or false, got {value!r}")
+        policy = schema_evolution(section, SOURCE_POLICIES, "iceberg")
+        section.done()
+        return IcebergSource(identifier=identifier, catalog=catalog, schema=schema, options=options,
+                             schema_evolution=policy)
+
+    def backlog(self, stream: StreamSpec, roots: Roots, reader: CheckpointReader) -> Backlog:
+        """The snapshots of the source table after the checkpoint's, with what their summaries say they add."""
+        from sluice.storage.iceberg import IcebergTableFormat
+        from sluice.storage.iceberg_snapshots import history_after
+
+        source = stream.source
+        assert isinstance(source, IcebergSource)
+        table = IcebergTableFormat(source.identifier, catalog_properties(source.catalog, roots))
+        if not table.exists():
+            return Backlog(versions=0, bytes=0, records=0,
+                           notes=[f"the source table {source.identifier} does not exist yet"])
+        waiting = history_after(table.table(), reader.committed_source_offset(), identifier=source.identifier)
+        return Backlog(versions=len(waiting), files=sum(s.files for s in waiting), bytes=sum(s.bytes for s in waiting),
+                       records=sum(s.records for s in waiting),
+                       oldest_unread_at=waiting[0].timestamp_ms / 1000 if waiting else None,
+                       arrivals=frozenset({f"snapshot {waiting[-1].snapshot_id}"}) if waiting else frozenset())
 
 
 _ICEBERG_SINK = Block(
@@ -67,8 +240,7 @@ _ICEBERG_SINK = Block(
         Key("format", Type.CHOICE, "the sink kind", required=True, choices=("iceberg",)),
         Key("table", Type.STRING, "the table's identifier, `namespace.table`", required=True,
             pattern=_IDENTIFIER.pattern),
-        Key("catalog", Type.CHOICE, "the Iceberg catalog: `default` is a SQL catalog on SQLite under the lake root",
-            default=DEFAULT_CATALOG, choices=(DEFAULT_CATALOG,)),
+        CATALOG_KEY,
         Key("mode", Type.CHOICE, "append rows, merge them by `keys`, or rewrite the whole result (aggregates)",
             default=SinkMode.APPEND, choices=tuple(mode.value for mode in _MODES)),
         Key("keys", Type.NAMES, "the merge keys (mode merge)"),
@@ -83,20 +255,15 @@ _ICEBERG_SINK = Block(
 
 class IcebergSinkKind(SinkKind):
     format = SinkFormat.ICEBERG
+    credentials = ICEBERG_CREDENTIALS
     backfill_refusal = "backfills replace or append Delta rows; an Iceberg sink's replace backfill is not there yet"
 
     def catalog_blocks(self) -> tuple[Block, ...]:
         return (_ICEBERG_SINK,)
 
     def parse(self, section: Section) -> IcebergSink:
-        identifier = section.get("table", str, required=True)
-        if not _IDENTIFIER.match(identifier):
-            raise section.error("table", f"expected an Iceberg identifier namespace.table (letters, digits, '_'), "
-                                         f"got {identifier!r}")
-        catalog = section.get("catalog", str, DEFAULT_CATALOG)
-        if catalog != DEFAULT_CATALOG:
-            raise section.error("catalog", f"only the default catalog (SQLite under the lake root) is supported "
-                                           f"yet, got {catalog!r}; leave it out")
+        identifier = _identifier(section)
+        catalog = _catalog(section)
         mode = section.enum("mode", SinkMode, SinkMode.APPEND)
         if mode not in _MODES:
             raise section.error("mode", f"an Iceberg sink takes {', '.join(m.value for m in _MODES)}, not "

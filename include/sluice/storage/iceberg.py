@@ -30,11 +30,11 @@ log = logging.getLogger(__name__)
 
 def default_catalog_properties(lake_root: str) -> dict[str, str]:
     """The default SQL catalog's pyiceberg properties: SQLite and the warehouse under a local lake root. A lake root
-    on an object store needs a catalog of its own (a REST or PostgreSQL catalog, not there yet)."""
+    on an object store needs a catalog of its own (a REST or PostgreSQL catalog through a connection)."""
     if "://" in lake_root and not lake_root.startswith("file://"):
         raise SluiceError(f"the default Iceberg catalog is a SQLite file under a local lake root, and the lake root "
-                          f"is {lake_root}; an Iceberg sink on an object store needs a REST or SQL catalog "
-                          "connection, which this version does not support yet")
+                          f"is {lake_root}; an Iceberg table on an object store needs a catalog of its own: "
+                          "catalog: <an Airflow connection> (PostgreSQL or REST; Iceberg guide)")
     root = Path(lake_root.removeprefix("file://"))
     if not is_absolute(str(root)):
         root = root.absolute()
@@ -43,13 +43,18 @@ def default_catalog_properties(lake_root: str) -> dict[str, str]:
 
 
 def open_catalog(properties: dict[str, str]) -> Any:
-    """A pyiceberg SQL catalog (its tables created on first use), its local folders made."""
+    """A pyiceberg catalog: a REST catalog (``type: rest``), else a SQL catalog (its tables created on first use),
+    its local folders made."""
     from pyiceberg.catalog.sql import SqlCatalog
 
+    if properties.get("type") == "rest":
+        from pyiceberg.catalog.rest import RestCatalog
+
+        return RestCatalog(CATALOG_NAME, **properties)
     uri = properties["uri"]
     if uri.startswith("sqlite:///"):
         os.makedirs(os.path.dirname(uri.removeprefix("sqlite:///")), exist_ok=True)
-    return SqlCatalog(CATALOG_NAME, **properties)
+    return SqlCatalog(CATALOG_NAME, **{key: value for key, value in properties.items() if key != "type"})
 
 
 def _summary(snapshot: Any) -> dict[str, str]:

@@ -33,7 +33,7 @@ class SparkSink:
 
 
 READERS: dict[SourceType, Reader] = {SourceType.FILES: files.read, SourceType.DELTA: delta.read,
-                                     SourceType.KAFKA: kafka.read}
+                                     SourceType.KAFKA: kafka.read, SourceType.ICEBERG: iceberg.read}
 SINKS: dict[SinkFormat, SparkSink] = {SinkFormat.DELTA: SparkSink(delta.sink_writer),
                                       SinkFormat.KAFKA: SparkSink(kafka.sink_writer),
                                       SinkFormat.ICEBERG: SparkSink(iceberg.sink_writer)}

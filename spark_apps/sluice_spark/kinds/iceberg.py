@@ -1,4 +1,8 @@
-"""The Iceberg sink in Spark: the pip-only engine (pyiceberg), no Iceberg jar.
+"""The Iceberg source and sink in Spark: the pip-only engine (pyiceberg), no Iceberg jar.
+
+The source is ``sluice_iceberg`` (:mod:`sluice_spark.rs.iceberg_source`): the rows each new append snapshot adds,
+the declared columns selected and cast as a Delta source's are (:func:`sluice_spark.drift.typed.typed_drift`), with
+the table's identifier as each row's lineage.
 
 Each micro-batch's good rows are collected to the driver as Arrow and committed as one Iceberg snapshot (an append,
 an upsert by keys, or an overwrite of the whole table in complete mode) whose summary carries the query id and the
@@ -12,20 +16,57 @@ load on Spark 4.2 (``IncompatibleClassChangeError`` on Spark's connector ``View`
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming import DataStreamWriter
 
-from sluice.constants import SinkMode
+from sluice.constants import INGEST_TIME_COLUMN, RESCUED_COLUMN, SOURCE_FILE_COLUMN, SinkMode
 from sluice.errors import SluiceError
-from sluice.kinds.iceberg import IcebergSink
+from sluice.kinds.iceberg import IcebergSink, IcebergSource
+from sluice.model.stream import StreamSpec, TriggerSpec
+from sluice.paths import Roots
 from sluice.storage.iceberg import IcebergTableFormat
 from sluice_spark import faults
+from sluice_spark.drift.typed import typed_drift
 from sluice_spark.kinds.delta import OUTPUT_MODES
 from sluice_spark.targets import GOOD_ROUTE, RAW_COLUMN, ROUTE_COLUMN
 from sluice_spark.write.batches import BatchRouter, SinkRequest, sink_and_dead_letter, stream_commit_info
 from sluice_spark.write.tables import latest_per_key
+
+
+def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | None, trigger: TriggerSpec) -> DataFrame:
+    """The source table's new append snapshots, from the one after the checkpoint's, as a streaming DataFrame of the
+    declared columns."""
+    from sluice_spark.session import register_data_sources
+
+    source = stream.source
+    assert isinstance(source, IcebergSource)
+    register_data_sources(spark)
+    reader = (spark.readStream.format("sluice_iceberg").options(**source.options)
+              .option("table", source.identifier).option("catalog", source.catalog).option("lakeRoot", roots.lake))
+    if trigger.max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", trigger.max_files_per_trigger)
+    if trigger.max_bytes_per_trigger:
+        reader = reader.option("maxBytesPerTrigger", trigger.max_bytes_per_trigger)
+    where = f"the Iceberg table {source.identifier} (catalog {source.catalog})"
+    try:
+        frame = reader.load()
+    except Exception as exc:
+        raise SluiceError(f"stream '{stream.name}': cannot read {where} ({exc}); the stream that writes it must have "
+                          "run once") from exc
+    present = {name.lower() for name in frame.columns}
+    missing = [name for name in source.read_schema.names if name.lower() not in present]
+    if missing:
+        raise SluiceError(f"stream '{stream.name}': {where} has no column(s) {', '.join(missing)}; it has "
+                          f"{', '.join(frame.columns)}")
+    lineage = F.col(SOURCE_FILE_COLUMN) if SOURCE_FILE_COLUMN in frame.columns else F.lit(source.origin)
+    carried = {SOURCE_FILE_COLUMN: lineage}
+    try:
+        return typed_drift(frame, source.read_schema, source.schema_evolution, carried,
+                           ignored=(SOURCE_FILE_COLUMN, INGEST_TIME_COLUMN, RESCUED_COLUMN))
+    except SluiceError as error:
+        raise SluiceError(f"stream '{stream.name}': {where}: {error}") from None
 
 
 def iceberg_table(request: SinkRequest) -> IcebergTableFormat:

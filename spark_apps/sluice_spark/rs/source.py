@@ -173,11 +173,7 @@ class DeltaRsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return version if self.ending is None else min(version, self.ending)
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        if self.max_files is not None:
-            return ReadMaxFiles(self.max_files)
-        if self.max_bytes is not None:
-            return ReadMaxBytes(self.max_bytes)
-        return ReadAllAvailable()
+        return read_limit(self.max_files, self.max_bytes)
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         upper = self.target if self.target is not None else self._bounded(latest_version(self.path))
@@ -280,6 +276,15 @@ class DeltaRsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict[str, int]) -> None:
         pass
+
+
+def read_limit(max_files: int | None, max_bytes: int | None) -> ReadLimit:
+    """A source's read limit from its ``maxFilesPerTrigger`` / ``maxBytesPerTrigger`` (files first, as Spark's)."""
+    if max_files is not None:
+        return ReadMaxFiles(max_files)
+    if max_bytes is not None:
+        return ReadMaxBytes(max_bytes)
+    return ReadAllAvailable()
 
 
 def reads_changes(options: dict[str, str]) -> bool:
