@@ -178,13 +178,14 @@ def _key_ends(text: Column) -> Column:
 def _may_drift(declared: Struct, text: Column, rejected: Column, key_ends: Column) -> Column:
     """False only for a record that Spark's typed parse read whole: no misfit, no more key ends in its text than
     typed values (so no key beyond the declared ones, and none whose value is NULL), nothing the VARIANT's parser
-    refuses that Spark's reads (single quotes, NaN and INF, a top-level array, text after the object), and not so
-    big that the VARIANT's size limit may refuse it. Such a record needs no VARIANT: the typed values count its
-    keys. Most producers write NULLs, which the typed values cannot count: those records are parsed as a VARIANT
-    too, and their keys counted there (:func:`_clean`)."""
+    refuses that Spark's reads (single quotes, NaN and INF, a top-level array; text after the object both ignore),
+    and not so big that the VARIANT's size limit may refuse it. Such a record needs no VARIANT: the typed values
+    count its keys. Most producers write NULLs, which the typed values cannot count: under a flat schema they are
+    counted from the text (:func:`_more_keys_than_flat`); otherwise such a record is parsed as a VARIANT too, and
+    its keys counted there (:func:`_clean`)."""
     keys = _typed_keys(declared, None)
     assert keys is not None, "a record is an object"
-    refused = [text.contains(token) for token in ("'", "NaN", "INF", "Infinity", *_QUOTE_THEN_BLANK, *_AFTER_CLOSE)]
+    refused = [text.contains(token) for token in ("'", "NaN", "INF", "Infinity", *_QUOTE_THEN_BLANK)]
     odd = reduce(operator.or_, [rejected.isNotNull(), ~text.startswith("{"), ~text.endswith("}"), *refused,
                                 F.octet_length(text) > _ALWAYS_CHECKED_BYTES])
     if any(_has_keys(field.type) for field in declared.fields):
@@ -221,11 +222,6 @@ _PLAIN_NAME = re.compile(r'[^"\\\x00-\x1f]+')
 def _occurrences(text: Column, token: str) -> Column:
     """How many times ``token`` stands in ``text`` (without a regular expression: a third of a parse)."""
     return (F.octet_length(text) - F.octet_length(F.replace(text, F.lit(token), F.lit("")))) / len(token.encode())
-
-
-# What may follow an object's end only when text follows the record's own (compact or Python's separators have a
-# comma or a bracket there).
-_AFTER_CLOSE = ("} ", "}\t", "}\n", "}\r", "}{", "}\"")
 
 
 def _typed_keys(data_type: DataType, typed: Column | None) -> Column | None:
