@@ -140,7 +140,8 @@ def _json_text(spark: SparkSession, stream: StreamSpec, path: str, trigger: Trig
     if multi_line:  # a file holds one record, or an array of them (split without the variant's size limit)
         records = F.coalesce(F.from_json(line, "ARRAY<STRING>"), F.array(line))
         lines = lines.select(F.explode(records).alias("value"), SOURCE_FILE_COLUMN)
-    lines = lines.where(line.rlike(r"\S"))  # a blank line is no record, as for Spark's JSON reader
+    # A blank line is no record, as for Spark's JSON reader (most lines open an object: no regular expression).
+    lines = lines.where(line.startswith("{") | line.rlike(r"\S"))
     # Spark counts the text reader's lines (or files); the stream's records are counted here, after the split.
     lines = lines.observe(RECORDS_METRIC.format(stream=stream.name), F.count(F.lit(1)).alias("records"))
     parse_options = {key: value for key, value in source.options.items() if key in _JSON_OPTIONS}
