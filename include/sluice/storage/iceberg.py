@@ -85,19 +85,29 @@ class IcebergTableFormat(TableFormat):
 
     def ensure(self, schema: Any, partition_by: Iterable[str] = (), *, description: str = "") -> bool:
         """Create the table (and its namespace) with ``schema``, every column optional (Spark's nullability of a
-        computed column changes with the plan: a required column would refuse a later run's rows); an existing
-        table gains the columns it lacks, and a column of another type is refused (pyiceberg's own message, with
-        the table named)."""
+        computed column changes with the plan: a required column would refuse a later run's rows), partitioned by
+        ``partition_by`` (Iceberg transforms, :func:`sluice.storage.iceberg_files.parse_partition`); an existing
+        table keeps its partition spec and gains the columns it lacks, and a column of another type is refused
+        (pyiceberg's own message, with the table named)."""
         import pyarrow as pa
 
-        if list(partition_by):
-            raise SluiceError(f"{self.name}: partitioned Iceberg tables are not supported yet")
+        from sluice.storage.iceberg_files import parse_partition
+
+        fields = [parse_partition(text) for text in partition_by]
         namespace = self.identifier.rsplit(".", 1)[0]
         self.catalog.create_namespace_if_not_exists(namespace)
         if not self.exists():
             properties = {"comment": description} if description else {}
             optional = pa.schema([field.with_nullable(True) for field in schema])
-            self.catalog.create_table(self.identifier, schema=optional, properties=properties)
+            if not fields:
+                self.catalog.create_table(self.identifier, schema=optional, properties=properties)
+                return True
+            with (self.catalog.create_table_transaction(self.identifier, schema=optional,
+                                                        properties=properties) as transaction,
+                  transaction.update_spec() as spec):
+                for field in fields:
+                    self._check_partition(field, transaction.table_metadata.schema())
+                    spec.add_field(field.column, field.iceberg(), field.field_name)
             return True
         table = self.table()
         have = set(table.schema().as_arrow().names)
@@ -108,6 +118,31 @@ class IcebergTableFormat(TableFormat):
             except Exception as error:
                 raise SluiceError(f"{self.name} cannot take the stream's columns: {error}") from error
         return False
+
+    def _check_partition(self, field: Any, schema: Any) -> None:
+        """Refuse a transform of a column the rows lack or of a type it does not take (``hour`` of a date)."""
+        try:
+            source = schema.find_field(field.column)
+        except ValueError:
+            raise SluiceError(f"sink.partition_by: {field.text} names column {field.column!r}, which the stream "
+                              f"does not produce; output columns: {', '.join(schema.column_names)}") from None
+        if not field.iceberg().can_transform(source.field_type):
+            raise SluiceError(f"sink.partition_by: {field.text}: Iceberg's {field.transform} transform does not take "
+                              f"column {field.column!r} of type {source.field_type}")
+
+    @property
+    def partitioning(self) -> list[str]:
+        """The table's partition spec, as a sink declares it (``day(ts)``, ``bucket(16, id)``)."""
+        table = self.table()
+        schema = table.schema()
+        texts = []
+        for field in table.spec().fields:
+            column = schema.find_column_name(field.source_id)
+            width = getattr(field.transform, "num_buckets", getattr(field.transform, "width", None))
+            name = str(field.transform).split("[")[0]
+            texts.append(column if name == "identity" else
+                         f"{name}({width}, {column})" if width is not None else f"{name}({column})")
+        return texts
 
     def schema(self) -> Any:
         return self.table().schema().as_arrow()
@@ -161,12 +196,49 @@ class IcebergTableFormat(TableFormat):
         return pc.max(metrics.field(column).field("upper_bound")).as_py()
 
     def _commit(self, rows: Any, *, overwrite: bool, properties: dict[str, Any]) -> None:
+        """On the driver: the rows written as data files by Sluice's writer (partitioned by the table's spec), then
+        one append, or with ``overwrite`` a delete of every file and an append in one transaction."""
+        from pyiceberg.expressions import AlwaysTrue
+
+        from sluice.storage.iceberg_files import write_data_files
+
         summary = {key: str(value) for key, value in properties.items()}
         table = self.table()
-        if overwrite:
-            table.overwrite(rows, snapshot_properties=summary)
-        else:
-            table.append(rows, snapshot_properties=summary)
+        files = write_data_files(table.metadata, table.io, rows)
+        with table.transaction() as transaction:
+            if overwrite and table.current_snapshot() is not None:
+                transaction.delete(AlwaysTrue(), snapshot_properties=summary)
+            with transaction.update_snapshot(snapshot_properties=summary).fast_append() as append:
+                for data_file in files:
+                    append.append_data_file(data_file)
+
+    def writer_state(self) -> tuple[Any, dict[str, str]]:
+        """What an executor needs to write the table's data files (:func:`sluice.storage.iceberg_files.
+        write_data_files`): its current metadata and the catalog's properties for its ``FileIO``."""
+        return self.table().metadata, dict(self.catalog_properties)
+
+    def append_files(self, files: list[Any], *, query_id: str, batch_id: int, metadata: dict[str, Any]) -> bool:
+        """Commit data files the executors wrote as one append snapshot carrying the batch's properties, once: False
+        when the table already holds the batch (a replay), and then the files are removed, not committed. No
+        snapshot for no files."""
+        from sluice.storage.iceberg_files import delete_files
+        from sluice.storage.tableformat import batch_properties
+
+        table = self.table()
+        if self.holds_batch(query_id, batch_id):
+            log.warning("Batch %s of %s is already in %s; skipping its replay", batch_id, query_id, self.name)
+            delete_files(table.io, files)
+            return False
+        if not files:
+            return True
+        rows = sum(int(data_file.record_count) for data_file in files)
+        summary = {key: str(value) for key, value in
+                   batch_properties(metadata, query_id=query_id, batch_id=batch_id, rows=rows).items()}
+        with table.transaction() as transaction, \
+                transaction.update_snapshot(snapshot_properties=summary).fast_append() as append:
+            for data_file in files:
+                append.append_data_file(data_file)
+        return True
 
     def upsert_batch(self, rows: Any, keys: list[str], *, query_id: str, batch_id: int, metadata: dict[str, Any],
                      sequence_by: str | None = None) -> bool:
