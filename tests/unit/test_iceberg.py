@@ -263,3 +263,38 @@ def test_each_partition_transform_agrees_with_pyiceberg_s_own(tmp_path: Path) ->
                        LessThan("ts", "2026-03-04T00:00:00+00:00")))
     assert len(list(one_day.plan_files())) == 1
     assert one_day.to_arrow().column("id").to_pylist() == [2]
+
+
+@pytest.mark.parametrize("spec", [[], ["day(day)", "bucket(2, source)"]], ids=["unpartitioned", "partitioned"])
+def test_a_replace_overwrites_exactly_the_filtered_rows_and_twice_is_the_same(tmp_path: Path, spec: list[str]) -> None:
+    """A backfill's replace of the rows of two source files, in one overwrite snapshot, against the oracle of the
+    rows: the other files' rows stay, a data file holding rows of both kinds is rewritten without the replaced
+    ones; a second backfill of the same range gives the same table; a replay of a batch writes nothing."""
+    import datetime as dt
+
+    def events(source: str, ids: range, tag: str) -> pa.Table:
+        return pa.table({"id": pa.array(list(ids), pa.int64()), "tag": [tag] * len(ids),
+                         "day": pa.array([dt.date(2026, 11, 20 + i % 3) for i in ids], pa.date32()),
+                         "source": [source] * len(ids)})
+
+    table = IcebergTableFormat("db.t", default_catalog_properties(str(tmp_path / "lake")))
+    first = pa.concat_tables([events("a.json", range(0, 10), "live"), events("b.json", range(10, 20), "live"),
+                              events("c.json", range(20, 30), "live")])
+    table.ensure(first.schema, spec)
+    table.commit_batch(first, query_id="live", batch_id=0, metadata={})  # a, b and c share data files
+    again = pa.concat_tables([events("b.json", range(10, 20), "backfill"), events("c.json", range(20, 25), "backfill")])
+    replaced = "source IN ('b.json', 'c.json')"
+
+    def oracle() -> list[tuple[int, str]]:
+        return sorted([(i, "live") for i in range(10)] + [(i, "backfill") for i in range(10, 25)])
+
+    def held() -> list[tuple[int, str]]:
+        return sorted((row["id"], row["tag"]) for row in table.table().scan().to_arrow().to_pylist())
+
+    assert table.replace_batch(again, replaced, query_id="backfill-1", batch_id=0, metadata={}) is True
+    assert held() == oracle()
+    assert table.commits()[-1].operation == "overwrite" and table.batches("backfill-1") == [0]
+    assert table.replace_batch(again, replaced, query_id="backfill-1", batch_id=0, metadata={}) is False
+    assert table.replace_batch(again, replaced, query_id="backfill-2", batch_id=0, metadata={}) is True
+    assert held() == oracle()
+    assert len(table.table().snapshots()) == 3  # the live batch and one overwrite per backfill

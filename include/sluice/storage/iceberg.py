@@ -240,6 +240,45 @@ class IcebergTableFormat(TableFormat):
                 append.append_data_file(data_file)
         return True
 
+    def replace_batch(self, rows: Any, row_filter: Any, *, query_id: str, batch_id: int,
+                      metadata: dict[str, Any]) -> bool:
+        """Overwrite by filter, once: the table's rows that match ``row_filter`` (a pyiceberg expression, or its
+        string form such as ``_source_file IN ('a.json')``) are replaced by ``rows`` in one overwrite snapshot
+        carrying the batch's properties (a backfill's ``replace``). A file all of whose rows match is dropped, a file
+        with some is rewritten without them (by Sluice's writer, in the table's partition spec), and the new rows
+        are written beside. False, and nothing written, when the table already holds the batch."""
+        from pyiceberg.expressions import AlwaysTrue
+        from pyiceberg.expressions.visitors import bind
+        from pyiceberg.io.pyarrow import ArrowScan, _expression_to_complementary_pyarrow
+        from pyiceberg.table import _parse_row_filter
+
+        from sluice.storage.iceberg_files import write_data_files
+        from sluice.storage.tableformat import batch_properties
+
+        if self.holds_batch(query_id, batch_id):
+            log.warning("Batch %s of %s is already in %s; skipping its replay", batch_id, query_id, self.name)
+            return False
+        expression = _parse_row_filter(row_filter) if isinstance(row_filter, str) else row_filter
+        table = self.table()
+        schema = table.metadata.schema()
+        keep = _expression_to_complementary_pyarrow(bind(schema, expression, case_sensitive=True), schema)
+        summary = {key: str(value) for key, value in
+                   batch_properties(metadata, query_id=query_id, batch_id=batch_id, rows=rows.num_rows).items()}
+        with table.transaction() as transaction, \
+                transaction.update_snapshot(snapshot_properties=summary).overwrite() as overwrite:
+            for task in table.scan(row_filter=expression).plan_files():
+                held = ArrowScan(table_metadata=table.metadata, io=table.io, projected_schema=schema,
+                                 row_filter=AlwaysTrue()).to_table(tasks=[task])
+                kept = held.filter(keep)
+                if kept.num_rows == held.num_rows:
+                    continue
+                overwrite.delete_data_file(task.file)
+                for data_file in write_data_files(table.metadata, table.io, kept):
+                    overwrite.append_data_file(data_file)
+            for data_file in write_data_files(table.metadata, table.io, rows):
+                overwrite.append_data_file(data_file)
+        return True
+
     def upsert_batch(self, rows: Any, keys: list[str], *, query_id: str, batch_id: int, metadata: dict[str, Any],
                      sequence_by: str | None = None) -> bool:
         """Merge one batch's rows by ``keys`` (one row per key: the caller picks the newest), once: matched rows
