@@ -298,3 +298,30 @@ def test_a_replace_overwrites_exactly_the_filtered_rows_and_twice_is_the_same(tm
     assert table.replace_batch(again, replaced, query_id="backfill-2", batch_id=0, metadata={}) is True
     assert held() == oracle()
     assert len(table.table().snapshots()) == 3  # the live batch and one overwrite per backfill
+
+
+def test_a_backfill_s_row_filter_replaces_its_files_rows_in_its_time_range(tmp_path: Path) -> None:
+    """The plan's filter (files read, and the event-time range): rows of other files, and rows of the files read
+    outside the range, stay."""
+    import datetime as dt
+
+    from sluice.model.predicates import RowFilter
+    from sluice.storage.iceberg import iceberg_filter
+
+    utc = dt.timezone.utc
+    times = [dt.datetime(2026, 11, 20, hour, tzinfo=utc) for hour in range(0, 24, 4)]
+    held = pa.table({"id": list(range(12)), "source": ["a.json"] * 6 + ["b.json"] * 6,
+                     "ts": pa.array(times * 2, pa.timestamp("us", tz="UTC"))})
+    table = IcebergTableFormat("db.t", default_catalog_properties(str(tmp_path / "lake")))
+    table.ensure(held.schema, ["day(ts)"])
+    table.commit_batch(held, query_id="live", batch_id=0, metadata={})
+    start, end = dt.datetime(2026, 11, 20, 4, tzinfo=utc), dt.datetime(2026, 11, 20, 12, tzinfo=utc)
+    replaced = RowFilter(file_column="source", files=("b.json",), time_column="ts", start=start, end=end)
+    again = pa.table({"id": [107, 108], "source": ["b.json"] * 2,
+                      "ts": pa.array([times[1], times[2]], pa.timestamp("us", tz="UTC"))})
+    for query in ("backfill-1", "backfill-2"):
+        assert table.replace_batch(again, iceberg_filter(replaced), query_id=query, batch_id=0, metadata={})
+        assert sorted(table.table().scan().to_arrow().column("id").to_pylist()) == [
+            0, 1, 2, 3, 4, 5, 6, 9, 10, 11, 107, 108]
+    with pytest.raises(SluiceError, match="not Kafka offsets"):
+        iceberg_filter(RowFilter(file_column="source", offsets=(("t", 0, 1, 2),)))

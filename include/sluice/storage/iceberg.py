@@ -17,6 +17,7 @@ from typing import Any
 
 from sluice.constants import CommitInfo
 from sluice.errors import SluiceError
+from sluice.model.predicates import RowFilter
 from sluice.paths import is_absolute
 from sluice.storage.tableformat import TableCommit, TableFormat
 
@@ -316,6 +317,23 @@ class IcebergTableFormat(TableFormat):
         keep = pc.fill_null(pc.or_kleene(pc.is_null(joined.column(_HELD)),
                                          pc.greater_equal(joined.column(sequence_by), joined.column(_HELD))), False)
         return joined.filter(keep).select(rows.column_names).cast(rows.schema)
+
+
+def iceberg_filter(row_filter: RowFilter) -> Any:
+    """A backfill's row filter (:class:`sluice.model.predicates.RowFilter`: files, a time range) as a pyiceberg
+    expression, for :meth:`IcebergTableFormat.replace_batch`; Kafka offset ranges are not supported."""
+    from pyiceberg.expressions import AlwaysTrue, And, GreaterThanOrEqual, In, LessThan
+
+    if row_filter.offsets:
+        raise SluiceError("an Iceberg table's replace takes files and a time range, not Kafka offsets")
+    expression: Any = AlwaysTrue()
+    if row_filter.time_column is not None and row_filter.start is not None and row_filter.end is not None:
+        expression = And(GreaterThanOrEqual(row_filter.time_column, row_filter.start.isoformat()),
+                         LessThan(row_filter.time_column, row_filter.end.isoformat()))
+    if row_filter.file_column is not None:
+        files = In(row_filter.file_column, set(row_filter.files))
+        expression = files if isinstance(expression, AlwaysTrue) else And(expression, files)
+    return expression
 
 
 # Iceberg's own table property for the age of the snapshots to keep, read by maintenance.
