@@ -322,16 +322,19 @@ class IcebergTableFormat(TableFormat):
 def iceberg_filter(row_filter: RowFilter) -> Any:
     """A backfill's row filter (:class:`sluice.model.predicates.RowFilter`: files, a time range) as a pyiceberg
     expression, for :meth:`IcebergTableFormat.replace_batch`; Kafka offset ranges are not supported."""
-    from pyiceberg.expressions import AlwaysTrue, And, GreaterThanOrEqual, In, LessThan
+    import pyiceberg.expressions
 
+    # pyiceberg's predicates take a column name (their pydantic fields, which mypy reads, say a term)
+    expressions: Any = pyiceberg.expressions
+    AlwaysTrue, And = expressions.AlwaysTrue, expressions.And
     if row_filter.offsets:
         raise SluiceError("an Iceberg table's replace takes files and a time range, not Kafka offsets")
     expression: Any = AlwaysTrue()
     if row_filter.time_column is not None and row_filter.start is not None and row_filter.end is not None:
-        expression = And(GreaterThanOrEqual(row_filter.time_column, row_filter.start.isoformat()),
-                         LessThan(row_filter.time_column, row_filter.end.isoformat()))
+        expression = And(expressions.GreaterThanOrEqual(row_filter.time_column, row_filter.start.isoformat()),
+                         expressions.LessThan(row_filter.time_column, row_filter.end.isoformat()))
     if row_filter.file_column is not None:
-        files = In(row_filter.file_column, set(row_filter.files))
+        files = expressions.In(row_filter.file_column, set(row_filter.files))
         expression = files if isinstance(expression, AlwaysTrue) else And(expression, files)
     return expression
 
