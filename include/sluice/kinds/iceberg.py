@@ -89,7 +89,7 @@ _ICEBERG_SINK = Block(
 
 class IcebergSinkKind(SinkKind):
     format = SinkFormat.ICEBERG
-    backfill_refusal = "backfills replace or append Delta rows; an Iceberg sink's replace backfill is not there yet"
+    backfill_refusal = None
 
     def catalog_blocks(self) -> tuple[Block, ...]:
         return (_ICEBERG_SINK,)

@@ -280,6 +280,20 @@ class IcebergTableFormat(TableFormat):
                 overwrite.append_data_file(data_file)
         return True
 
+    def distinct(self, column: str, where: RowFilter | None = None) -> set[str]:
+        """The column's distinct values (as text) in the rows ``where`` selects (a backfill's plan); none without a
+        table or the column."""
+        if not self.exists() or column not in self.schema().names:
+            return set()
+        scan = self.table().scan(selected_fields=(column,), **({"row_filter": iceberg_filter(where)} if where else {}))
+        return {str(value) for value in scan.to_arrow().column(column).to_pylist() if value is not None}
+
+    def count(self, where: RowFilter) -> int:
+        """The rows ``where`` selects (a backfill's rows to replace); 0 without a table."""
+        if not self.exists():
+            return 0
+        return int(self.table().scan(row_filter=iceberg_filter(where), selected_fields=()).to_arrow().num_rows)
+
     def upsert_batch(self, rows: Any, keys: list[str], *, query_id: str, batch_id: int, metadata: dict[str, Any],
                      sequence_by: str | None = None) -> bool:
         """Merge one batch's rows by ``keys`` (one row per key: the caller picks the newest), once: matched rows

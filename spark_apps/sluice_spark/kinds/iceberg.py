@@ -25,6 +25,8 @@ from pyspark.sql.streaming import DataStreamWriter
 from sluice.constants import SOURCE_FILE_COLUMN, DeltaEngine, SinkMode
 from sluice.errors import SluiceError
 from sluice.kinds.iceberg import IcebergSink
+from sluice.model.stream import StreamSpec
+from sluice.paths import Roots
 from sluice.storage.iceberg import IcebergTableFormat
 from sluice_spark import faults
 from sluice_spark.kinds.delta import OUTPUT_MODES
@@ -44,13 +46,20 @@ from sluice_spark.write.tables import latest_per_key
 
 def iceberg_table(request: SinkRequest) -> IcebergTableFormat:
     """The stream's Iceberg table, created (with its namespace) from the good rows' columns unless it exists."""
-    sink = request.stream.sink
-    assert isinstance(sink, IcebergSink)
     if request.roots is None:
         raise SluiceError(f"stream '{request.stream.name}': an Iceberg sink needs the run's roots to find its catalog")
-    table = IcebergTableFormat(sink.identifier, sink.catalog_properties(request.roots))
-    schema = to_arrow_schema(request.frame.select(*request.data_columns).schema, timezone="UTC")
-    table.ensure(schema, sink.partition_transforms, description=request.stream.description)
+    return ensure_iceberg_table(request.stream, request.roots, request.frame, request.data_columns)
+
+
+def ensure_iceberg_table(stream: StreamSpec, roots: Roots, frame: DataFrame,
+                         data_columns: list[str]) -> IcebergTableFormat:
+    """The stream's Iceberg table, created with the frame's ``data_columns`` and the sink's partition spec unless it
+    exists (an existing one gains the columns it lacks)."""
+    sink = stream.sink
+    assert isinstance(sink, IcebergSink)
+    table = IcebergTableFormat(sink.identifier, sink.catalog_properties(roots))
+    schema = to_arrow_schema(frame.select(*data_columns).schema, timezone="UTC")
+    table.ensure(schema, sink.partition_transforms, description=stream.description)
     return table
 
 
