@@ -319,6 +319,9 @@ def test_a_backfill_s_row_filter_replaces_its_files_rows_in_its_time_range(tmp_p
     replaced = RowFilter(file_column="source", files=("b.json",), time_column="ts", start=start, end=end)
     again = pa.table({"id": [107, 108], "source": ["b.json"] * 2,
                       "ts": pa.array([times[1], times[2]], pa.timestamp("us", tz="UTC"))})
+    assert table.count(replaced) == 2 and table.distinct("source") == {"a.json", "b.json"}
+    assert table.distinct("source", RowFilter(time_column="ts", start=times[5], end=end + dt.timedelta(days=1))) \
+        == {"a.json", "b.json"}
     for query in ("backfill-1", "backfill-2"):
         assert table.replace_batch(again, iceberg_filter(replaced), query_id=query, batch_id=0, metadata={})
         assert sorted(table.table().scan().to_arrow().column("id").to_pylist()) == [

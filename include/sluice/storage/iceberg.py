@@ -292,7 +292,10 @@ class IcebergTableFormat(TableFormat):
         """The rows ``where`` selects (a backfill's rows to replace); 0 without a table."""
         if not self.exists():
             return 0
-        return int(self.table().scan(row_filter=iceberg_filter(where), selected_fields=()).to_arrow().num_rows)
+        column = where.file_column or where.time_column  # a scan of no column reads no row
+        assert column is not None
+        scan = self.table().scan(row_filter=iceberg_filter(where), selected_fields=(column,))
+        return int(scan.to_arrow().num_rows)
 
     def upsert_batch(self, rows: Any, keys: list[str], *, query_id: str, batch_id: int, metadata: dict[str, Any],
                      sequence_by: str | None = None) -> bool:
