@@ -254,10 +254,11 @@ def test_a_replace_backfill_overwrites_the_range_once_and_twice_is_the_same(spar
 
     utc = dt.timezone.utc
     start, end = NOW + dt.timedelta(minutes=50), NOW + dt.timedelta(hours=2, minutes=10)
-    catalog = load_catalog(write_catalog(tmp_path, iceberg_events(
+    catalog = load_catalog(write_catalog(tmp_path, events_stream(
+        sink={"format": "iceberg", "table": "bronze.events", "engine": "rs"},
         source={**events_stream()["source"], "options": {"recursiveFileLookup": True, "pathGlobFilter": "*.json",
                                                           "maxFileAge": "1h"}},
-        trigger={}, backfill={"event_time_column": "event_time", "max_range_days": 3})))
+        backfill={"event_time_column": "event_time", "max_range_days": 3})))
     roots = roots_in(tmp_path)
     producer = DemoProducer(roots.landing, seed=61, malformed_rate=0.05, late_rate=0.2)
     for hour in range(3):
