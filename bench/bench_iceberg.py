@@ -1,10 +1,10 @@
-"""The pip-only Iceberg sink (pyiceberg: each batch collected as Arrow and committed as one snapshot by the driver)
-against the rs Delta sink (delta-rs), the same JSON files through the same bronze stream, in the same run.
+"""The pip-only Iceberg sink (the executors write the data files, the driver commits one pyiceberg snapshot per
+batch) against the rs Delta sink (delta-rs), the same JSON files through the same bronze stream, in the same run.
 
 - ``pyiceberg_vs_jvm`` (the issue's goal, <= 1.1) is printed as null with its reason: Spark's Iceberg runtime
   (iceberg-spark-runtime-4.1_2.13 1.11/1.12) does not load on Spark 4.2, so there is no JVM Iceberg writer to time.
 - ``pyiceberg_vs_delta_rs`` (goal <= 1.1) is the comparison that runs on this machine: both sinks pip-only,
-  neither partitioned (an Iceberg sink takes no partitioning yet).
+  neither partitioned.
 
 Every side is checked: each table, read back by its own library (not the writer), holds every row written. The last
 line is JSON with ``ratios`` and ``goals`` of the same keys.
@@ -79,7 +79,7 @@ def main() -> None:
         write_events(landing, args.rows, args.files)
         spark = local_spark()
         written: dict[str, int] = {}
-        for side in SIDES:  # warm the JIT, the Python workers and the Arrow collection
+        for side in SIDES:  # warm the JIT and the Python workers
             run(spark, landing, work / f"warmup-{side}", side)
 
         def timed(side: str, round_index: int) -> float:

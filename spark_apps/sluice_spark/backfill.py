@@ -45,6 +45,7 @@ from sluice.constants import (
     SchemaEvolution,
 )
 from sluice.kinds.credentials import scrub_secrets
+from sluice.kinds.iceberg import IcebergSink
 from sluice.limits import SOURCE_LOG_MAX_BYTES
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.operations.backfill import BackfillError, BackfillPlan, BackfillRequest, plan_backfill
@@ -53,10 +54,12 @@ from sluice.storage import runlog
 from sluice.storage.checkpoint import ensure_query_id
 from sluice.storage.clean import BACKFILL_DONE, BACKFILL_ROOT
 from sluice.storage.delta import table_version
+from sluice.storage.iceberg import iceberg_filter
 from sluice.storage.lock import HeldLock
 from sluice.storage.object_lock import waiting_lock
 from sluice.storage.store import Folder, LocalFolder, folder
 from sluice.times import iso_utc
+from sluice_spark.kinds.iceberg import ensure_iceberg_table
 from sluice_spark.runner import (
     await_query,
     batch_rows,
@@ -202,7 +205,7 @@ def run_backfill(spark: SparkSession, catalog: Catalog, request: BackfillRequest
         summary.notes = list(plan.notes)
         summary.versions = plan.versions
         summary.offsets = plan.offsets
-        summary.delta_version_before = summary.delta_version_after = table_version(stream.sink_path(roots))
+        summary.delta_version_before = summary.delta_version_after = _sink_version(stream, roots)
         summary.dead_letter_version_before = table_version(stream.dead_letter_table_path(roots))
         summary.dead_letter_version_after = summary.dead_letter_version_before
         batches: list[dict[str, Any]] = []
@@ -214,7 +217,7 @@ def run_backfill(spark: SparkSession, catalog: Catalog, request: BackfillRequest
             summary.status = RunStatus.SUCCEEDED
             summary.notes.append("no offset to read: nothing to do" if plan.offsets else
                                  "no file to read: nothing to do")
-        summary.delta_version_after = table_version(stream.sink_path(roots))
+        summary.delta_version_after = _sink_version(stream, roots)
         summary.dead_letter_version_after = table_version(stream.dead_letter_table_path(roots))
         summary.duration_seconds = round(time.monotonic() - started, 3)
         if summary.error:  # it reaches the run log, XCom and the task log
@@ -233,6 +236,12 @@ def run_backfill(spark: SparkSession, catalog: Catalog, request: BackfillRequest
             if summary.ok:  # its plan no longer holds landing files back from source.clean
                 own.write_bytes(BACKFILL_DONE, b"")
     return summary
+
+
+def _sink_version(stream: StreamSpec, roots: Roots) -> int | None:
+    """The sink's Delta version; None for a sink that is no Delta table (an Iceberg table's snapshots are its
+    commits)."""
+    return None if stream.sink.table is None else table_version(stream.sink_path(roots))
 
 
 def _range_text(request: BackfillRequest, plan: BackfillPlan) -> str:
@@ -295,8 +304,11 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
     )
     targets = sink_targets(stream, roots, data_columns)
     resolved = resolve_engine(spark, engine or stream.sink.engine, stream.locations(roots))
+    iceberg = None
     if not request.dry_run:  # as for a run (see sluice_spark.runner.prepare_stream)
         create_tables(stream, routed, tables_to_create(targets, resolved, change_feed=feeds_changes(stream)))
+        if isinstance(stream.sink, IcebergSink):
+            iceberg = ensure_iceberg_table(stream, roots, routed, data_columns)
     column = plan.event_time_column
     in_range = (F.col(column) >= F.lit(request.start)) & (F.col(column) < F.lit(request.end)) if column \
         else F.lit(True)
@@ -323,7 +335,22 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
         summary.rows_written += counts.get((GOOD_ROUTE, True), 0)
         summary.rows_outside_range += counts.get((GOOD_ROUTE, False), 0)
         summary.dead_letter_rows += sum(rows for (route, _), rows in counts.items() if route == DEAD_LETTER_ROUTE)
+        if iceberg is not None:  # the good rows first, as a run commits them: a replay is skipped by the table
+            write_iceberg(batch, batch_id)
         return not request.dry_run
+
+    def write_iceberg(batch: DataFrame, batch_id: int) -> None:
+        """An Iceberg sink's rows of the range, collected on the driver (a backfill's replace is one batch): one
+        overwrite of the plan's filter under ``replace``, one append otherwise."""
+        assert iceberg is not None
+        good = batch.where((F.col(ROUTE_COLUMN) == GOOD_ROUTE) & F.col(IN_RANGE_COLUMN)).select(*data_columns)
+        rows = good.toArrow()
+        properties = {**metadata, CommitInfo.BACKFILL_BATCH: batch_id}
+        if plan.sink_filter is not None:
+            iceberg.replace_batch(rows, iceberg_filter(plan.sink_filter), query_id=query_id, batch_id=batch_id,
+                                  metadata=properties)
+        else:
+            iceberg.commit_batch(rows, query_id=query_id, batch_id=batch_id, metadata=properties)
 
     # The good rows outside the range are read and counted, never written; dead letters are kept whatever their time.
     good = [replace(target, flag=IN_RANGE_COLUMN) if target.route == GOOD_ROUTE else target for target in targets]

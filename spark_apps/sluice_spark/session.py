@@ -118,7 +118,7 @@ def register_data_sources(spark: SparkSession) -> None:
     Delta source and its sink for large runs), not at start: on a cold JVM the registration costs over a second
     that a small run collected on the driver does not need."""
     from sluice_spark.rs.datasource import DeltaRsDataSource
-    from sluice_spark.rs.iceberg_source import IcebergDataSource
+    from sluice_spark.rs.iceberg import IcebergDataSource
 
     if getattr(spark, "_sluice_data_sources", False):
         return

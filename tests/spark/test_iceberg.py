@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from sluice.constants import CommitInfo
 from sluice.kinds.iceberg import IcebergSink
 from sluice.paths import Roots
 from sluice.storage.delta import read_table
-from sluice.storage.iceberg import IcebergTableFormat
+from sluice.storage.iceberg import IcebergTableFormat, remove_orphan_files
 from sluice_spark.runner import run_streams
 from tests.helpers import events_stream, expected_events, roots_in, write_catalog
 from tests.spark.test_crash_recovery import kill_at_then_rerun
@@ -83,9 +84,13 @@ def test_append_equals_the_oracle_one_snapshot_per_batch(spark: Any, tmp_path: P
     assert table.batches(summary.query_id) == [0, 1, 2, 3]
 
 
-def test_a_batch_replayed_after_a_kill_is_skipped_by_the_iceberg_table(tmp_path: Path) -> None:
-    """Killed at ``between_commits:1``: batch 1 is in the Iceberg table, not in the dead-letter table, and Spark has
-    not recorded it done. The rerun replays it: the Iceberg table holds it already and skips it."""
+@pytest.mark.parametrize("fault", ["between_commits:1", "before_commit:1", "after_commit:1"])
+def test_a_run_killed_at_a_crash_point_then_rerun_gives_the_exact_tables(tmp_path: Path, fault: str) -> None:
+    """``between_commits:1``: batch 1 is in the Iceberg table, not in the dead-letter table, and Spark has not
+    recorded it done; the rerun replays it, the Iceberg table skips it (and removes the replay's files).
+    ``before_commit:1``: batch 1's data files are written by the executors, not committed: orphans, which the
+    orphan removal deletes, leaving the table whole. ``after_commit:1``: both tables hold batch 1, Spark has not
+    recorded it: both skip the replay."""
     catalog_path = write_catalog(tmp_path, iceberg_events())
     catalog = load_catalog(catalog_path)
     roots = roots_in(tmp_path)
@@ -94,7 +99,7 @@ def test_a_batch_replayed_after_a_kill_is_skipped_by_the_iceberg_table(tmp_path:
         producer.events_file(lines=40, now=NOW + dt.timedelta(minutes=index))
     summary_file = tmp_path / "summary.json"
 
-    kill_at_then_rerun(catalog_path, roots, "between_commits:1", tmp_path / "faults", summary=summary_file)
+    kill_at_then_rerun(catalog_path, roots, fault, tmp_path / "faults", summary=summary_file)
 
     expected_good, expected_bad = expected_events(Path(roots.landing) / "events")
     table = iceberg_table(catalog, roots)
@@ -102,6 +107,9 @@ def test_a_batch_replayed_after_a_kill_is_skipped_by_the_iceberg_table(tmp_path:
     assert read_table(catalog.get("events").dead_letter_table_path(roots)).num_rows == expected_bad
     query_id = json.loads(summary_file.read_text())["streams"][0]["query_id"]
     assert table.batches(query_id) == [0, 1, 2]
+    orphans = remove_orphan_files(table, older_than=time.time() + 60)
+    assert bool(orphans) == (fault == "before_commit:1")
+    assert iceberg_rows(table) == expected_good
 
 
 def test_merge_keeps_the_newest_row_per_key(spark: Any, tmp_path: Path) -> None:
@@ -157,3 +165,143 @@ def test_complete_mode_overwrites_the_table_with_each_result(spark: Any, tmp_pat
     # pyiceberg's overwrite: a delete of the table's files, then an append, in one transaction.
     last = [commit for commit in table.commits() if commit.batch_id == table.recorded_batch(summary.query_id)]
     assert [commit.operation for commit in last] == ["delete", "append"]
+
+
+def day_events(folder: Path, name: str, rows: list[tuple[str, str, str]]) -> None:
+    """A landing file of events (id, user, event time), every line good."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text("\n".join(json.dumps({"event_id": event_id, "event_type": "click", "user_id": user,
+                                                     "event_time": at, "amount": 1.5})
+                                          for event_id, user, at in rows), encoding="utf-8")
+
+
+def test_a_batch_larger_than_one_task_commits_its_files_in_one_snapshot(spark: Any, tmp_path: Path) -> None:
+    """Three landing files in one batch: three tasks, each writing its own data file on an executor, and one append
+    snapshot holding them all."""
+    catalog = load_catalog(write_catalog(tmp_path, events_stream(
+        sink={"format": "iceberg", "table": "bronze.events", "engine": "rs"})))
+    roots = roots_in(tmp_path)
+    producer = DemoProducer(roots.landing, seed=41, malformed_rate=0.05)
+    for index in range(3):
+        producer.events_file(lines=60, now=NOW + dt.timedelta(minutes=index))
+
+    summary = run_streams(spark, catalog, ["events"], roots).streams[0]
+
+    assert summary.status == "succeeded", summary.error
+    expected_good, expected_bad = expected_events(Path(roots.landing) / "events")
+    table = iceberg_table(catalog, roots)
+    assert iceberg_rows(table) == expected_good
+    assert (summary.output_rows, summary.dead_letter_rows) == (len(expected_good), expected_bad)
+    snapshots = table.table().snapshots()
+    assert len(snapshots) == 1 and table.batches(summary.query_id) == [0]
+    files = table.table().inspect.data_files()
+    assert files.num_rows >= 2
+    assert int(snapshots[0].summary["added-data-files"]) == files.num_rows
+    assert sum(files.column("record_count").to_pylist()) == len(expected_good)
+
+
+def test_partition_transforms_place_each_row_in_its_partition(spark: Any, tmp_path: Path) -> None:
+    """``day(event_time)`` and ``bucket(4, user_id)``: every data file holds the rows of one partition, its values as
+    pyiceberg's own transforms compute them; a scan of one day plans that day's files only."""
+    from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
+    from pyiceberg.transforms import BucketTransform, DayTransform
+    from pyiceberg.types import StringType, TimestamptzType
+
+    catalog = load_catalog(write_catalog(tmp_path, events_stream(sink={
+        "format": "iceberg", "table": "bronze.events", "engine": "rs",
+        "partition_by": ["day(event_time)", "bucket(4, user_id)"]})))
+    roots = roots_in(tmp_path)
+    folder = Path(roots.landing) / "events"
+    day_events(folder, "a.json", [(f"a{i}", f"u{i % 5}", f"2026-11-{20 + i % 3}T{i % 24:02d}:15:00Z")
+                                  for i in range(40)])
+    day_events(folder, "b.json", [(f"b{i}", f"u{i % 7}", f"2026-11-{21 + i % 2}T23:59:59Z") for i in range(30)])
+
+    summary = run_streams(spark, catalog, ["events"], roots).streams[0]
+
+    assert summary.status == "succeeded", summary.error
+    table = iceberg_table(catalog, roots)
+    assert iceberg_rows(table) == expected_events(folder)[0]
+    assert table.partitioning == ["day(event_time)", "bucket(4, user_id)"]
+    day, bucket = DayTransform().transform(TimestamptzType()), BucketTransform(4).transform(StringType())
+    iceberg = table.table()
+    tasks = list(iceberg.scan().plan_files())
+    for task in tasks:
+        import pyarrow.parquet as pq
+
+        data = pq.read_table(task.file.file_path.removeprefix("file://")).to_pylist()
+        assert {(day(int(row["event_time"].timestamp() * 1_000_000)), bucket(row["user_id"])) for row in data} == \
+            {(task.file.partition[0], task.file.partition[1])}
+    one_day = iceberg.scan(row_filter=And(GreaterThanOrEqual("event_time", "2026-11-21T00:00:00+00:00"),
+                                          LessThan("event_time", "2026-11-22T00:00:00+00:00")))
+    planned = list(one_day.plan_files())
+    day_21 = day(int(dt.datetime(2026, 11, 21, tzinfo=dt.timezone.utc).timestamp() * 1_000_000))
+    assert planned and {task.file.partition[0] for task in planned} == {day_21}
+    assert len(planned) < len(tasks)
+    assert sorted(row["event_id"] for row in one_day.to_arrow().to_pylist()) == sorted(
+        [f"a{i}" for i in range(40) if i % 3 == 1] + [f"b{i}" for i in range(30) if i % 2 == 0])
+
+
+def test_a_replace_backfill_overwrites_the_range_once_and_twice_is_the_same(spark: Any, tmp_path: Path) -> None:
+    """The backfill DAG's ``replace`` on an Iceberg sink: the rows of the range (the files read, the event-time
+    range) are swapped in one overwrite snapshot; the rows outside the range stay as they were (corrupted here);
+    a second backfill of the same range gives the same table."""
+    import os
+
+    import pyarrow as pa
+
+    from sluice.operations.backfill import parse_request
+    from sluice_spark.backfill import run_backfill
+
+    utc = dt.timezone.utc
+    start, end = NOW + dt.timedelta(minutes=50), NOW + dt.timedelta(hours=2, minutes=10)
+    catalog = load_catalog(write_catalog(tmp_path, events_stream(
+        sink={"format": "iceberg", "table": "bronze.events", "engine": "rs"},
+        source={**events_stream()["source"], "options": {"recursiveFileLookup": True, "pathGlobFilter": "*.json",
+                                                          "maxFileAge": "1h"}},
+        backfill={"event_time_column": "event_time", "max_range_days": 3})))
+    roots = roots_in(tmp_path)
+    producer = DemoProducer(roots.landing, seed=61, malformed_rate=0.05, late_rate=0.2)
+    for hour in range(3):
+        produced = producer.events_file(lines=30, now=NOW + dt.timedelta(hours=hour))
+        stamp = (NOW + dt.timedelta(hours=hour)).timestamp()
+        os.utime(produced.files[0], (stamp, stamp))
+    assert run_streams(spark, catalog, ["events"], roots).ok
+    table = iceberg_table(catalog, roots)
+    iceberg = table.table()
+    held = iceberg.scan().to_arrow()
+    iceberg.overwrite(held.set_column(held.schema.get_field_index("event_type"), "event_type",
+                                      pa.array(["corrupt"] * held.num_rows, pa.large_string())))
+    landing = Path(roots.landing) / "events"
+    times = {json.loads(line)["event_id"]: dt.datetime.fromisoformat(json.loads(line)["event_time"])
+             for path in landing.rglob("*.json") for line in path.read_text().splitlines()
+             if line.startswith("{") and _parses(line)}
+    wanted = expected_events(landing, between=(start, end))[0]
+
+    def in_range(row: tuple[Any, ...]) -> bool:
+        return start <= times[row[0]].astimezone(utc) < end
+
+    def request(run_id: str) -> Any:
+        return parse_request({"stream": "events", "start": start.isoformat(), "end": end.isoformat(),
+                              "mode": "replace"}, catalog, run_id=run_id)
+
+    outside = [row for row in iceberg_rows(table) if not in_range(row)]
+    summary = run_backfill(spark, catalog, request("first"), roots)
+
+    assert summary.ok, summary.error
+    assert summary.rows_written == len(wanted) and summary.rows_replaced == len(wanted)
+    after = iceberg_rows(table)
+    assert sorted(row for row in after if in_range(row)) == sorted(wanted)
+    assert [row for row in after if not in_range(row)] == outside and all(row[1] == "corrupt" for row in outside)
+    assert table.commits()[-1].operation == "overwrite"
+    again = run_backfill(spark, catalog, request("second"), roots)
+    assert again.ok, again.error
+    assert iceberg_rows(table) == after
+
+
+def _parses(line: str) -> bool:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(record, dict) and isinstance(record.get("event_id"), str) and \
+        isinstance(record.get("event_time"), str)

@@ -14,6 +14,7 @@ from sluice.constants import CommitInfo, SinkFormat, SinkMode
 from sluice.errors import SluiceError
 from sluice.kinds.iceberg import IcebergSink
 from sluice.storage.iceberg import IcebergTableFormat, default_catalog_properties
+from sluice.storage.iceberg_files import PartitionTransform, parse_partition, write_data_files
 from sluice.storage.tableformat import DeltaTableFormat, TableFormat
 from tests.helpers import events_stream, roots_in
 from tests.unit.test_catalog import catalog_with, rejects
@@ -54,6 +55,24 @@ def test_iceberg_sink_errors_name_the_field() -> None:
     rejects(catalog_with(iceberg_stream(path="bronze/x")), "sink: unknown key(s) path")
     rejects(catalog_with(iceberg_stream(fan_out=[{"path": "bronze/clicks", "where": "event_type = 'click'"}])),
             "fan_out")
+
+
+def test_partition_transforms_are_parsed_and_refused_by_name() -> None:
+    catalog = parse_catalog(catalog_with(iceberg_stream(partition_by=[
+        "day(event_time)", "bucket(16, user_id)", "truncate(4, event_type)", "event_date", "identity(event_id)"])))
+    sink = catalog.get("to_iceberg").sink
+    assert isinstance(sink, IcebergSink)
+    assert [parse_partition(text) for text in sink.partition_transforms] == [
+        PartitionTransform("day", "event_time"), PartitionTransform("bucket", "user_id", 16),
+        PartitionTransform("truncate", "event_type", 4), PartitionTransform("identity", "event_date"),
+        PartitionTransform("identity", "event_id")]
+    for malformed in ("day(event_time", "days(event_time)", "bucket(user_id)", "bucket(0, user_id)", "a b"):
+        rejects(catalog_with(iceberg_stream(partition_by=[malformed])), "sink.partition_by:", repr(malformed))
+    rejects(catalog_with(iceberg_stream(partition_by=["day(event_time)", "hour(event_time)"])),
+            "sink.partition_by:", "one transform per column")
+    rejects(catalog_with(iceberg_stream(partition_by=["day(nope)"])), "sink.partition_by:", "'nope' is not produced")
+    rejects(catalog_with(iceberg_stream(partition_by=["event_date"], mode="merge", keys=["event_id"])),
+            "sink.partition_by:", "merge into a partitioned")
 
 
 def test_two_streams_cannot_write_one_iceberg_table() -> None:
@@ -195,3 +214,117 @@ def test_the_newest_value_comes_from_file_statistics(tmp_path: Path, index: int)
         table.commit_batch(pa.table({"id": [batch], "at": pa.array([at], pa.timestamp("us", tz="UTC"))}),
                            query_id="q", batch_id=batch, metadata={})
     assert table.newest_value("at") == newest and table.newest_value("nope") is None
+
+
+def test_each_partition_transform_agrees_with_pyiceberg_s_own(tmp_path: Path) -> None:
+    """Sluice computes partition values with pyarrow (pyiceberg's vectorised transforms need pyiceberg-core); each
+    data file's partition equals pyiceberg's Python transform of every row it holds, NULLs and negatives included,
+    and the table's rows are the rows written."""
+    import datetime as dt
+
+    from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
+
+    times = [dt.datetime(1969, 12, 31, 23, 30, tzinfo=dt.timezone.utc), None,
+             *(dt.datetime(2026, 1 + i % 12, 1 + i % 28, i % 24, 59, tzinfo=dt.timezone.utc) for i in range(30))]
+    data = pa.table({"id": pa.array([-7, None, *range(30)], pa.int64()),
+                     "name": ["émile", None, *(f"name{i % 4}" for i in range(30))],
+                     "ts": pa.array(times, pa.timestamp("us", tz="UTC")),
+                     "day": pa.array([t.date() if t else None for t in times], pa.date32())})
+    for index, spec in enumerate([["year(ts)", "truncate(3, name)"], ["month(ts)", "truncate(5, id)"],
+                                  ["day(ts)", "bucket(3, name)"], ["hour(ts)", "bucket(5, id)"],
+                                  ["day(day)", "bucket(4, id)"], ["name", "identity(id)"]]):
+        table = IcebergTableFormat(f"db.t{index}", default_catalog_properties(str(tmp_path / "lake")))
+        table.ensure(data.schema, spec)
+        assert table.partitioning == [text.replace("identity(id)", "id") for text in spec]
+        metadata, _ = table.writer_state()
+        files = write_data_files(metadata, table.table().io, data)
+        assert table.append_files(files, query_id="q", batch_id=0, metadata={}) is True
+        iceberg = table.table()
+        schema = iceberg.schema()
+        fields = [(field.transform.transform(schema.find_field(field.source_id).field_type),
+                   schema.find_column_name(field.source_id)) for field in iceberg.spec().fields]
+        for data_file in files:
+            import pyarrow.parquet as pq
+
+            written = pq.read_table(data_file.file_path.removeprefix("file://"))
+            for row in written.to_pylist():
+                values = []
+                for apply, column in fields:
+                    value = row[column]
+                    if isinstance(value, dt.datetime):
+                        value = int(value.timestamp() * 1_000_000)
+                    elif isinstance(value, dt.date):
+                        value = (value - dt.date(1970, 1, 1)).days
+                    values.append(None if value is None else apply(value))
+                assert values == list(data_file.partition), (spec, row)
+        assert sorted(iceberg.scan().to_arrow().to_pylist(), key=repr) == sorted(data.to_pylist(), key=repr)
+    one_day = IcebergTableFormat("db.t2", default_catalog_properties(str(tmp_path / "lake"))).table().scan(
+        row_filter=And(GreaterThanOrEqual("ts", "2026-03-03T00:00:00+00:00"),
+                       LessThan("ts", "2026-03-04T00:00:00+00:00")))
+    assert len(list(one_day.plan_files())) == 1
+    assert one_day.to_arrow().column("id").to_pylist() == [2]
+
+
+@pytest.mark.parametrize("spec", [[], ["day(day)", "bucket(2, source)"]], ids=["unpartitioned", "partitioned"])
+def test_a_replace_overwrites_exactly_the_filtered_rows_and_twice_is_the_same(tmp_path: Path, spec: list[str]) -> None:
+    """A backfill's replace of the rows of two source files, in one overwrite snapshot, against the oracle of the
+    rows: the other files' rows stay, a data file holding rows of both kinds is rewritten without the replaced
+    ones; a second backfill of the same range gives the same table; a replay of a batch writes nothing."""
+    import datetime as dt
+
+    def events(source: str, ids: range, tag: str) -> pa.Table:
+        return pa.table({"id": pa.array(list(ids), pa.int64()), "tag": [tag] * len(ids),
+                         "day": pa.array([dt.date(2026, 11, 20 + i % 3) for i in ids], pa.date32()),
+                         "source": [source] * len(ids)})
+
+    table = IcebergTableFormat("db.t", default_catalog_properties(str(tmp_path / "lake")))
+    first = pa.concat_tables([events("a.json", range(0, 10), "live"), events("b.json", range(10, 20), "live"),
+                              events("c.json", range(20, 30), "live")])
+    table.ensure(first.schema, spec)
+    table.commit_batch(first, query_id="live", batch_id=0, metadata={})  # a, b and c share data files
+    again = pa.concat_tables([events("b.json", range(10, 20), "backfill"), events("c.json", range(20, 25), "backfill")])
+    replaced = "source IN ('b.json', 'c.json')"
+
+    def oracle() -> list[tuple[int, str]]:
+        return sorted([(i, "live") for i in range(10)] + [(i, "backfill") for i in range(10, 25)])
+
+    def held() -> list[tuple[int, str]]:
+        return sorted((row["id"], row["tag"]) for row in table.table().scan().to_arrow().to_pylist())
+
+    assert table.replace_batch(again, replaced, query_id="backfill-1", batch_id=0, metadata={}) is True
+    assert held() == oracle()
+    assert table.commits()[-1].operation == "overwrite" and table.batches("backfill-1") == [0]
+    assert table.replace_batch(again, replaced, query_id="backfill-1", batch_id=0, metadata={}) is False
+    assert table.replace_batch(again, replaced, query_id="backfill-2", batch_id=0, metadata={}) is True
+    assert held() == oracle()
+    assert len(table.table().snapshots()) == 3  # the live batch and one overwrite per backfill
+
+
+def test_a_backfill_s_row_filter_replaces_its_files_rows_in_its_time_range(tmp_path: Path) -> None:
+    """The plan's filter (files read, and the event-time range): rows of other files, and rows of the files read
+    outside the range, stay."""
+    import datetime as dt
+
+    from sluice.model.predicates import RowFilter
+    from sluice.storage.iceberg import iceberg_filter
+
+    utc = dt.timezone.utc
+    times = [dt.datetime(2026, 11, 20, hour, tzinfo=utc) for hour in range(0, 24, 4)]
+    held = pa.table({"id": list(range(12)), "source": ["a.json"] * 6 + ["b.json"] * 6,
+                     "ts": pa.array(times * 2, pa.timestamp("us", tz="UTC"))})
+    table = IcebergTableFormat("db.t", default_catalog_properties(str(tmp_path / "lake")))
+    table.ensure(held.schema, ["day(ts)"])
+    table.commit_batch(held, query_id="live", batch_id=0, metadata={})
+    start, end = dt.datetime(2026, 11, 20, 4, tzinfo=utc), dt.datetime(2026, 11, 20, 12, tzinfo=utc)
+    replaced = RowFilter(file_column="source", files=("b.json",), time_column="ts", start=start, end=end)
+    again = pa.table({"id": [107, 108], "source": ["b.json"] * 2,
+                      "ts": pa.array([times[1], times[2]], pa.timestamp("us", tz="UTC"))})
+    assert table.count(replaced) == 2 and table.distinct("source") == {"a.json", "b.json"}
+    assert table.distinct("source", RowFilter(time_column="ts", start=times[5], end=end + dt.timedelta(days=1))) \
+        == {"a.json", "b.json"}
+    for query in ("backfill-1", "backfill-2"):
+        assert table.replace_batch(again, iceberg_filter(replaced), query_id=query, batch_id=0, metadata={})
+        assert sorted(table.table().scan().to_arrow().column("id").to_pylist()) == [
+            0, 1, 2, 3, 4, 5, 6, 9, 10, 11, 107, 108]
+    with pytest.raises(SluiceError, match="not Kafka offsets"):
+        iceberg_filter(RowFilter(file_column="source", offsets=(("t", 0, 1, 2),)))

@@ -162,7 +162,8 @@ def test_the_stream_reader_plans_whole_snapshots_within_its_limit_and_reads_them
     executor (pickled) gives the snapshot's rows."""
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles
 
-    from sluice_spark.rs.iceberg_source import IcebergDataSource, IcebergStreamReader
+    from sluice_spark.rs.iceberg import IcebergDataSource
+    from sluice_spark.rs.iceberg_source import IcebergStreamReader
 
     table = _table(default_catalog_properties(str(tmp_path / "lake")))
     for first in (1, 3, 5):

@@ -37,6 +37,7 @@ from sluice.model.section import Section
 from sluice.model.sinks import SinkSpec
 from sluice.model.sources import SourceSpec
 from sluice.paths import Roots
+from sluice.storage.iceberg_files import parse_partition
 
 if TYPE_CHECKING:
     from sluice.model.stream import StreamSpec
@@ -68,6 +69,8 @@ class IcebergSink(SinkSpec):
     mode: SinkMode = SinkMode.APPEND
     keys: tuple[str, ...] = ()
     sequence_by: str | None = None
+    #: The table's partition spec at creation: Iceberg transforms (``day(ts)``, ``bucket(16, id)``) or columns.
+    partition_transforms: tuple[str, ...] = ()
 
     @property
     def connection(self) -> str | None:
@@ -244,6 +247,9 @@ _ICEBERG_SINK = Block(
         Key("mode", Type.CHOICE, "append rows, merge them by `keys`, or rewrite the whole result (aggregates)",
             default=SinkMode.APPEND, choices=tuple(mode.value for mode in _MODES)),
         Key("keys", Type.NAMES, "the merge keys (mode merge)"),
+        Key("partition_by", Type.STRINGS, "the table's partition spec at its creation: columns and Iceberg transforms "
+            "`year(c)`, `month(c)`, `day(c)`, `hour(c)`, `bucket(n, c)`, `truncate(n, c)`, `identity(c)` (append, "
+            "complete)"),
         Key("sequence_by", Type.STRING, "under merge, the column whose larger value wins between rows of one key "
             "in a batch"),
         Key("engine", Type.CHOICE, "the Delta engine of the dead-letter table", default=DeltaEngine.AUTO,
@@ -256,7 +262,7 @@ _ICEBERG_SINK = Block(
 class IcebergSinkKind(SinkKind):
     format = SinkFormat.ICEBERG
     credentials = ICEBERG_CREDENTIALS
-    backfill_refusal = "backfills replace or append Delta rows; an Iceberg sink's replace backfill is not there yet"
+    backfill_refusal = None
 
     def catalog_blocks(self) -> tuple[Block, ...]:
         return (_ICEBERG_SINK,)
@@ -272,6 +278,13 @@ class IcebergSinkKind(SinkKind):
         if not all(isinstance(key, str) and key for key in keys) or len(set(keys)) != len(keys):
             raise section.error("keys", f"expected distinct column names, got {keys!r}")
         sequence_by = section.get("sequence_by", str)
+        partitioning = section.get("partition_by", list, [])
+        try:
+            columns = [parse_partition(text).column for text in partitioning]
+        except ValueError as error:
+            raise section.error("partition_by", str(error)) from None
+        if len(set(columns)) != len(columns):  # pyiceberg's writer takes one partition field per source column
+            raise section.error("partition_by", f"one transform per column, got {partitioning!r}")
         engine = section.enum("engine", DeltaEngine, DeltaEngine.AUTO)
         section.done()
         if keys and mode is not SinkMode.MERGE:
@@ -280,8 +293,11 @@ class IcebergSinkKind(SinkKind):
             raise section.error("keys", "mode merge needs the keys to merge by")
         if sequence_by is not None and mode is not SinkMode.MERGE:
             raise section.error("sequence_by", f"sequence_by is for mode merge, not {mode.value}")
+        if partitioning and mode is SinkMode.MERGE:
+            raise section.error("partition_by", "a merge into a partitioned Iceberg table is not supported yet "
+                                                "(append and complete are)")
         return IcebergSink(identifier=identifier, catalog=catalog, mode=mode, keys=tuple(keys),
-                           sequence_by=sequence_by, engine=engine)
+                           sequence_by=sequence_by, engine=engine, partition_transforms=tuple(partitioning))
 
     def asset_uri(self, sink: SinkSpec) -> tuple[str, str]:
         """The table, under its catalog's name."""
@@ -299,7 +315,9 @@ class IcebergSinkKind(SinkKind):
         from sluice.errors import CatalogError
 
         assert isinstance(sink, IcebergSink)
-        for name, field in [*((key, "sink.keys") for key in sink.keys), (sink.sequence_by, "sink.sequence_by")]:
+        partitioned = [(parse_partition(text).column, "sink.partition_by") for text in sink.partition_transforms]
+        for name, field in [*((key, "sink.keys") for key in sink.keys), (sink.sequence_by, "sink.sequence_by"),
+                            *partitioned]:
             if name is not None and name not in columns:
                 raise CatalogError(f"column {name!r} is not produced by the stream; output columns: "
                                    f"{', '.join(columns)}", stream=stream, field=field)

@@ -470,6 +470,15 @@ def _distinct(path: str, column: str, where: RowFilter | None, *, if_present: bo
     return set() if rows is None else {str(value) for value in rows.column("v").to_pylist() if value is not None}
 
 
+def _sink_distinct(stream: StreamSpec, roots: Roots, where: RowFilter | None, *, if_present: bool) -> set[str]:
+    """The source files the stream's sink holds rows of (where ``where`` holds): its Delta table's, or an Iceberg
+    table's through the table-format seam."""
+    if stream.sink.table is not None:
+        return _distinct(stream.sink_path(roots), SOURCE_FILE_COLUMN, where, if_present=if_present)
+    own = sink_kind(stream.sink).table_format(stream.sink, roots)
+    return set() if own is None else own.distinct(SOURCE_FILE_COLUMN, where)
+
+
 def _columns(path: str) -> list[str]:
     """A Delta table's columns; none when there is no table yet."""
     from deltalake.exceptions import TableNotFoundError
@@ -543,8 +552,7 @@ def plan_backfill(request: BackfillRequest, stream: StreamSpec, roots: Roots) ->
     where = RowFilter(time_column=column, start=request.start, end=request.end) if column else None
     changes = stream.sink.mode is SinkMode.CDC
     if request.mode is BackfillMode.APPEND:
-        held = {local_file_path(uri) for uri in _distinct(stream.sink_path(roots), SOURCE_FILE_COLUMN, where,
-                                                           if_present=changes)}
+        held = {local_file_path(uri) for uri in _sink_distinct(stream, roots, where, if_present=changes)}
         held |= {local_file_path(uri) for uri in _distinct(stream.dead_letter_table_path(roots),
                                                            DEAD_LETTER_SOURCE_COLUMN, None)}
         kept = [f for f in plan.files if f.path not in held]
@@ -559,7 +567,9 @@ def plan_backfill(request: BackfillRequest, stream: StreamSpec, roots: Roots) ->
             plan.sink_filter = RowFilter(file_column=SOURCE_FILE_COLUMN, files=tuple(uris), time_column=column,
                                          start=request.start if column else None,
                                          end=request.end if column else None)
-            plan.rows_to_replace = count_rows(stream.sink_path(roots), plan.sink_filter)
+            own = sink_kind(stream.sink).table_format(stream.sink, roots) if stream.sink.table is None else None
+            plan.rows_to_replace = (count_rows(stream.sink_path(roots), plan.sink_filter) if own is None
+                                    else own.count(plan.sink_filter))
         plan.dead_letter_filter = RowFilter(file_column=DEAD_LETTER_SOURCE_COLUMN, files=tuple(uris))
         plan.dead_letter_rows_to_replace = count_rows(stream.dead_letter_table_path(roots), plan.dead_letter_filter)
     return plan
@@ -567,7 +577,7 @@ def plan_backfill(request: BackfillRequest, stream: StreamSpec, roots: Roots) ->
 
 def _stored_uris(stream: StreamSpec, roots: Roots, files: list[SourceFile]) -> list[str]:
     """How the tables spell each file (as Spark recorded it), or how Spark will spell it."""
-    stored = _distinct(stream.sink_path(roots), SOURCE_FILE_COLUMN, None, if_present=True) | _distinct(
+    stored = _sink_distinct(stream, roots, None, if_present=True) | _distinct(
         stream.dead_letter_table_path(roots), DEAD_LETTER_SOURCE_COLUMN, None)
     by_path = {local_file_path(uri): uri for uri in stored}
     return sorted({by_path.get(f.path, f.uri) for f in files} | {f.uri for f in files})

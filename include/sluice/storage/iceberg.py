@@ -17,6 +17,7 @@ from typing import Any
 
 from sluice.constants import CommitInfo
 from sluice.errors import SluiceError
+from sluice.model.predicates import RowFilter
 from sluice.paths import is_absolute
 from sluice.storage.tableformat import TableCommit, TableFormat
 
@@ -90,19 +91,29 @@ class IcebergTableFormat(TableFormat):
 
     def ensure(self, schema: Any, partition_by: Iterable[str] = (), *, description: str = "") -> bool:
         """Create the table (and its namespace) with ``schema``, every column optional (Spark's nullability of a
-        computed column changes with the plan: a required column would refuse a later run's rows); an existing
-        table gains the columns it lacks, and a column of another type is refused (pyiceberg's own message, with
-        the table named)."""
+        computed column changes with the plan: a required column would refuse a later run's rows), partitioned by
+        ``partition_by`` (Iceberg transforms, :func:`sluice.storage.iceberg_files.parse_partition`); an existing
+        table keeps its partition spec and gains the columns it lacks, and a column of another type is refused
+        (pyiceberg's own message, with the table named)."""
         import pyarrow as pa
 
-        if list(partition_by):
-            raise SluiceError(f"{self.name}: partitioned Iceberg tables are not supported yet")
+        from sluice.storage.iceberg_files import parse_partition
+
+        fields = [parse_partition(text) for text in partition_by]
         namespace = self.identifier.rsplit(".", 1)[0]
         self.catalog.create_namespace_if_not_exists(namespace)
         if not self.exists():
             properties = {"comment": description} if description else {}
             optional = pa.schema([field.with_nullable(True) for field in schema])
-            self.catalog.create_table(self.identifier, schema=optional, properties=properties)
+            if not fields:
+                self.catalog.create_table(self.identifier, schema=optional, properties=properties)
+                return True
+            with (self.catalog.create_table_transaction(self.identifier, schema=optional,
+                                                        properties=properties) as transaction,
+                  transaction.update_spec() as spec):
+                for field in fields:
+                    self._check_partition(field, transaction.table_metadata.schema())
+                    spec.add_field(field.column, field.iceberg(), field.field_name)
             return True
         table = self.table()
         have = set(table.schema().as_arrow().names)
@@ -113,6 +124,31 @@ class IcebergTableFormat(TableFormat):
             except Exception as error:
                 raise SluiceError(f"{self.name} cannot take the stream's columns: {error}") from error
         return False
+
+    def _check_partition(self, field: Any, schema: Any) -> None:
+        """Refuse a transform of a column the rows lack or of a type it does not take (``hour`` of a date)."""
+        try:
+            source = schema.find_field(field.column)
+        except ValueError:
+            raise SluiceError(f"sink.partition_by: {field.text} names column {field.column!r}, which the stream "
+                              f"does not produce; output columns: {', '.join(schema.column_names)}") from None
+        if not field.iceberg().can_transform(source.field_type):
+            raise SluiceError(f"sink.partition_by: {field.text}: Iceberg's {field.transform} transform does not take "
+                              f"column {field.column!r} of type {source.field_type}")
+
+    @property
+    def partitioning(self) -> list[str]:
+        """The table's partition spec, as a sink declares it (``day(ts)``, ``bucket(16, id)``)."""
+        table = self.table()
+        schema = table.schema()
+        texts = []
+        for field in table.spec().fields:
+            column = schema.find_column_name(field.source_id)
+            width = getattr(field.transform, "num_buckets", getattr(field.transform, "width", None))
+            name = str(field.transform).split("[")[0]
+            texts.append(column if name == "identity" else
+                         f"{name}({width}, {column})" if width is not None else f"{name}({column})")
+        return texts
 
     def schema(self) -> Any:
         return self.table().schema().as_arrow()
@@ -166,12 +202,105 @@ class IcebergTableFormat(TableFormat):
         return pc.max(metrics.field(column).field("upper_bound")).as_py()
 
     def _commit(self, rows: Any, *, overwrite: bool, properties: dict[str, Any]) -> None:
+        """On the driver: the rows written as data files by Sluice's writer (partitioned by the table's spec), then
+        one append, or with ``overwrite`` a delete of every file and an append in one transaction."""
+        from pyiceberg.expressions import AlwaysTrue
+
+        from sluice.storage.iceberg_files import write_data_files
+
         summary = {key: str(value) for key, value in properties.items()}
         table = self.table()
-        if overwrite:
-            table.overwrite(rows, snapshot_properties=summary)
-        else:
-            table.append(rows, snapshot_properties=summary)
+        files = write_data_files(table.metadata, table.io, rows)
+        with table.transaction() as transaction:
+            if overwrite and table.current_snapshot() is not None:
+                transaction.delete(AlwaysTrue(), snapshot_properties=summary)
+            with transaction.update_snapshot(snapshot_properties=summary).fast_append() as append:
+                for data_file in files:
+                    append.append_data_file(data_file)
+
+    def writer_state(self) -> tuple[Any, dict[str, str]]:
+        """What an executor needs to write the table's data files (:func:`sluice.storage.iceberg_files.
+        write_data_files`): its current metadata and the catalog's properties for its ``FileIO``."""
+        return self.table().metadata, dict(self.catalog_properties)
+
+    def append_files(self, files: list[Any], *, query_id: str, batch_id: int, metadata: dict[str, Any]) -> bool:
+        """Commit data files the executors wrote as one append snapshot carrying the batch's properties, once: False
+        when the table already holds the batch (a replay), and then the files are removed, not committed. No
+        snapshot for no files."""
+        from sluice.storage.iceberg_files import delete_files
+        from sluice.storage.tableformat import batch_properties
+
+        table = self.table()
+        if self.holds_batch(query_id, batch_id):
+            log.warning("Batch %s of %s is already in %s; skipping its replay", batch_id, query_id, self.name)
+            delete_files(table.io, files)
+            return False
+        if not files:
+            return True
+        rows = sum(int(data_file.record_count) for data_file in files)
+        summary = {key: str(value) for key, value in
+                   batch_properties(metadata, query_id=query_id, batch_id=batch_id, rows=rows).items()}
+        with table.transaction() as transaction, \
+                transaction.update_snapshot(snapshot_properties=summary).fast_append() as append:
+            for data_file in files:
+                append.append_data_file(data_file)
+        return True
+
+    def replace_batch(self, rows: Any, row_filter: Any, *, query_id: str, batch_id: int,
+                      metadata: dict[str, Any]) -> bool:
+        """Overwrite by filter, once: the table's rows that match ``row_filter`` (a pyiceberg expression, or its
+        string form such as ``_source_file IN ('a.json')``) are replaced by ``rows`` in one overwrite snapshot
+        carrying the batch's properties (a backfill's ``replace``). A file all of whose rows match is dropped, a file
+        with some is rewritten without them (by Sluice's writer, in the table's partition spec), and the new rows
+        are written beside. False, and nothing written, when the table already holds the batch."""
+        from pyiceberg.expressions import AlwaysTrue
+        from pyiceberg.expressions.visitors import bind
+        from pyiceberg.io.pyarrow import ArrowScan, _expression_to_complementary_pyarrow
+        from pyiceberg.table import _parse_row_filter
+
+        from sluice.storage.iceberg_files import write_data_files
+        from sluice.storage.tableformat import batch_properties
+
+        if self.holds_batch(query_id, batch_id):
+            log.warning("Batch %s of %s is already in %s; skipping its replay", batch_id, query_id, self.name)
+            return False
+        expression = _parse_row_filter(row_filter) if isinstance(row_filter, str) else row_filter
+        table = self.table()
+        schema = table.metadata.schema()
+        keep = _expression_to_complementary_pyarrow(bind(schema, expression, case_sensitive=True), schema)
+        summary = {key: str(value) for key, value in
+                   batch_properties(metadata, query_id=query_id, batch_id=batch_id, rows=rows.num_rows).items()}
+        with table.transaction() as transaction, \
+                transaction.update_snapshot(snapshot_properties=summary).overwrite() as overwrite:
+            for task in table.scan(row_filter=expression).plan_files():
+                held = ArrowScan(table_metadata=table.metadata, io=table.io, projected_schema=schema,
+                                 row_filter=AlwaysTrue()).to_table(tasks=[task])
+                kept = held.filter(keep)
+                if kept.num_rows == held.num_rows:
+                    continue
+                overwrite.delete_data_file(task.file)
+                for data_file in write_data_files(table.metadata, table.io, kept):
+                    overwrite.append_data_file(data_file)
+            for data_file in write_data_files(table.metadata, table.io, rows):
+                overwrite.append_data_file(data_file)
+        return True
+
+    def distinct(self, column: str, where: RowFilter | None = None) -> set[str]:
+        """The column's distinct values (as text) in the rows ``where`` selects (a backfill's plan); none without a
+        table or the column."""
+        if not self.exists() or column not in self.schema().names:
+            return set()
+        scan = self.table().scan(selected_fields=(column,), **({"row_filter": iceberg_filter(where)} if where else {}))
+        return {str(value) for value in scan.to_arrow().column(column).to_pylist() if value is not None}
+
+    def count(self, where: RowFilter) -> int:
+        """The rows ``where`` selects (a backfill's rows to replace); 0 without a table."""
+        if not self.exists():
+            return 0
+        column = where.file_column or where.time_column  # a scan of no column reads no row
+        assert column is not None
+        scan = self.table().scan(row_filter=iceberg_filter(where), selected_fields=(column,))
+        return int(scan.to_arrow().num_rows)
 
     def upsert_batch(self, rows: Any, keys: list[str], *, query_id: str, batch_id: int, metadata: dict[str, Any],
                      sequence_by: str | None = None) -> bool:
@@ -210,6 +339,26 @@ class IcebergTableFormat(TableFormat):
         keep = pc.fill_null(pc.or_kleene(pc.is_null(joined.column(_HELD)),
                                          pc.greater_equal(joined.column(sequence_by), joined.column(_HELD))), False)
         return joined.filter(keep).select(rows.column_names).cast(rows.schema)
+
+
+def iceberg_filter(row_filter: RowFilter) -> Any:
+    """A backfill's row filter (:class:`sluice.model.predicates.RowFilter`: files, a time range) as a pyiceberg
+    expression, for :meth:`IcebergTableFormat.replace_batch`; Kafka offset ranges are not supported."""
+    import pyiceberg.expressions
+
+    # pyiceberg's predicates take a column name (their pydantic fields, which mypy reads, say a term)
+    expressions: Any = pyiceberg.expressions
+    AlwaysTrue, And = expressions.AlwaysTrue, expressions.And
+    if row_filter.offsets:
+        raise SluiceError("an Iceberg table's replace takes files and a time range, not Kafka offsets")
+    expression: Any = AlwaysTrue()
+    if row_filter.time_column is not None and row_filter.start is not None and row_filter.end is not None:
+        expression = And(expressions.GreaterThanOrEqual(row_filter.time_column, row_filter.start.isoformat()),
+                         expressions.LessThan(row_filter.time_column, row_filter.end.isoformat()))
+    if row_filter.file_column is not None:
+        files = expressions.In(row_filter.file_column, set(row_filter.files))
+        expression = files if isinstance(expression, AlwaysTrue) else And(expression, files)
+    return expression
 
 
 # Iceberg's own table property for the age of the snapshots to keep, read by maintenance.

@@ -112,6 +112,16 @@ class TableFormat(ABC):
         None when there is no table, no file, or no statistic for the column."""
         return None
 
+    def distinct(self, column: str, where: Any = None) -> set[str]:
+        """The column's distinct values (as text) in the rows ``where`` (a backfill's
+        :class:`~sluice.model.predicates.RowFilter`) selects: a backfill's plan of an Iceberg sink (a Delta sink's
+        plan queries its table with delta-rs SQL)."""
+        raise NotImplementedError(f"{self.name}: a backfill plan reads this table format through SQL")
+
+    def count(self, where: Any) -> int:
+        """The rows ``where`` selects (see :meth:`distinct`)."""
+        raise NotImplementedError(f"{self.name}: a backfill plan reads this table format through SQL")
+
     def query_ids(self, stream: str, *, limit: int | None = 200) -> list[str]:
         """The query ids that committed batches of ``stream`` to the table, newest first (from the newest ``limit``
         commits): the health gate's test of a checkpoint the table does not know."""

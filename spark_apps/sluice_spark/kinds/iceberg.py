@@ -1,14 +1,17 @@
 """The Iceberg source and sink in Spark: the pip-only engine (pyiceberg), no Iceberg jar.
 
-The source is ``sluice_iceberg`` (:mod:`sluice_spark.rs.iceberg_source`): the rows each new append snapshot adds,
+The source is the ``sluice_iceberg`` data source's reader (:mod:`sluice_spark.rs.iceberg_source`): the rows each new append snapshot adds,
 the declared columns selected and cast as a Delta source's are (:func:`sluice_spark.drift.typed.typed_drift`), with
 the table's identifier as each row's lineage.
 
-Each micro-batch's good rows are collected to the driver as Arrow and committed as one Iceberg snapshot (an append,
-an upsert by keys, or an overwrite of the whole table in complete mode) whose summary carries the query id and the
-batch id; a replayed batch the table already holds is skipped (:meth:`sluice.storage.tableformat.TableFormat.
-commit_batch`). The dead letters then go to the stream's Delta dead-letter table through the
-:class:`~sluice_spark.write.batches.BatchRouter`, exactly once by its own transaction.
+An append on the rs engine goes through the ``sluice_iceberg`` data source (:mod:`sluice_spark.rs.iceberg`): the
+executors write the good rows' Iceberg data files and the dead letters' Delta files, the driver commits one Iceberg
+append snapshot and one Delta transaction per batch. Otherwise (a merge, complete mode, a dead-letter table on the
+jvm engine) each micro-batch's good rows are collected to the driver as Arrow and committed as one Iceberg snapshot
+(an append, an upsert by keys, or an overwrite of the whole table), then the dead letters go to the stream's Delta
+dead-letter table through the :class:`~sluice_spark.write.batches.BatchRouter`. Either way each snapshot's summary
+carries the query id and the batch id, and a replayed batch the table already holds is skipped
+(:meth:`sluice.storage.tableformat.TableFormat.holds_batch`).
 
 Spark's Iceberg runtime (``iceberg-spark-runtime-4.1_2.13``, 1.11.0 and 1.12.0, the newest on Maven Central) does not
 load on Spark 4.2 (``IncompatibleClassChangeError`` on Spark's connector ``View``), so there is no JVM engine yet.
@@ -16,12 +19,14 @@ load on Spark 4.2 (``IncompatibleClassChangeError`` on Spark's connector ``View`
 
 from __future__ import annotations
 
+import json
+
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming import DataStreamWriter
 
-from sluice.constants import INGEST_TIME_COLUMN, RESCUED_COLUMN, SOURCE_FILE_COLUMN, SinkMode
+from sluice.constants import INGEST_TIME_COLUMN, RESCUED_COLUMN, SOURCE_FILE_COLUMN, DeltaEngine, SinkMode
 from sluice.errors import SluiceError
 from sluice.kinds.iceberg import IcebergSink, IcebergSource
 from sluice.model.stream import StreamSpec, TriggerSpec
@@ -30,7 +35,16 @@ from sluice.storage.iceberg import IcebergTableFormat
 from sluice_spark import faults
 from sluice_spark.drift.typed import typed_drift
 from sluice_spark.kinds.delta import OUTPUT_MODES
-from sluice_spark.targets import GOOD_ROUTE, RAW_COLUMN, ROUTE_COLUMN
+from sluice_spark.rs.iceberg import ICEBERG_DATA_SOURCE
+from sluice_spark.session import register_data_sources
+from sluice_spark.targets import (
+    FAILED_COLUMN,
+    GOOD_ROUTE,
+    NEW_FIELDS_COLUMN,
+    RAW_COLUMN,
+    ROUTE_COLUMN,
+    encode_targets,
+)
 from sluice_spark.write.batches import BatchRouter, SinkRequest, sink_and_dead_letter, stream_commit_info
 from sluice_spark.write.tables import latest_per_key
 
@@ -38,12 +52,10 @@ from sluice_spark.write.tables import latest_per_key
 def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | None, trigger: TriggerSpec) -> DataFrame:
     """The source table's new append snapshots, from the one after the checkpoint's, as a streaming DataFrame of the
     declared columns."""
-    from sluice_spark.session import register_data_sources
-
     source = stream.source
     assert isinstance(source, IcebergSource)
     register_data_sources(spark)
-    reader = (spark.readStream.format("sluice_iceberg").options(**source.options)
+    reader = (spark.readStream.format(ICEBERG_DATA_SOURCE).options(**source.options)
               .option("table", source.identifier).option("catalog", source.catalog).option("lakeRoot", roots.lake))
     if trigger.max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", trigger.max_files_per_trigger)
@@ -71,13 +83,20 @@ def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | N
 
 def iceberg_table(request: SinkRequest) -> IcebergTableFormat:
     """The stream's Iceberg table, created (with its namespace) from the good rows' columns unless it exists."""
-    sink = request.stream.sink
-    assert isinstance(sink, IcebergSink)
     if request.roots is None:
         raise SluiceError(f"stream '{request.stream.name}': an Iceberg sink needs the run's roots to find its catalog")
-    table = IcebergTableFormat(sink.identifier, sink.catalog_properties(request.roots))
-    schema = to_arrow_schema(request.frame.select(*request.data_columns).schema, timezone="UTC")
-    table.ensure(schema, description=request.stream.description)
+    return ensure_iceberg_table(request.stream, request.roots, request.frame, request.data_columns)
+
+
+def ensure_iceberg_table(stream: StreamSpec, roots: Roots, frame: DataFrame,
+                         data_columns: list[str]) -> IcebergTableFormat:
+    """The stream's Iceberg table, created with the frame's ``data_columns`` and the sink's partition spec unless it
+    exists (an existing one gains the columns it lacks)."""
+    sink = stream.sink
+    assert isinstance(sink, IcebergSink)
+    table = IcebergTableFormat(sink.identifier, sink.catalog_properties(roots))
+    schema = to_arrow_schema(frame.select(*data_columns).schema, timezone="UTC")
+    table.ensure(schema, sink.partition_transforms, description=stream.description)
     return table
 
 
@@ -88,6 +107,8 @@ def sink_writer(request: SinkRequest) -> DataStreamWriter:
     stream, sink = request.stream, request.stream.sink
     assert isinstance(sink, IcebergSink)
     table = iceberg_table(request)
+    if sink.mode is SinkMode.APPEND and request.engine is DeltaEngine.RS:
+        return executor_writer(request, table)
     commit_info = stream_commit_info(request.commit_info, stream=stream.name, query_id=request.query_id)
 
     def commit(batch: DataFrame, batch_id: int) -> bool:
@@ -113,3 +134,25 @@ def sink_writer(request: SinkRequest) -> DataStreamWriter:
                          query_id=request.query_id, commit_info=commit_info, before=commit,
                          example_column=RAW_COLUMN)
     return request.frame.writeStream.foreachBatch(router).outputMode(OUTPUT_MODES[sink.mode])
+
+
+def executor_writer(request: SinkRequest, table: IcebergTableFormat) -> DataStreamWriter:
+    """The ``sluice_iceberg`` data source's writer: the executors write the files, the driver commits them."""
+    columns = request.frame.columns
+    failing = {"failedColumn": FAILED_COLUMN, "exampleColumn": RAW_COLUMN} if FAILED_COLUMN in columns else {}
+    if NEW_FIELDS_COLUMN in columns:
+        failing.update(newFieldsColumn=NEW_FIELDS_COLUMN, originColumn=SOURCE_FILE_COLUMN)
+    register_data_sources(request.frame.sparkSession)
+    return (
+        request.frame.writeStream.format(ICEBERG_DATA_SOURCE)
+        .options(**failing)
+        .outputMode("append")
+        .option("table", table.identifier)
+        .option("catalog", json.dumps(table.catalog_properties))
+        .option("columns", json.dumps(request.data_columns))
+        .option("targets", encode_targets([sink_and_dead_letter(request.targets)[1]]))
+        .option("routeColumn", ROUTE_COLUMN)
+        .option("queryId", request.query_id)
+        .option("stream", request.stream.name)
+        .option("commitInfo", json.dumps(request.commit_info))
+    )

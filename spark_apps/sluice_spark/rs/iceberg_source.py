@@ -1,4 +1,5 @@
-"""The ``sluice_iceberg`` Spark Python Data Source: an Iceberg table read incrementally by snapshot, without the
+"""The reading side of the ``sluice_iceberg`` Spark Python Data Source (:mod:`sluice_spark.rs.iceberg`): an Iceberg
+table read incrementally by snapshot, without the
 Iceberg JVM jars (pyiceberg plans on the driver, pyarrow reads on the executors).
 
 ``spark.readStream.format("sluice_iceberg").option("table", "ns.table").option("catalog", name)
@@ -22,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxBytes, ReadMaxFiles, SupportsTriggerAvailableNow
 
 from sluice.paths import Roots
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql.types import StructType
 
-ICEBERG_SOURCE_NAME = "sluice_iceberg"
+ICEBERG_DATA_SOURCE = "sluice_iceberg"
 
 
 def _table(options: dict[str, str]) -> Any:
@@ -49,26 +50,16 @@ def _table(options: dict[str, str]) -> Any:
 
     missing = [name for name in ("table", "catalog", "lakeroot") if not options.get(name)]
     if missing:
-        raise ValueError(f"the {ICEBERG_SOURCE_NAME} source needs the option(s) {', '.join(missing)}")
+        raise ValueError(f"the {ICEBERG_DATA_SOURCE} source needs the option(s) {', '.join(missing)}")
     roots = Roots(landing="", lake=options["lakeroot"], checkpoints="")
     return IcebergTableFormat(options["table"], catalog_properties(options["catalog"], roots)).table()
 
 
-class IcebergDataSource(DataSource):
-    """``spark.readStream.format("sluice_iceberg")``: the options ``table``, ``catalog``, ``lakeRoot``, the read
-    limits, and the skip options of :data:`sluice.storage.iceberg_snapshots.SKIP_OPTIONS`."""
+def table_schema(options: Any) -> StructType:
+    """The Spark schema of the table the reader's options name: the table's schema as it is now."""
+    from pyspark.sql.pandas.types import from_arrow_schema
 
-    @classmethod
-    def name(cls) -> str:
-        return ICEBERG_SOURCE_NAME
-
-    def schema(self) -> StructType:
-        from pyspark.sql.pandas.types import from_arrow_schema
-
-        return from_arrow_schema(_table(_lowered(self.options)).schema().as_arrow())
-
-    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return IcebergStreamReader(schema, dict(self.options))
+    return from_arrow_schema(_table(_lowered(options)).schema().as_arrow())
 
 
 def _lowered(options: Any) -> dict[str, str]:

@@ -154,11 +154,15 @@ class DeltaRsStreamWriter(DataSourceStreamArrowWriter):
     # -- driver ----------------------------------------------------------------------------------------------------
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        from deltalake import CommitProperties, DeltaTable, Transaction
-        from deltalake.transaction import AddAction, PostCommitHookProperties, RemoveAction
+        files = self.refuse_broken(messages, batchId)
+        faults.reach("before_commit", batchId)
+        self.commit_tables(files, batchId)
+        faults.reach("after_commit", batchId)
 
+    def refuse_broken(self, messages: list[WriterCommitMessage | None], batchId: int) -> list[AddedFile]:
+        """The files the tasks wrote; raises (after removing them) when rows broke a ``fail`` expectation or
+        brought new fields under ``fail_on_new_columns``: such a batch commits nowhere."""
         ours = [message for message in messages if isinstance(message, DeltaCommitMessage)]
-        files = [f for message in ours for f in message.files]
         failed = _summed(message.failed for message in ours)
         new_fields = _summed(message.new_fields for message in ours)
         if new_fields:
@@ -167,7 +171,13 @@ class DeltaRsStreamWriter(DataSourceStreamArrowWriter):
         if failed:
             self.abort(messages, batchId)
             raise expectation_failure(batchId, failed, next((m.example for m in ours if m.example), None))
-        faults.reach("before_commit", batchId)
+        return [f for message in ours for f in message.files]
+
+    def commit_tables(self, files: list[AddedFile], batchId: int) -> None:
+        """One Delta transaction per table of the batch's files (none for a table that holds the batch already)."""
+        from deltalake import CommitProperties, DeltaTable, Transaction
+        from deltalake.transaction import AddAction, PostCommitHookProperties, RemoveAction
+
         for index, target in enumerate(self.targets):
             table_files = [f for f in files if f.table == index]
             table = DeltaTable(target.path)
@@ -196,7 +206,6 @@ class DeltaRsStreamWriter(DataSourceStreamArrowWriter):
                 post_commithook_properties=PostCommitHookProperties(create_checkpoint=True),
             )
             faults.reach("between_commits", batchId)
-        faults.reach("after_commit", batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         for message in messages:

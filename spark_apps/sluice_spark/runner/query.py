@@ -12,6 +12,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from sluice.constants import CommitInfo, RunStatus
 from sluice.errors import SluiceError
+from sluice.kinds import sink_table_format
 from sluice.kinds.credentials import scrub_secrets
 from sluice.storage.delta import batch_commits, table_version
 from sluice.storage.lock import HeldLock
@@ -120,6 +121,20 @@ def _state_counts(query: StreamingQuery) -> tuple[int, int, int]:
     return late, duplicates, held
 
 
+def sent_rows(prepared: PreparedStream, batches: dict[int, int]) -> int:
+    """The good rows a sink that is no Delta table took in ``batches``: as its writer counted them on the driver
+    (Kafka, an Iceberg merge), else from the batch commits of its table (an Iceberg append, committed by a data
+    source's writer in a Python worker)."""
+    if prepared.sent_to_kafka or prepared.roots is None:
+        return sum(prepared.sent_to_kafka.get(batch, 0) for batch in batches)
+    table = sink_table_format(prepared.spec, prepared.roots)
+    if table is None:
+        return 0
+    rows = {commit.batch_id: commit.rows or 0 for commit in table.commits(limit=2 * len(batches) + 50)
+            if commit.query_id == prepared.query_id and commit.batch_id in batches}
+    return sum(rows.values())
+
+
 def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: float) -> StreamRunSummary:
     """Fill the summary once the query has ended; reconcile rows read with rows committed."""
     summary = prepared.summary
@@ -146,7 +161,7 @@ def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: floa
                                          for key in dict.fromkeys(k for change in changes for k in change)}
         return sum(commit.rows for commit in commits)
 
-    summary.output_rows = (sum(prepared.sent_to_kafka.get(batch, 0) for batch in input_rows) if data is None
+    summary.output_rows = (sent_rows(prepared, input_rows) if data is None
                            else committed(data, summary.delta_version_before))
     summary.dead_letter_rows = committed(dead, summary.dead_letter_version_before)
     error = query.exception()
