@@ -147,9 +147,12 @@ def driver_options_env(catalog: Path, streams: list[str], roots: Roots) -> dict[
     from sluice.operations.jvm import driver_java_options, log_options, small_run, submit_env
 
     try:
-        small = small_run(load_catalog(catalog).select(streams), roots)
+        selected = load_catalog(catalog).select(streams)
     except SluiceError:  # a catalog the run itself must refuse: no small run to tell
-        small = False
+        selected = []
+    # The small-run probe lists a landing folder, which a test of a notified landing zone counts as the run's own.
+    notified = any(getattr(stream.source, "notifications", None) for stream in selected)
+    small = bool(selected) and not notified and small_run(selected, roots)
     return submit_env([*driver_java_options(small=small), *log_options()])
 
 
