@@ -138,6 +138,24 @@ def spark_submit(*arguments: str, master: str = "local[2]") -> list[str]:
             "--conf", "spark.sql.shuffle.partitions=2", *submit_args(), *arguments]
 
 
+def driver_options_env(catalog: Path, streams: list[str], roots: Roots) -> dict[str, str]:
+    """``SPARK_SUBMIT_OPTS`` for a test's spark-submit of ``streams``, as Sluice's operators give a run's driver: the
+    class archive, the light JIT when the run is small (:func:`sluice.operations.jvm.small_run`), Spark's log at WARN.
+    A cold JVM spends most of a short run loading and compiling Spark's classes; a test's run is short."""
+    from sluice.catalog import load_catalog
+    from sluice.errors import SluiceError
+    from sluice.operations.jvm import driver_java_options, log_options, small_run, submit_env
+
+    try:
+        selected = load_catalog(catalog).select(streams)
+    except SluiceError:  # a catalog the run itself must refuse: no small run to tell
+        selected = []
+    # The small-run probe lists a landing folder, which a test of a notified landing zone counts as the run's own.
+    notified = any(getattr(stream.source, "notifications", None) for stream in selected)
+    small = bool(selected) and not notified and small_run(selected, roots)
+    return submit_env([*driver_java_options(small=small), *log_options()])
+
+
 def load_spark_app(script: str) -> Any:
     """A Spark entry point of spark_apps/ (``stream_runner.py``...), loaded as a module: it imports pyspark, but
     starts no JVM. The scripts are no package modules, so they are not importable by name."""

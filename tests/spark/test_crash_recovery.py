@@ -25,7 +25,15 @@ from sluice.catalog import load_catalog
 from sluice.cli.demo_producer import DemoProducer
 from sluice.paths import Roots
 from sluice.storage.delta import read_table
-from tests.helpers import events_stream, expected_events, roots_in, spark_submit, table_rows, write_catalog
+from tests.helpers import (
+    driver_options_env,
+    events_stream,
+    expected_events,
+    roots_in,
+    spark_submit,
+    table_rows,
+    write_catalog,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -38,7 +46,8 @@ def submit(catalog: Path, roots: Roots, *extra_env: tuple[str, str], summary: Pa
            run_id: str | None = None, log: Path | None = None, stream: str = "events") -> subprocess.Popen:
     """spark-submit the runner. A run the test waits on without reading its output (until a crash point) writes it
     to ``log``: a pipe nobody drains would block the run once its buffer is full."""
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, **dict(extra_env)}
+    env = {**os.environ, **driver_options_env(catalog, [stream], roots), "PYSPARK_PYTHON": sys.executable,
+           "PYSPARK_DRIVER_PYTHON": sys.executable, **dict(extra_env)}
     command = spark_submit(str(RUNNER), "--catalog", str(catalog), "--stream", stream, *roots.as_args())
     if summary is not None:
         command += ["--summary-file", str(summary)]
