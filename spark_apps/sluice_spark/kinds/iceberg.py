@@ -1,8 +1,8 @@
 """The Iceberg source and sink in Spark: the pip-only engine (pyiceberg), no Iceberg jar.
 
-The source is the ``sluice_iceberg`` data source's reader (:mod:`sluice_spark.rs.iceberg_source`): the rows each new append snapshot adds,
-the declared columns selected and cast as a Delta source's are (:func:`sluice_spark.drift.typed.typed_drift`), with
-the table's identifier as each row's lineage.
+The source is the ``sluice_iceberg`` data source's reader (:mod:`sluice_spark.rs.iceberg_source`): the rows each
+new append snapshot adds, the declared columns selected and cast as a Delta source's are
+(:func:`sluice_spark.drift.typed.typed_drift`), with the table's identifier as each row's lineage.
 
 An append on the rs engine goes through the ``sluice_iceberg`` data source (:mod:`sluice_spark.rs.iceberg`): the
 executors write the good rows' Iceberg data files and the dead letters' Delta files, the driver commits one Iceberg
