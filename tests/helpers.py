@@ -150,9 +150,7 @@ def driver_options_env(catalog: Path, streams: list[str], roots: Roots) -> dict[
         selected = load_catalog(catalog).select(streams)
     except SluiceError:  # a catalog the run itself must refuse: no small run to tell
         selected = []
-    # The small-run probe lists a landing folder, which a test of a notified landing zone counts as the run's own.
-    notified = any(getattr(stream.source, "notifications", None) for stream in selected)
-    small = bool(selected) and not notified and small_run(selected, roots)
+    small = bool(selected) and small_run(selected, roots)
     return submit_env([*driver_java_options(small=small), *log_options()])
 
 

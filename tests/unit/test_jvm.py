@@ -207,6 +207,7 @@ def test_a_build_under_a_loose_umask_gives_an_archive_runs_use(fake_spark: Path,
 
 
 def test_a_small_run_is_measured_by_the_lag_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sluice.kinds.files import FilesKind
     from sluice.kinds.kafka import KafkaSourceKind
     from sluice.lag.observe import unread_bytes
 
@@ -216,8 +217,10 @@ def test_a_small_run_is_measured_by_the_lag_probe(tmp_path: Path, monkeypatch: p
     adding = events_stream("adding", source={**events_stream()["source"], "schema_evolution": "add_new_columns"})
     merged = events_stream("merged", sink={"path": "bronze/merged", "engine": "rs", "mode": "merge",
                                            "keys": ["event_id"], "sequence_by": "event_time"})
+    notified = events_stream("notified", source={**events_stream()["source"], "path": "s3a://landing/events",
+                                                 "notifications": {"queue": "landing-events"}})
     catalog = load_catalog(write_catalog(tmp_path, events_stream("events"), events_stream("other", checkpoint="o"),
-                                         parquet, merged, adding, automatic))
+                                         parquet, merged, adding, automatic, notified))
     roots = roots_in(tmp_path)
     landing = tmp_path / "landing" / "events"
     landing.mkdir(parents=True)
@@ -238,6 +241,9 @@ def test_a_small_run_is_measured_by_the_lag_probe(tmp_path: Path, monkeypatch: p
     assert not jvm.small_run(catalog.select(["merged"]), roots), "a merge reads its table"
     assert not jvm.small_run(catalog.select(["adding"]), roots), "add_new_columns types new columns with Spark jobs"
     assert not jvm.small_run(events, roots, engine=DeltaEngine.JVM), "the JVM's Delta writer was never measured"
+    with monkeypatch.context() as patched:
+        patched.setattr(FilesKind, "backlog", lambda *args: pytest.fail("the landing folder was listed"))
+        assert not jvm.small_run(catalog.select(["notified"]), roots), "notifications spare the folder's listing"
     automatic = catalog.select(["automatic"])
     monkeypatch.setenv("SPARK_HOME", str(tmp_path / "spark"))
     monkeypatch.setenv("SLUICE_JARS_DIR", str(tmp_path / "resolved"))  # nothing resolved with Maven yet

@@ -211,12 +211,14 @@ def text_append_backlog(stream: StreamSpec, roots: Roots) -> int | None:
     """The unread bytes of a stream whose work they measure: text files (JSON, CSV) appended to a Delta table
     without a join, and without adding columns. None for any other stream (Parquet's and a Delta source's bytes are
     compressed and may grow many times in memory; a merge reads its table, a join its other side;
-    ``add_new_columns`` types its new columns with Spark jobs over each batch) and when the probe fails (logged).
-    The paths that suit small runs only (the driver's write path, the driver's light JIT) are chosen by it."""
+    ``add_new_columns`` types its new columns with Spark jobs over each batch), for a landing zone told of its files
+    by notifications (the probe would list the folder they spare), and when the probe fails (logged). The paths that
+    suit small runs only (the driver's write path, the driver's light JIT) are chosen by it."""
     source, sink = stream.source, stream.sink
     if (source.type is not SourceType.FILES or source.format not in (FileFormat.JSON, FileFormat.CSV)
             or source.schema_evolution is SchemaEvolution.ADD_NEW_COLUMNS or stream.patterns.join is not None
-            or not isinstance(sink, DeltaSink) or sink.mode is not SinkMode.APPEND):
+            or not isinstance(sink, DeltaSink) or sink.mode is not SinkMode.APPEND
+            or getattr(source, "notifications", None) is not None):
         return None
     try:
         return unread_bytes(stream, roots)

@@ -134,9 +134,6 @@ def collects_on_driver(stream: StreamSpec, roots: Roots, engine: DeltaEngine, ta
     than the small run's own work."""
     if engine is not DeltaEngine.RS or any(target.mode is not SinkMode.APPEND for target in targets):
         return False
-    if getattr(stream.source, "notifications", None) is not None:
-        return False  # the probe would list the landing folder that the notifications spare
-
     limit = int(os.environ.get("SLUICE_DRIVER_WRITE_MAX_BYTES", DRIVER_WRITE_MAX_BYTES))
     unread = text_append_backlog(stream, roots) if limit > 0 else None
     return unread is not None and unread <= limit
