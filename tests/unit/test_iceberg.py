@@ -151,9 +151,10 @@ def test_an_iceberg_overwrite_and_an_upsert_commit_once(tmp_path: Path) -> None:
 def test_an_existing_iceberg_table_gains_the_columns_it_lacks(tmp_path: Path) -> None:
     table = IcebergTableFormat("db.t", default_catalog_properties(str(tmp_path / "lake")))
     table.ensure(SCHEMA)
-    wider = pa.schema([*SCHEMA, pa.field("extra", pa.float64())])
+    wider = pa.schema([*SCHEMA, pa.field("extra", pa.float64(), nullable=False)])  # Spark's NOT NULL of a literal
     assert table.ensure(wider) is False
     assert table.schema().names == ["id", "name", "extra"]
+    assert not table.table().schema().find_field("extra").required, "a later run's NULL must be admitted"
     with pytest.raises(SluiceError, match="cannot take the stream's columns"):
         table.ensure(pa.schema([pa.field("id", pa.string()), pa.field("other", pa.int32())]))
 

@@ -93,8 +93,8 @@ class IcebergTableFormat(TableFormat):
         """Create the table (and its namespace) with ``schema``, every column optional (Spark's nullability of a
         computed column changes with the plan: a required column would refuse a later run's rows), partitioned by
         ``partition_by`` (Iceberg transforms, :func:`sluice.storage.iceberg_files.parse_partition`); an existing
-        table keeps its partition spec and gains the columns it lacks, and a column of another type is refused
-        (pyiceberg's own message, with the table named)."""
+        table keeps its partition spec and gains the columns it lacks (optional too), and a column of another type is
+        refused (pyiceberg's own message, with the table named)."""
         import pyarrow as pa
 
         from sluice.storage.iceberg_files import parse_partition
@@ -102,9 +102,9 @@ class IcebergTableFormat(TableFormat):
         fields = [parse_partition(text) for text in partition_by]
         namespace = self.identifier.rsplit(".", 1)[0]
         self.catalog.create_namespace_if_not_exists(namespace)
+        optional = pa.schema([field.with_nullable(True) for field in schema])
         if not self.exists():
             properties = {"comment": description} if description else {}
-            optional = pa.schema([field.with_nullable(True) for field in schema])
             if not fields:
                 self.catalog.create_table(self.identifier, schema=optional, properties=properties)
                 return True
@@ -120,7 +120,7 @@ class IcebergTableFormat(TableFormat):
         if any(field.name not in have for field in schema):
             try:
                 with table.update_schema() as update:
-                    update.union_by_name(schema)
+                    update.union_by_name(optional)
             except Exception as error:
                 raise SluiceError(f"{self.name} cannot take the stream's columns: {error}") from error
         return False
