@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
-from sluice.connections.secrets import REDACTED, secret_forms
+from sluice.connections.secrets import REDACTED, connection_secrets, secret_forms
 from sluice.errors import SluiceError
 
 ENV_PREFIX = "SLUICE_ICEBERG_CONN_"
@@ -156,18 +156,7 @@ def secret_values(properties: Mapping[str, str]) -> list[str]:
 
 def env_secrets(environ: Mapping[str, str]) -> list[str]:
     """Every secret the catalog connections' variables in ``environ`` carry."""
-    secrets: list[str] = []
-    for name, text in environ.items():
-        if not name.startswith(ENV_PREFIX) or not text:
-            continue
-        secrets.append(text)
-        try:
-            properties = json.loads(text)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(properties, dict):
-            secrets += secret_values({str(k): str(v) for k, v in properties.items()})
-    return secrets
+    return connection_secrets(environ, ENV_PREFIX, secret_values)
 
 
 def redact(properties: Mapping[str, str]) -> dict[str, str]:

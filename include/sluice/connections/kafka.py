@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.connections.secrets import REDACTED, scrub, secret_forms
+from sluice.connections.secrets import REDACTED, connection_secrets, scrub, secret_forms
 from sluice.errors import SluiceError
 
 __all__ = ["REDACTED", "scrub", "secret_forms"]  # with the rest of this module: the generic pieces, where they were
@@ -274,18 +274,7 @@ def secret_values(options: Mapping[str, str]) -> list[str]:
 
 def env_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
     """Every secret the operator passed to this process (driver side), for scrubbing error messages."""
-    environ = os.environ if environ is None else environ
-    secrets: list[str] = []
-    for name, text in environ.items():
-        if name.startswith(ENV_PREFIX) and text:
-            secrets.append(text)
-            try:
-                options = json.loads(text)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(options, dict):
-                secrets += secret_values({str(k): str(v) for k, v in options.items()})
-    return secrets
+    return connection_secrets(os.environ if environ is None else environ, ENV_PREFIX, secret_values)
 
 
 def redact(options: Mapping[str, Any]) -> dict[str, Any]:

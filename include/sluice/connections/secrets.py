@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from sluice.connections.storage import SECRET_VARIABLES
 
@@ -29,7 +29,7 @@ _SECRET_NAME = re.compile(r"(PASSWORD|PASSWD|SECRET|TOKEN|CREDENTIAL|PRIVATE_KEY
 # every message.
 _MIN_GUESSED_SECRET = 8
 
-__all__ = ["REDACTED", "environment_secrets", "scrub", "secret_forms"]
+__all__ = ["REDACTED", "connection_secrets", "environment_secrets", "scrub", "secret_forms"]
 
 
 def secret_forms(secret: str) -> list[str]:
@@ -47,6 +47,24 @@ def scrub(text: str, secrets: Iterable[str]) -> str:
         if secret:
             text = text.replace(secret, REDACTED)
     return text
+
+
+def connection_secrets(environ: Mapping[str, str], prefix: str,
+                       secret_values: Callable[[Mapping[str, str]], list[str]]) -> list[str]:
+    """Every secret the connection variables in ``environ`` carry (those named ``prefix<ID>``, each the JSON of a
+    connection's settings): the whole value, and what ``secret_values`` finds among its settings."""
+    secrets: list[str] = []
+    for name, text in environ.items():
+        if not name.startswith(prefix) or not text:
+            continue
+        secrets.append(text)
+        try:
+            settings = json.loads(text)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(settings, dict):
+            secrets += secret_values({str(k): str(v) for k, v in settings.items()})
+    return secrets
 
 
 def environment_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
