@@ -276,6 +276,9 @@ class TransactionalTopic:
                         producer.poll(0.1)
             producer.send_offsets_to_transaction([TopicPartition(self.topic, 0, batch_id + 1)],
                                                  consumer.consumer_group_metadata(), 60)
+            # The records are on the broker and the transaction is open: a kill from here on leaves an aborted
+            # transaction's records in the log (committing would flush them anyway; this only orders it).
+            producer.flush(60)
             faults.reach("before_commit", batch_id)
             producer.commit_transaction(120)
             return rows.num_rows
