@@ -21,7 +21,7 @@ A third side, ``cleaned``, is the same stream with ``source.clean`` (delete, ``a
 landing folder's listing stays the size of one run's files, and what grows is the checkpoint's file source log.
 Its goal is ``after_10000_vs_fresh`` <= 1.2. The last line is the result as JSON.
 
-    python bench/bench_history.py [--runs 1000] [--clean-runs 10000] [--maintain-every 288] [--rounds 3]
+    python bench/bench_history.py [--runs 1000] [--clean-runs 10000] [--maintain-every 288] [--rounds 3] [--lock FILE]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime as dt
+import fcntl
 import json
 import shutil
 import tempfile
@@ -73,6 +74,8 @@ def main() -> None:
     parser.add_argument("--clean-runs", type=int, default=10000, help="the history of the side with source.clean")
     parser.add_argument("--maintain-every", type=int, default=288)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--lock", type=Path, help="a file to flock before the timed rounds, so that jobs sharing the "
+                        "machine and the lock (tests, other benches) wait while the history bench measures")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="sluice-bench-history-"))
     try:
@@ -100,6 +103,9 @@ def main() -> None:
                 raise SystemExit(f"{side}: expected one batch, ran {summary.batches}")
             return elapsed
 
+        if args.lock:
+            lock = args.lock.open("a")
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the process ends
         run_once(spark, *_warm_up(work))
         best = best_of_rounds([*histories, "fresh"], args.rounds, timed)
         names = {"aged": "aged_vs_fresh", "cleaned": "after_10000_vs_fresh"}
