@@ -243,3 +243,121 @@ def test_a_queue_connection_reaches_the_run_apart_from_the_stores_credentials(
     monkeypatch.delenv("AWS_ENDPOINT_URL")
     wanted = put(server, bucket, f"{PREFIX}a.json")
     assert drain(queued_stream, roots).files == 1 and unrecorded(queued_stream, roots) == wanted
+
+
+def listed(requests: list[str], bucket: str) -> list[str]:
+    """The listings of the bucket among moto's logged requests (``GET /bucket?list-type=2...``; a HEAD or GET of
+    one object names its key after the bucket)."""
+    return [request for request in requests
+            if request.startswith(f"GET /{bucket}?") or request.startswith(f"GET /{bucket} ")]
+
+
+def read_by_batch_zero(roots: Roots, stream: StreamSpec, server: Any, bucket: str, *paths: str) -> None:
+    """Spark's checkpoint after batch 0 read ``paths`` and committed, with each file's real modification time."""
+    s3 = server.client("s3")
+    checkpoint = Path(stream.checkpoint_path(roots))
+    (checkpoint / "sources" / "0").mkdir(parents=True)
+    (checkpoint / "commits").mkdir()
+    lines = []
+    for path in paths:
+        modified = s3.head_object(Bucket=bucket, Key=path.split("/", 3)[3])["LastModified"].timestamp()
+        lines.append(json.dumps({"path": path, "timestamp": int(modified * 1000), "batchId": 0}) + "\n")
+    (checkpoint / "sources" / "0" / "0").write_text("v1\n" + "".join(lines))
+    (checkpoint / "commits" / "0").write_text('v1\n{"nextBatchWatermarkMs":0}\n')
+
+
+def test_the_lag_probe_counts_the_journal_and_the_queue_without_listing(world: Any) -> None:
+    """The backlog of a notified stream: the journaled files the source log has not recorded as committed (with
+    the size their events told), plus one file per message still in the queue; no listing, no message taken."""
+    from sluice.lag.observe import observe
+
+    stream, roots, server, bucket = world
+    mark_listed(stream, roots, at=time.time())
+    read, unread = put(server, bucket, f"{PREFIX}a.json", f"{PREFIX}b.json")
+    drain(stream, roots)
+    put(server, bucket, f"{PREFIX}c.json")  # still in the queue
+    read_by_batch_zero(roots, stream, server, bucket, read)
+    offset = server.log_offset()
+    backlog = observe(stream, roots).backlog
+    assert not listed(server.requests_since(offset), bucket), server.requests_since(offset)
+    assert (backlog.files, backlog.bytes, backlog.arrivals) == (2, len(b'{"event_id": "1"}\n'), frozenset({unread}))
+    assert backlog.oldest_unread_at is not None and abs(backlog.oldest_unread_at - time.time()) < 60
+    assert any("1 message(s) wait in the notification queue" in note for note in backlog.notes), backlog.notes
+    assert queued(server, stream) == 1, "the probe only looks at the queue"
+
+
+def test_the_lag_probe_says_a_listing_is_due_and_an_unreadable_queue(world: Any, tmp_path: Path) -> None:
+    stream, roots, server, bucket = world
+    from sluice.lag.observe import observe
+
+    source = {**events_stream()["source"], "path": stream.source.path,
+              "notifications": {"queue": f"{server.endpoint}/123456789012/no-such-queue"}}
+    (tmp_path / "other").mkdir()
+    missing = load_catalog(write_catalog(tmp_path / "other", events_stream(source=source))).get("events")
+    offset = server.log_offset()
+    backlog = observe(missing, roots).backlog
+    assert not listed(server.requests_since(offset), bucket)
+    assert backlog.files == 0 and any("could not be read" in note for note in backlog.notes), backlog.notes
+    assert any("the next run lists the landing folder (the stream has not listed" in note for note in backlog.notes)
+
+
+def cleaning(stream: StreamSpec, tmp_path: Path, roots: Roots) -> StreamSpec:
+    """The stream with ``source.clean: {action: delete, after: 1 hour}``, on the same roots."""
+    source = {**events_stream()["source"], "path": stream.source.path,
+              "notifications": {"queue": stream.source.notifications.queue, "list_every": "1 hour"},
+              "clean": {"action": "delete", "after": "1 hour"}}
+    (tmp_path / "cleaning").mkdir()
+    return load_catalog(write_catalog(tmp_path / "cleaning", events_stream(source=source))).get("events")
+
+
+def test_a_notified_clean_lists_nothing_and_asks_only_for_the_files_it_cleans(world: Any, tmp_path: Path) -> None:
+    """The clean of a notified landing zone takes its candidates from the source log: the files of committed
+    batches, each looked up by name before it is deleted; an unread file is never touched; a second clean asks the
+    store nothing about the files the first one finished."""
+    from sluice.storage.clean import clean_landing
+
+    stream, roots, server, bucket = world
+    stream = cleaning(stream, tmp_path, roots)
+    read = put(server, bucket, f"{PREFIX}a.json", f"{PREFIX}day=1/b c.json")
+    (unread,) = put(server, bucket, f"{PREFIX}d.json")
+    read_by_batch_zero(roots, stream, server, bucket, *read)
+    s3 = server.client("s3")
+
+    def keys() -> list[str]:
+        return sorted(found["Key"] for found in s3.list_objects_v2(Bucket=bucket).get("Contents", []))
+
+    young = clean_landing(stream, roots, now=time.time())
+    assert (young.deleted, young.waiting) == (0, 2), "younger than `after`: kept"
+    offset = server.log_offset()
+    report = clean_landing(stream, roots, now=time.time() + 3700)
+    requests = server.requests_since(offset)
+    assert (report.deleted, report.waiting, report.held, report.changed) == (2, 0, 0, 0)
+    assert not listed(requests, bucket), requests
+    assert keys() == [unread.split("/", 3)[3]]
+    offset = server.log_offset()
+    again = clean_landing(stream, roots, now=time.time() + 3700)
+    assert again.to_dict() == {"archived": 0, "deleted": 0, "waiting": 0, "held": 0, "changed": 0}
+    assert not server.requests_since(offset), "every file of batch 0 is done: nothing to ask"
+
+
+def test_a_notified_clean_leaves_a_file_written_again_and_one_a_backfill_holds(world: Any, tmp_path: Path) -> None:
+    from sluice.storage.clean import BACKFILL_ROOT, clean_landing
+
+    stream, roots, server, bucket = world
+    stream = cleaning(stream, tmp_path, roots)
+    held, rewritten, plain = put(server, bucket, f"{PREFIX}held.json", f"{PREFIX}rewritten.json",
+                                f"{PREFIX}plain.json")
+    read_by_batch_zero(roots, stream, server, bucket, held, rewritten, plain)
+    log = Path(stream.checkpoint_path(roots)) / "sources" / "0" / "0"
+    header, *entries = log.read_text().splitlines()
+    entries = [json.loads(line) for line in entries]
+    for entry in entries:
+        entry["timestamp"] -= 5000 if entry["path"] == rewritten else 0  # the batch read an older file of that name
+    log.write_text("\n".join([header, *map(json.dumps, entries)]) + "\n")
+    plan = Path(roots.checkpoints) / BACKFILL_ROOT / stream.name / "b1"
+    plan.mkdir(parents=True)
+    (plan / "plan.json").write_text(json.dumps({"files": [{"path": held}]}))
+    report = clean_landing(stream, roots, now=time.time() + 3700)
+    assert (report.deleted, report.held, report.changed) == (1, 1, 1)
+    (plan / "done").write_text("")
+    assert clean_landing(stream, roots, now=time.time() + 3700).deleted == 1, "the backfill finished: its file goes"

@@ -310,15 +310,16 @@ class FilesKind(SourceKind):
                           envelope_tiebreak=unwrap.tiebreak, envelope_truncate=unwrap.truncate)
 
     def backlog(self, stream: StreamSpec, roots: Roots, reader: CheckpointReader) -> Backlog:
-        """Files (and their bytes) the next run will read, and when the oldest of them was written."""
+        """Files (and their bytes) the next run will read, and when the oldest of them was written. A notified landing
+        zone is not listed: its journal, its source log and its queue's depth tell (:func:`_notified_backlog`)."""
+        if getattr(stream.source, "notifications", None) is not None:
+            return _notified_backlog(stream, roots, reader)
         unread = unread_files(stream, roots, SourceState.of(stream, reader))
         backlog = Backlog(files=len(unread.files), bytes=sum(f.size for f in unread.files),
                           oldest_unread_at=min((f.modified for f in unread.files), default=None),
                           arrivals=frozenset(f.path for f in unread.files))
         if unread.behind_horizon:
-            backlog.notes.append(f"{unread.behind_horizon} file(s) are older than the stream's maxFileAge horizon "
-                                 "and will never be read by it; backfill them (mode append) if they belong in the "
-                                 "table")
+            backlog.notes.append(_behind_horizon(unread.behind_horizon, "file(s)"))
         return backlog
 
     def findings(self, stream: StreamSpec, roots: Roots) -> list[Finding]:
@@ -334,3 +335,34 @@ class FilesKind(SourceKind):
                         f"the landing zone holds {len(links)} symbolic link(s), e.g. {links[0]}; Spark would read what "
                         "they point at. Remove them (upload the files themselves) and run again",
                         {"links": links[:20]})]
+
+
+def _behind_horizon(count: int, what: str) -> str:
+    return (f"{count} {what} are older than the stream's maxFileAge horizon and will never be read by it; backfill "
+            "them (mode append) if they belong in the table")
+
+
+def _notified_backlog(stream: StreamSpec, roots: Roots, reader: CheckpointReader) -> Backlog:
+    """The backlog of a landing zone told of its files by notifications, as :func:`sluice.storage.notified.pending`
+    sees it without a listing: the journaled files the next run reads, plus one file per message still in the queue
+    (an S3 event names one object; their bytes and times are not known until a drain journals them)."""
+    from sluice.storage.notified import pending
+
+    seen = pending(stream, roots, reader)
+    backlog = Backlog(files=len(seen.files) + (seen.queued or 0), bytes=sum(f.size for f in seen.files),
+                      oldest_unread_at=min((f.modified for f in seen.files), default=None),
+                      arrivals=frozenset(f.path for f in seen.files))
+    if seen.queued:
+        backlog.notes.append(f"{seen.queued} message(s) wait in the notification queue, counted as a file each; "
+                             "their bytes are counted once a run or the arrival watcher takes them")
+    if seen.queue_error is not None:
+        backlog.notes.append(f"the notification queue could not be read ({seen.queue_error}): only the files "
+                             "already taken from it are counted")
+    if seen.unsized:
+        backlog.notes.append(f"{seen.unsized} notified file(s) came without a size: their bytes are not counted")
+    if seen.behind_horizon:
+        backlog.notes.append(_behind_horizon(seen.behind_horizon, "notified file(s)"))
+    if seen.listing_due is not None:
+        backlog.notes.append(f"the next run lists the landing folder ({seen.listing_due}): files that only a "
+                             "listing finds are not counted here")
+    return backlog

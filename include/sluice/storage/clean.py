@@ -1,7 +1,8 @@
 """The landing zone's lifecycle (``source.clean``): archive or delete the files a stream has read, once they are old
 enough, so that a landing zone (and the listing every run makes of it) stays the size of its recent data.
 
-A file is touched only when all of these hold, each read from the stream's own checkpoint and the listing:
+A file is touched only when all of these hold, each read from the stream's own checkpoint and the listing (or,
+for a notified landing zone, a look at the file by its name):
 
 - a **committed** batch read it: its source-log entry's batch is at or below the last commit (a planned batch that
   never committed is read again by the next run, so its files stay);
@@ -10,6 +11,10 @@ A file is touched only when all of these hold, each read from the stream's own c
 - it is older than ``after`` (by its modification time);
 - no **unfinished backfill** of the stream has it in its frozen plan (a retry of that backfill reads exactly those
   files). A backfill marks its own folder done when it succeeds.
+
+A landing zone told of its files by notifications (``source.notifications``) is not listed: the candidates are the
+files the source log names, of the committed batches after the last one whose files are all done (a mark beside the
+checkpoint), and each is looked up by its name before it is touched (:func:`_clean_by_source_log`).
 
 The clean runs on the driver after each successful run of the stream, under the stream's lock (so no backfill runs
 meanwhile: backfills take the same lock). Each file is one move (a rename on a disk and on a store that has them)
@@ -36,6 +41,8 @@ from sluice.storage.store import Folder, folder, is_local
 BACKFILL_ROOT = "_backfill"
 #: The file a backfill writes into its own folder once it succeeded: its plan no longer holds files back.
 BACKFILL_DONE = "done"
+#: Under a notified stream's checkpoint: the batch through which every file read is cleaned, changed or gone.
+CLEANED = "sluice/cleaned.json"
 
 
 @dataclass
@@ -88,6 +95,9 @@ def clean_landing(stream: StreamSpec, roots: Roots, *, now: float | None = None,
     local_root = os.path.abspath(source.removeprefix("file://")) if is_local(source) else None
     archive: Folder | None = (folder(join(roots.landing, clean.archive_to))
                               if clean.action is CleanAction.ARCHIVE else None)
+    if getattr(stream.source, "notifications", None) is not None:
+        return _clean_by_source_log(stream, roots, state, older_than=older_than, held=held, archive=archive,
+                                    after_each=after_each)
     for found in list_source_files(stream, roots):
         entry = state.entry(found.path)
         if entry is None or entry.batch_id > state.last_commit:
@@ -102,12 +112,58 @@ def clean_landing(stream: StreamSpec, roots: Roots, *, now: float | None = None,
             report.held += 1
             continue
         relative = os.path.relpath(found.path, local_root) if local_root else found.path[len(source) + 1:]
-        if archive is not None:
-            base.move(relative, archive)
-            report.archived += 1
+        _take(base, relative, archive, report, after_each)
+    return report
+
+
+def _take(base: Folder, relative: str, archive: Folder | None, report: CleanReport,
+          after_each: Callable[[], None] | None) -> None:
+    """Archive (move) or delete one file, and count it."""
+    if archive is not None:
+        base.move(relative, archive)
+        report.archived += 1
+    else:
+        base.delete(relative)
+        report.deleted += 1
+    if after_each is not None:
+        after_each()
+
+
+def _clean_by_source_log(stream: StreamSpec, roots: Roots, state: SourceState, *, older_than: float, held: set[str],
+                         archive: Folder | None, after_each: Callable[[], None] | None) -> CleanReport:
+    """The clean of a landing zone told of its files by notifications, which lists nothing: its candidates are the
+    files the source log names, of the committed batches after the one through which all is done (kept in
+    :data:`CLEANED`), so that a clean's requests follow the files it cleans, not the files ever read. Whether a file
+    is old enough is read from the time the source log recorded; each one old enough is looked up by its name (one
+    request: is it still the file the batch read?) before it is moved or deleted. A file that is gone counts as
+    done (an earlier clean that was killed before it moved the mark), one changed since is left alone, once."""
+    report = CleanReport()
+    source = stream.source_path(roots).rstrip("/")
+    base = folder(source)
+    marks = folder(stream.checkpoint_path(roots)).child(*CLEANED.split("/")[:-1])
+    mark_name = CLEANED.rsplit("/", 1)[-1]
+    through = int(json.loads(marks.read_text(mark_name))["through_batch"]) if marks.exists(mark_name) else -1
+    files = CheckpointReader(stream.checkpoint_path(roots)).file_source_files()
+    candidates = sorted((entry.batch_id, path, entry.timestamp_ms) for path, entry in files.items()
+                        if through < entry.batch_id <= state.last_commit and path.startswith(source + "/"))
+    blocked: int | None = None  # the first batch with a file left for a later clean
+    for batch_id, path, recorded_ms in candidates:
+        if recorded_ms / 1000 >= older_than:
+            report.waiting += 1
+        elif path in held:
+            report.held += 1
         else:
-            base.delete(relative)
-            report.deleted += 1
-        if after_each is not None:
-            after_each()
+            relative = path[len(source) + 1:]
+            found = base.stat(relative)
+            if found is None:
+                continue  # cleaned by an earlier clean, or removed by hand
+            if abs(recorded_ms - found.modified * 1000) >= 1000:
+                report.changed += 1
+                continue
+            _take(base, relative, archive, report, after_each)
+            continue
+        blocked = batch_id if blocked is None else min(blocked, batch_id)
+    done_through = state.last_commit if blocked is None else blocked - 1
+    if done_through > through:
+        marks.write_bytes(mark_name, json.dumps({"through_batch": done_through}).encode("utf-8"))
     return report

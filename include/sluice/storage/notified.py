@@ -39,7 +39,8 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import datetime
+from typing import Any, NamedTuple
 from urllib.parse import unquote_plus
 
 from sluice.errors import SluiceError
@@ -47,7 +48,7 @@ from sluice.model.stream import StreamSpec
 from sluice.paths import Roots
 from sluice.storage.checkpoint import CheckpointReader
 from sluice.storage.credentials import current
-from sluice.storage.landing import SourceState, listing_rule
+from sluice.storage.landing import SourceFile, SourceState, listing_rule
 from sluice.storage.store import Folder, folder
 
 log = logging.getLogger(__name__)
@@ -117,10 +118,27 @@ def _source_prefix(stream: StreamSpec, roots: Roots) -> tuple[str, str]:
     return bucket, prefix + "/"
 
 
-def s3_objects(body: str) -> list[tuple[str, str]] | None:
-    """The (bucket, key) of each object an S3 event notification says was created; [] for S3's test event and for
-    other events (a removal); None for a message that is no S3 event notification. A notification that came
-    through SNS is unwrapped."""
+class S3Object(NamedTuple):
+    """An object an S3 event notification says was created: its size and creation time (seconds since the epoch)
+    when the event tells them, else None."""
+
+    bucket: str
+    key: str
+    size: int | None = None
+    created: float | None = None
+
+
+def _event_time(text: object) -> float | None:
+    try:
+        return datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def s3_created(body: str) -> list[S3Object] | None:
+    """Each object an S3 event notification says was created; [] for S3's test event and for other events (a
+    removal); None for a message that is no S3 event notification. A notification that came through SNS is
+    unwrapped."""
     try:
         message = json.loads(body)
         if isinstance(message, dict) and message.get("Type") == "Notification" and "Message" in message:
@@ -140,11 +158,21 @@ def s3_objects(body: str) -> list[tuple[str, str]] | None:
             if record.get("eventSource") != "aws:s3":
                 return None
             if str(record.get("eventName", "")).startswith("ObjectCreated:"):
+                found = record["s3"]["object"]
+                size = found.get("size")
                 # Keys are form-encoded in S3's events (a space is '+').
-                objects.append((str(record["s3"]["bucket"]["name"]), unquote_plus(str(record["s3"]["object"]["key"]))))
+                objects.append(S3Object(str(record["s3"]["bucket"]["name"]), unquote_plus(str(found["key"])),
+                                        int(size) if isinstance(size, int) else None,
+                                        _event_time(record.get("eventTime"))))
     except (AttributeError, KeyError, TypeError):
         return None
     return objects
+
+
+def s3_objects(body: str) -> list[tuple[str, str]] | None:
+    """The (bucket, key) of each object :func:`s3_created` finds in a message."""
+    objects = s3_created(body)
+    return None if objects is None else [(found.bucket, found.key) for found in objects]
 
 
 #: The variable that carries a queue connection (``source.notifications.connection``) to a run's driver: the JSON
@@ -211,6 +239,7 @@ def drain(stream: StreamSpec, roots: Roots, *, client: Any = None, after_journal
                     ["Attributes"].get("MessageRetentionPeriod", 345_600))
     now = time.time() if now is None else now
     drained, files, handles = Drained(), set[str](), list[str]()
+    facts: dict[str, list[float | None]] = {}  # each file's size and creation time, for the lag probe
     while len(handles) < max_messages:
         messages = client.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0,
                                           MessageSystemAttributeNames=["SentTimestamp"]).get("Messages", [])
@@ -218,7 +247,7 @@ def drain(stream: StreamSpec, roots: Roots, *, client: Any = None, after_journal
             break
         for message in messages:
             handles.append(message["ReceiptHandle"])
-            objects = s3_objects(message.get("Body", ""))
+            objects = s3_created(message.get("Body", ""))
             waited = now - int(message.get("Attributes", {}).get("SentTimestamp", now * 1000)) / 1000
             if objects is None:
                 drained.list_because = drained.list_because or "the queue held a message that is no S3 event"
@@ -226,17 +255,19 @@ def drain(stream: StreamSpec, roots: Roots, *, client: Any = None, after_journal
             if waited > retention / 2:
                 drained.list_because = drained.list_because or (
                     f"a message waited {waited:.0f}s in a queue that keeps them {retention}s")
-            for event_bucket, key in objects:
+            for event_bucket, key, size, created in objects:
                 if event_bucket != bucket or not key.startswith(prefix) or not lists(key[len(prefix):]):
                     continue
                 if _UNGLOBBABLE & set(key):
                     drained.list_because = drained.list_because or f"a file's name holds a glob character: {key}"
                     continue
                 files.add(f"s3a://{bucket}/{key}")
+                facts[f"s3a://{bucket}/{key}"] = [size, created]
     drained.messages, drained.files = len(handles), len(files)
     if not handles:
         return drained
-    entry = {"files": sorted(files), "list_because": drained.list_because, "written_at": now}
+    entry = {"files": sorted(files), "list_because": drained.list_because, "written_at": now,
+             "objects": {path: facts[path] for path in sorted(files)}}
     name = f"{_PREFIX}{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.json"
     journal(stream, roots).write_bytes(name, json.dumps(entry).encode("utf-8"))  # whole or not at all
     if after_journal is not None:
@@ -257,6 +288,8 @@ class _Entry:
     written_ns: int
     files: tuple[str, ...]
     list_because: str | None
+    #: Each file's size and creation time as its S3 event told them (a journal written before they were kept: none).
+    objects: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _entries(journal_folder: Folder) -> list[_Entry]:
@@ -271,7 +304,8 @@ def _entries(journal_folder: Folder) -> list[_Entry]:
             written_ns = int(found.name[len(_PREFIX):].split("-")[0])
         except (ValueError, FileNotFoundError):
             continue  # removed since it was listed (a compaction), or not the journal's
-        entries.append(_Entry(found.name, written_ns, tuple(raw.get("files", [])), raw.get("list_because")))
+        entries.append(_Entry(found.name, written_ns, tuple(raw.get("files", [])), raw.get("list_because"),
+                              raw.get("objects") or {}))
     return sorted(entries, key=lambda entry: entry.written_ns)
 
 
@@ -385,3 +419,59 @@ def watch_unread(stream: StreamSpec, roots: Roots, *, credentials: Mapping[str, 
     if due is not None:
         unread.add(LISTING_DUE + due)
     return frozenset(unread)
+
+
+@dataclass
+class Pending:
+    """What the lag probe of a notified stream sees without a listing: the journaled files its next run reads (their
+    sizes and times as the S3 events told them: ``unsized`` of them without a size), the messages still in the
+    queue (not journaled yet; None when the queue could not be read, ``queue_error`` says why), the journaled files
+    behind the ``maxFileAge`` horizon, and why the next run lists, if it does (files only a listing finds are in no
+    count)."""
+
+    files: list[SourceFile]
+    unsized: int = 0
+    queued: int | None = None
+    queue_error: str | None = None
+    behind_horizon: int = 0
+    listing_due: str | None = None
+
+
+def queue_depth(stream: StreamSpec, *, client: Any = None) -> int:
+    """The messages in the stream's queue, visible or in flight (a drain under way), as SQS counts them: read without
+    receiving one, so that the probe takes nothing from the run's queue."""
+    spec = notifications(stream)
+    client = client or queue_client(queue_credentials(spec))
+    names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+    attributes = client.get_queue_attributes(QueueUrl=queue_url(client, spec.queue), AttributeNames=names)
+    return sum(int(attributes["Attributes"].get(name, 0)) for name in names)
+
+
+def pending(stream: StreamSpec, roots: Roots, reader: CheckpointReader, *, client: Any = None) -> Pending:
+    """The backlog of a notified stream from its journal, its source log and its queue's depth: no listing, and no
+    message taken from the queue (the arrival watcher and the runs drain it; a lag probe only looks)."""
+    state = SourceState.of(stream, reader)
+    files: dict[str, SourceFile] = {}
+    unsized: set[str] = set()
+    for entry in _entries(journal(stream, roots)):
+        for path in entry.files:
+            facts = entry.objects.get(path) or [None, None]
+            size, created = facts[0], facts[1]
+            if size is None:
+                unsized.add(path)
+            files[path] = SourceFile(path, int(size or 0),
+                                     float(created) if created is not None else entry.written_ns / 1e9)
+    result = Pending([])
+    for found in files.values():
+        if state.will_read(found):
+            result.files.append(found)
+        elif state.entry(found.path) is None:
+            result.behind_horizon += 1
+    result.files.sort(key=lambda found: found.path)
+    result.unsized = sum(1 for found in result.files if found.path in unsized)
+    try:
+        result.queued = queue_depth(stream, client=client)
+    except Exception as exc:  # boto3's errors share no base: the journal's count stands, said to be partial
+        result.queue_error = str(exc)
+    result.listing_due = listing_due(stream, roots)
+    return result
