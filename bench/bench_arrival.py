@@ -10,10 +10,11 @@ Airflow home of the bench's own, with a catalog of two copies of the bundled ``e
 - ``cron_best``: a cron that never comes due, and the same DAG (``health_gate: inline``); the file lands and the
   DAG is triggered through the REST API at once, which is what a cron tick at the landing moment would do.
 
-Both write with the ``rs`` engine (``--engine``; the bundled stream's ``auto`` is the JVM's delta-spark wherever its
-jars load): a one-file run takes the small-run paths (the driver's write, the light JIT), which only ``rs`` has,
-and delta-spark's first commit to a table in a fresh JVM (each cold run's) costs 10 to 18 s more on two cores
-(bench run of 2026-11-28). A stream that must land in seconds takes ``rs`` (docs/guides/scheduling.md).
+Both write with the ``rs`` engine (``--engine``; with the bundled stream's ``auto``, the ``arrival`` side is ``rs``
+too, as ``auto`` is for a text append on arrival, and ``cron_best`` the JVM's delta-spark wherever its jars load):
+a one-file run takes the small-run paths (the driver's write, the light JIT), which only ``rs`` has, and
+delta-spark's first commit to a table in a fresh JVM (each cold run's) costs 10 to 18 s more on two cores (bench run
+of 2026-11-28; docs/guides/scheduling.md).
 
 Each side lands ``--files`` files, one at a time, each once the previous one is committed and its run has ended
 (the stream idles between them, as a landing zone does). The time is from the file's landing to the Delta commit

@@ -12,12 +12,16 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame, SparkSession
 
 from sluice.constants import DeltaEngine
 from sluice.errors import SluiceError
+
+if TYPE_CHECKING:
+    from sluice.model.stream import StreamSpec
+    from sluice.paths import Roots
 
 DELTA_DATA_SOURCE_CLASS = "org.apache.spark.sql.delta.sources.DeltaDataSource"
 # Spark's ICU case mappings (``spark.sql.icu.caseMappings.enabled``, on by default) run through this class, and its
@@ -280,3 +284,17 @@ def resolve_engine(spark: SparkSession, requested: DeltaEngine, places: Sequence
     if not available or any(hadoop_problem(spark, place) is not None for place in places):
         return DeltaEngine.RS
     return DeltaEngine.JVM
+
+
+def stream_engine(spark: SparkSession, stream: StreamSpec, roots: Roots, engine: DeltaEngine | None = None
+                  ) -> DeltaEngine:
+    """The Delta engine of a stream's run (``engine``: the run's override of ``sink.engine``): as
+    :func:`resolve_engine` says, except that ``auto`` is rs for a stream on arrival that appends text files
+    (:func:`sluice.lag.observe.auto_takes_rs`: its small runs' latency is the point, and only rs has the small-run
+    paths)."""
+    from sluice.lag.observe import auto_takes_rs
+
+    requested = engine or stream.sink.engine
+    if requested is DeltaEngine.AUTO and auto_takes_rs(stream):
+        requested = DeltaEngine.RS
+    return resolve_engine(spark, requested, stream.locations(roots))

@@ -255,6 +255,26 @@ def test_auto_takes_the_rs_engine_where_hadoop_cannot_reach_a_place(spark: Any) 
     assert session.resolve_engine(spark, DeltaEngine.RS, ["s3://b/lake/t"]) is DeltaEngine.RS
 
 
+@needs_jvm_jars
+def test_auto_takes_the_rs_engine_for_a_text_append_on_arrival(spark: Any, tmp_path: Path) -> None:
+    """Where delta-spark loads, ``auto`` is still rs for a stream on arrival that appends text files (its runs are
+    small, and the small-run paths are rs's), and the JVM's writer for a merge on arrival or a cron's append; the
+    run's own engine wins."""
+    from sluice.constants import DeltaEngine
+    from sluice_spark.session import stream_engine
+
+    arrival = {"poll": "1s", "settle": "1s"}
+    catalog = load_catalog(write_catalog(
+        tmp_path, events_stream("arriving", sink={"path": "bronze/a", "engine": "auto"}, arrival=arrival),
+        events_stream("merging", sink={"path": "bronze/m", "engine": "auto", "mode": "merge", "keys": ["event_id"],
+                                       "sequence_by": "event_time"}, arrival=arrival),
+        events_stream("scheduled", sink={"path": "bronze/s", "engine": "auto"})))
+    roots = roots_in(tmp_path)
+    assert [stream_engine(spark, catalog.get(name), roots) for name in ("arriving", "merging", "scheduled")] == \
+        [DeltaEngine.RS, DeltaEngine.JVM, DeltaEngine.JVM]
+    assert stream_engine(spark, catalog.get("arriving"), roots, DeltaEngine.JVM) is DeltaEngine.JVM
+
+
 @pytest.mark.slow
 @needs_jvm_jars
 def test_a_stream_wholly_on_s3a_runs_like_one_on_disk(tmp_path: Path, s3: str) -> None:

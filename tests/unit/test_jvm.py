@@ -325,3 +325,32 @@ def test_sparks_log_level_is_one_setting(caplog: pytest.LogCaptureFixture) -> No
     with caplog.at_level(logging.WARNING, logger=jvm.log.name):
         assert jvm.log_options({jvm.LOG_LEVEL_ENV: "loud"}) == jvm.log_options({})
     assert "SLUICE_SPARK_LOG_LEVEL must be one of" in caplog.text and "'LOUD'" in caplog.text
+
+
+def test_auto_is_rs_for_a_stream_that_appends_text_files_on_arrival(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where delta-spark's jars load, ``auto`` keeps the JVM's writer, except for a stream on arrival of the
+    small-run shape: its runs take rs and so the small-run paths (the light JIT here; the driver's write in the
+    driver). A merge on arrival, and a text append on a cron, stay on the JVM's writer."""
+    from sluice.lag.observe import auto_takes_rs
+
+    arrival = {"poll": "1s", "settle": "1s"}
+    auto = {"engine": "auto"}
+    catalog = load_catalog(write_catalog(
+        tmp_path,
+        events_stream("arriving", sink={"path": "bronze/arriving", **auto}, arrival=arrival),
+        events_stream("scheduled", sink={"path": "bronze/scheduled", **auto}),
+        events_stream("merging", sink={"path": "bronze/merging", **auto, "mode": "merge", "keys": ["event_id"],
+                                       "sequence_by": "event_time"}, arrival=arrival),
+        events_stream("parquet", source={**events_stream()["source"], "format": "parquet", "path": "pq"},
+                      sink={"path": "bronze/parquet", **auto}, arrival=arrival)))
+    assert [auto_takes_rs(catalog.get(name)) for name in ("arriving", "scheduled", "merging", "parquet")] == \
+        [True, False, False, False]
+    roots = roots_in(tmp_path)
+    monkeypatch.delenv("SLUICE_JIT_SMALL_RUN_MAX_BYTES", raising=False)
+    monkeypatch.setenv("SLUICE_JARS_DIR", str(tmp_path / "resolved"))
+    (tmp_path / "resolved" / "spark").mkdir(parents=True)
+    (tmp_path / "resolved" / "spark" / "delta-spark_2.13-4.4.0.jar").write_bytes(b"jar")
+    assert jvm.small_run(catalog.select(["arriving"]), roots), "auto is rs for it, where delta-spark's jars are"
+    assert not jvm.small_run(catalog.select(["scheduled"]), roots), "auto is the JVM's writer on a cron"
+    assert not jvm.small_run(catalog.select(["arriving"]), roots, engine=DeltaEngine.JVM), "a run's override wins"

@@ -207,18 +207,32 @@ def unread_bytes(stream: StreamSpec, roots: Roots) -> int | None:
     return kind.backlog(stream, roots, CheckpointReader(stream.checkpoint_path(roots))).bytes
 
 
-def text_append_backlog(stream: StreamSpec, roots: Roots) -> int | None:
-    """The unread bytes of a stream whose work they measure: text files (JSON, CSV) appended to a Delta table
-    without a join, and without adding columns. None for any other stream (Parquet's and a Delta source's bytes are
-    compressed and may grow many times in memory; a merge reads its table, a join its other side;
-    ``add_new_columns`` types its new columns with Spark jobs over each batch), for a landing zone told of its files
-    by notifications (the probe would list the folder they spare), and when the probe fails (logged). The paths that
-    suit small runs only (the driver's write path, the driver's light JIT) are chosen by it."""
+def text_append(stream: StreamSpec) -> bool:
+    """A stream whose work its unread bytes measure: text files (JSON, CSV) appended to a Delta table without a
+    join, and without adding columns (Parquet's and a Delta source's bytes are compressed and may grow many times in
+    memory; a merge reads its table, a join its other side; ``add_new_columns`` types its new columns with Spark jobs
+    over each batch). The shape of the small-run paths, which only the rs engine has."""
     source, sink = stream.source, stream.sink
-    if (source.type is not SourceType.FILES or source.format not in (FileFormat.JSON, FileFormat.CSV)
-            or source.schema_evolution is SchemaEvolution.ADD_NEW_COLUMNS or stream.patterns.join is not None
-            or not isinstance(sink, DeltaSink) or sink.mode is not SinkMode.APPEND
-            or getattr(source, "notifications", None) is not None):
+    return (source.type is SourceType.FILES and source.format in (FileFormat.JSON, FileFormat.CSV)
+            and source.schema_evolution is not SchemaEvolution.ADD_NEW_COLUMNS and stream.patterns.join is None
+            and isinstance(sink, DeltaSink) and sink.mode is SinkMode.APPEND)
+
+
+def auto_takes_rs(stream: StreamSpec) -> bool:
+    """Whether ``engine: auto`` means rs for the stream even where delta-spark's jars load: a stream that runs on
+    arrival (``arrival``) and has the small-run shape (:func:`text_append`). Its runs are small and their latency is
+    the point: a one-file arrival run took 10.7 s cold and 4.5 s warm from landing to commit on rs, 24.2 s and
+    9.3 s on the JVM's writer (bench/bench_arrival.py, docs/guides/scheduling.md), whose first commit in a fresh
+    JVM costs most of that. Every other stream keeps the JVM's writer where it loads."""
+    return stream.arrival is not None and text_append(stream)
+
+
+def text_append_backlog(stream: StreamSpec, roots: Roots) -> int | None:
+    """The unread bytes of a stream whose work they measure (:func:`text_append`). None for any other stream, for a
+    landing zone told of its files by notifications (its backlog counts queued messages, whose bytes no one knows
+    before a drain), and when the probe fails (logged). The paths that suit small runs only (the driver's write
+    path, the driver's light JIT) are chosen by it."""
+    if not text_append(stream) or getattr(stream.source, "notifications", None) is not None:
         return None
     try:
         return unread_bytes(stream, roots)

@@ -51,7 +51,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 from sluice.constants import DeltaEngine
-from sluice.lag.observe import text_append_backlog
+from sluice.lag.observe import auto_takes_rs, text_append_backlog
 from sluice.limits import JIT_SMALL_RUN_MAX_BYTES
 from sluice.model.stream import StreamSpec
 from sluice.operations.jars import spark_jars
@@ -267,6 +267,8 @@ def small_run(streams: Iterable[StreamSpec], roots: Roots, *, engine: DeltaEngin
     total = 0
     for stream in streams:
         requested = engine or getattr(stream.sink, "engine", DeltaEngine.JVM)
+        if requested is DeltaEngine.AUTO and auto_takes_rs(stream):
+            requested = DeltaEngine.RS
         if requested is DeltaEngine.JVM or (requested is DeltaEngine.AUTO and (own_jars or _delta_spark_jars())):
             return False
         unread = text_append_backlog(stream, roots)

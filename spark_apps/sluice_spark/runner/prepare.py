@@ -29,7 +29,7 @@ from sluice_spark.runner.tables import (
     tables_to_create,
     with_added_columns,
 )
-from sluice_spark.session import refuse_script_transforms, resolve_engine
+from sluice_spark.session import refuse_script_transforms, stream_engine
 from sluice_spark.steps import patterns as steps
 from sluice_spark.steps.route import route
 from sluice_spark.targets import TableTarget
@@ -101,7 +101,7 @@ def prepare_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, run
     checkpoint = stream.checkpoint_path(roots)
     query_id = ensure_query_id(checkpoint)
     stream = with_added_columns(stream, roots)
-    resolved = resolve_engine(spark, engine or stream.sink.engine, stream.locations(roots))
+    resolved = stream_engine(spark, stream, roots, engine)
     notified = (plan_read(stream, roots, after_journal=lambda: faults.reach("notified_journaled"))
                 if getattr(stream.source, "notifications", None) is not None else None)
     routed, data_columns = build_routed_frame(spark, stream, roots, engine=resolved,
