@@ -212,11 +212,13 @@ def day_events(folder: Path, name: str, rows: list[tuple[str, str, str]]) -> Non
                                           for event_id, user, at in rows), encoding="utf-8")
 
 
-def test_a_batch_larger_than_one_task_commits_its_files_in_one_snapshot(spark: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ["rs", "jvm"])
+def test_a_batch_larger_than_one_task_commits_its_files_in_one_snapshot(spark: Any, tmp_path: Path,
+                                                                        engine: str) -> None:
     """Three landing files in one batch: three tasks, each writing its own data file on an executor, and one append
-    snapshot holding them all."""
+    snapshot holding them all; beside a dead-letter table on the jvm engine (delta-spark) too."""
     catalog = load_catalog(write_catalog(tmp_path, events_stream(
-        sink={"format": "iceberg", "table": "bronze.events", "engine": "rs"})))
+        sink={"format": "iceberg", "table": "bronze.events", "engine": engine})))
     roots = roots_in(tmp_path)
     producer = DemoProducer(roots.landing, seed=41, malformed_rate=0.05)
     for index in range(3):

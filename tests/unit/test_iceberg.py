@@ -384,3 +384,34 @@ def test_a_merge_into_a_partitioned_table_equals_the_oracle(tmp_path: Path, spec
     assert merge(3, rows(("b", 20, 0, "eu")))  # older only: nothing changes, the batch is held
     assert held() == sorted(oracle.values()) and table.batches("q") == [0, 1, 2, 3]
     assert table.partitioning == spec
+
+
+def test_files_written_by_separate_tasks_commit_as_one_append_once(tmp_path: Path) -> None:
+    """The writer of an append beside a jvm dead-letter table, without Spark: each task's rows become data files
+    (``write_task_files``, what ``mapInArrow`` runs), their pickled ``DataFile``s are committed by the driver as one
+    append snapshot; a task with no rows writes nothing; the replay's files are removed, not committed."""
+    import pickle
+
+    from sluice_spark.kinds.iceberg import write_task_files
+
+    table = IcebergTableFormat("db.tasks", default_catalog_properties(str(tmp_path / "lake")))
+    table.ensure(SCHEMA, ["bucket(2, id)"])
+    metadata, catalog = table.writer_state()
+
+    def tasks(*groups: list[int]) -> list[Any]:
+        written = []
+        for ids in groups:
+            batches = [batch for batch in rows(*ids).to_batches()] if ids else []
+            for out in write_task_files(metadata, catalog, iter(batches)):
+                written += [pickle.loads(item) for item in out.column("file").to_pylist()]
+        return written
+
+    files = tasks([1, 2, 3], [4, 5, 6], [])
+    assert len(files) >= 2 and sum(int(f.record_count) for f in files) == 6
+    assert table.append_files(files, query_id="q", batch_id=0, metadata={}) is True
+    assert sorted(table.table().scan().to_arrow().column("id").to_pylist()) == [1, 2, 3, 4, 5, 6]
+    assert len(table.table().snapshots()) == 1
+    replay = tasks([1, 2, 3])
+    assert table.append_files(replay, query_id="q", batch_id=0, metadata={}) is False
+    assert not any(Path(f.file_path.removeprefix("file://")).exists() for f in replay)
+    assert sorted(table.table().scan().to_arrow().column("id").to_pylist()) == [1, 2, 3, 4, 5, 6]
