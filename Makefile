@@ -7,7 +7,8 @@ VENV := $(CURDIR)/.venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.sluice-installed
 # The JVM jars of include/jvm/pom.xml, resolved by Maven (python -m sluice jars): delta-spark, Spark's Kafka connector,
-# hadoop-aws, and the Kafka broker of the tests. Resolved again only when the project file changes.
+# hadoop-aws, and the Kafka broker and the Iceberg REST catalog server of the tests. Resolved again only when the
+# project file changes.
 JARS_STAMP := $(VENV)/share/sluice/jars/.pom-sha256
 INSTALLED := $(STAMP) $(JARS_STAMP)
 

@@ -115,6 +115,19 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         yield address
 
 
+@pytest.fixture(scope="session")
+def iceberg_rest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real Iceberg REST catalog (Apache Iceberg's server classes on 127.0.0.1, a SQLite catalog behind) for the
+    whole run, from the jars `make venv` resolved; its URL."""
+    from sluice.cli.iceberg_rest import LocalIcebergRestCatalog
+    from sluice.operations.jars import REST_SET, jar_paths
+
+    if not jar_paths(REST_SET):
+        pytest.skip("needs the Iceberg REST catalog's jars: `make venv` with Maven installed (python -m sluice jars)")
+    with LocalIcebergRestCatalog(tmp_path_factory.mktemp("iceberg-rest")).running() as url:
+        yield url
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     """With SLUICE_NO_SKIPS set (CI sets it), a skipped test fails: on this project's machines every test has what
@@ -130,7 +143,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 # The fixtures that start something, and the marker a test that uses one (directly or through another fixture) gets,
 # so that a tier's marker says what it starts: `make test-unit` deselects them all and starts nothing.
-STARTS = {"s3_server": "s3", "kafka": "kafka", "spark": "spark", "airflow_db": "airflow"}
+STARTS = {"s3_server": "s3", "kafka": "kafka", "spark": "spark", "airflow_db": "airflow", "iceberg_rest": "spark"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -9,6 +9,7 @@
     python -m sluice demo-producer --landing-root DIR ...    demo events into a landing zone or a Kafka topic
     python -m sluice warm run --stream NAME | ping           a run on the warm server (warm mode), or its status
     python -m sluice kafka-broker --folder DIR               a local Kafka broker (KRaft, 127.0.0.1) for tests, demos
+    python -m sluice iceberg-rest --folder DIR               a local Iceberg REST catalog (127.0.0.1) for tests
     python -m sluice jars [--force]                          resolve the JVM jars (include/jvm/pom.xml) with Maven
     python -m sluice jvm-archive [--force]                   record the Spark driver's class archive (faster starts)
     python -m sluice pyspark-bytecode                        bytecode in the PySpark zip Spark's Python processes load
@@ -28,6 +29,7 @@ COMMANDS = {"status": "sluice.cli.status", "health": "sluice.cli.health", "repai
             "maintain": "sluice.cli.maintain", "redrive": "sluice.cli.redrive",
             "demo": "sluice.cli.demo", "demo-producer": "sluice.cli.demo_producer",
             "warm": "sluice.cli.warm", "jars": "sluice.cli.jars", "kafka-broker": "sluice.cli.kafka_broker",
+            "iceberg-rest": "sluice.cli.iceberg_rest",
             "jvm-archive": "sluice.cli.jvm",
             "pyspark-bytecode": "sluice.cli.pyspark_bytecode", "catalog-schema": "sluice.cli.catalog_schema"}
 

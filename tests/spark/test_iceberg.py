@@ -140,6 +140,43 @@ def test_merge_keeps_the_newest_row_per_key(spark: Any, tmp_path: Path) -> None:
     assert table.batches(first.query_id) == [0, 1]
 
 
+def test_a_merge_into_a_day_partitioned_table_takes_late_updates_into_older_days(spark: Any, tmp_path: Path) -> None:
+    """``partition_by: [day(event_time)]`` under merge, against the oracle of the newest event per user: a late
+    update of u1 lands in its older day, u2's older event changes nothing, u4 arrives in a day before all others;
+    each row in the partition of its own day."""
+    catalog = load_catalog(write_catalog(tmp_path, events_stream(
+        sink={"format": "iceberg", "table": "silver.users_by_day", "engine": "rs", "mode": "merge",
+              "keys": ["user_id"], "sequence_by": "event_time", "partition_by": ["day(event_time)"]},
+        source={**events_stream()["source"], "schema_evolution": "none"},
+        transform={"sql": "SELECT user_id, event_id, event_time FROM source"})))
+    roots = roots_in(tmp_path)
+    folder = Path(roots.landing) / "events"
+    folder.mkdir(parents=True)
+
+    def event(event_id: str, user: str, day: int, minute: int) -> str:
+        return json.dumps({"event_id": event_id, "event_type": "click", "user_id": user,
+                           "event_time": f"2026-11-{day:02d}T10:{minute:02d}:00Z"})
+
+    (folder / "a.json").write_text("\n".join([event("e1", "u1", 20, 1), event("e2", "u2", 21, 5),
+                                              event("e3", "u3", 22, 2)]))
+    first = run_streams(spark, catalog, ["events"], roots).streams[0]
+    assert first.status == "succeeded", first.error
+    (folder / "b.json").write_text("\n".join([event("e4", "u1", 20, 9), event("e5", "u2", 20, 0),
+                                              event("e6", "u4", 19, 0)]))
+    second = run_streams(spark, catalog, ["events"], roots).streams[0]
+    assert second.status == "succeeded", second.error
+
+    table = iceberg_table(catalog, roots)
+    read = table.table().scan().to_arrow().to_pylist()
+    assert sorted((row["user_id"], row["event_id"]) for row in read) == [
+        ("u1", "e4"), ("u2", "e2"), ("u3", "e3"), ("u4", "e6")]
+    assert table.partitioning == ["day(event_time)"] and table.batches(first.query_id) == [0, 1]
+    assert {row["event_id"]: row["event_time"].day for row in read} == {"e4": 20, "e2": 21, "e3": 22, "e6": 19}
+    epoch = dt.date(1970, 1, 1)
+    assert {task.file.partition[0] for task in table.table().scan().plan_files()} == {
+        (dt.date(2026, 11, day) - epoch).days for day in (19, 20, 21, 22)}  # u2's day-21 row kept its file
+
+
 def test_complete_mode_overwrites_the_table_with_each_result(spark: Any, tmp_path: Path) -> None:
     """An aggregate in complete mode: each batch's whole result replaces the table in one overwrite snapshot."""
     catalog = load_catalog(write_catalog(tmp_path, {
@@ -175,11 +212,13 @@ def day_events(folder: Path, name: str, rows: list[tuple[str, str, str]]) -> Non
                                           for event_id, user, at in rows), encoding="utf-8")
 
 
-def test_a_batch_larger_than_one_task_commits_its_files_in_one_snapshot(spark: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ["rs", "jvm"])
+def test_a_batch_larger_than_one_task_commits_its_files_in_one_snapshot(spark: Any, tmp_path: Path,
+                                                                        engine: str) -> None:
     """Three landing files in one batch: three tasks, each writing its own data file on an executor, and one append
-    snapshot holding them all."""
+    snapshot holding them all; beside a dead-letter table on the jvm engine (delta-spark) too."""
     catalog = load_catalog(write_catalog(tmp_path, events_stream(
-        sink={"format": "iceberg", "table": "bronze.events", "engine": "rs"})))
+        sink={"format": "iceberg", "table": "bronze.events", "engine": engine})))
     roots = roots_in(tmp_path)
     producer = DemoProducer(roots.landing, seed=41, malformed_rate=0.05)
     for index in range(3):

@@ -71,8 +71,9 @@ def test_partition_transforms_are_parsed_and_refused_by_name() -> None:
     rejects(catalog_with(iceberg_stream(partition_by=["day(event_time)", "hour(event_time)"])),
             "sink.partition_by:", "one transform per column")
     rejects(catalog_with(iceberg_stream(partition_by=["day(nope)"])), "sink.partition_by:", "'nope' is not produced")
-    rejects(catalog_with(iceberg_stream(partition_by=["event_date"], mode="merge", keys=["event_id"])),
-            "sink.partition_by:", "merge into a partitioned")
+    merged = parse_catalog(catalog_with(iceberg_stream(partition_by=["day(event_time)"], mode="merge",
+                                                       keys=["event_id"]))).get("to_iceberg").sink
+    assert isinstance(merged, IcebergSink) and merged.partition_transforms == ("day(event_time)",)
 
 
 def test_two_streams_cannot_write_one_iceberg_table() -> None:
@@ -329,3 +330,88 @@ def test_a_backfill_s_row_filter_replaces_its_files_rows_in_its_time_range(tmp_p
             0, 1, 2, 3, 4, 5, 6, 9, 10, 11, 107, 108]
     with pytest.raises(SluiceError, match="not Kafka offsets"):
         iceberg_filter(RowFilter(file_column="source", offsets=(("t", 0, 1, 2),)))
+
+
+@pytest.mark.parametrize("spec", [["day(ts)"], ["day(ts)", "bucket(2, id)"], ["region"]],
+                         ids=["day", "day-and-bucket", "identity"])
+def test_a_merge_into_a_partitioned_table_equals_the_oracle(tmp_path: Path, spec: list[str]) -> None:
+    """A merge by ``id`` into a table partitioned by ``day(ts)`` (and more), against the oracle of the newest row per
+    key (``sequence_by: version``): a late update of a key in an older day rewrites that day's file alone; a key
+    whose new row is in another day leaves its old one; an older row changes nothing; a replayed batch is
+    skipped; a batch of older rows only still commits, to be held."""
+    import datetime as dt
+
+    utc = dt.timezone.utc
+
+    def rows(*items: tuple[str, int, int, str]) -> pa.Table:
+        return pa.table({"id": pa.array([item[0] for item in items], pa.string()),
+                         "ts": pa.array([dt.datetime(2026, 11, day, 10, tzinfo=utc) for _, day, _, _ in items],
+                                        pa.timestamp("us", tz="UTC")),
+                         "version": pa.array([item[2] for item in items], pa.int64()),
+                         "region": [item[3] for item in items]})
+
+    table = IcebergTableFormat("db.merged", default_catalog_properties(str(tmp_path / "lake")))
+    table.ensure(rows(("a", 1, 0, "eu")).schema, spec)
+    oracle: dict[str, tuple[Any, ...]] = {}
+
+    def merge(batch_id: int, batch: pa.Table) -> bool:
+        for row in batch.to_pylist():
+            if row["id"] not in oracle or row["version"] >= oracle[row["id"]][2]:
+                oracle[row["id"]] = (row["id"], row["ts"], row["version"], row["region"])
+        return table.upsert_batch(batch, ["id"], query_id="q", batch_id=batch_id, metadata={}, sequence_by="version")
+
+    def held() -> list[tuple[Any, ...]]:
+        read = table.table().scan().to_arrow().to_pylist()
+        return sorted((row["id"], row["ts"], row["version"], row["region"]) for row in read)
+
+    def files() -> set[str]:
+        return {task.file.file_path for task in table.table().scan().plan_files()}
+
+    assert merge(0, rows(("a", 20, 1, "eu"), ("b", 20, 1, "us"), ("c", 21, 1, "eu"), ("d", 22, 1, "us")))
+    assert held() == sorted(oracle.values())
+    newest_day = {task.file.file_path for task in table.table().scan(row_filter="id == 'd'").plan_files()}
+    # Late: a's update stays in the older day 20; e is new in day 20.
+    assert merge(1, rows(("a", 20, 2, "eu"), ("e", 20, 1, "eu")))
+    assert held() == sorted(oracle.values())
+    assert newest_day <= files(), "day 22's file holds none of the keys: not rewritten"
+    # c moves from day 21 to day 20 (and region), d's row is older than the table's: unchanged.
+    assert merge(2, rows(("c", 20, 3, "us"), ("d", 19, 0, "eu")))
+    assert held() == sorted(oracle.values())
+    assert [row[0] for row in held()].count("c") == 1
+    assert not table.upsert_batch(rows(("c", 23, 9, "eu")), ["id"], query_id="q", batch_id=2, metadata={},
+                                  sequence_by="version"), "a replay"
+    assert held() == sorted(oracle.values())
+    assert merge(3, rows(("b", 20, 0, "eu")))  # older only: nothing changes, the batch is held
+    assert held() == sorted(oracle.values()) and table.batches("q") == [0, 1, 2, 3]
+    assert table.partitioning == spec
+
+
+def test_files_written_by_separate_tasks_commit_as_one_append_once(tmp_path: Path) -> None:
+    """The writer of an append beside a jvm dead-letter table, without Spark: each task's rows become data files
+    (``write_task_files``, what ``mapInArrow`` runs), their pickled ``DataFile``s are committed by the driver as one
+    append snapshot; a task with no rows writes nothing; the replay's files are removed, not committed."""
+    import pickle
+
+    from sluice_spark.kinds.iceberg import write_task_files
+
+    table = IcebergTableFormat("db.tasks", default_catalog_properties(str(tmp_path / "lake")))
+    table.ensure(SCHEMA, ["bucket(2, id)"])
+    metadata, catalog = table.writer_state()
+
+    def tasks(*groups: list[int]) -> list[Any]:
+        written = []
+        for ids in groups:
+            batches = [batch for batch in rows(*ids).to_batches()] if ids else []
+            for out in write_task_files(metadata, catalog, iter(batches)):
+                written += [pickle.loads(item) for item in out.column("file").to_pylist()]
+        return written
+
+    files = tasks([1, 2, 3], [4, 5, 6], [])
+    assert len(files) >= 2 and sum(int(f.record_count) for f in files) == 6
+    assert table.append_files(files, query_id="q", batch_id=0, metadata={}) is True
+    assert sorted(table.table().scan().to_arrow().column("id").to_pylist()) == [1, 2, 3, 4, 5, 6]
+    assert len(table.table().snapshots()) == 1
+    replay = tasks([1, 2, 3])
+    assert table.append_files(replay, query_id="q", batch_id=0, metadata={}) is False
+    assert not any(Path(f.file_path.removeprefix("file://")).exists() for f in replay)
+    assert sorted(table.table().scan().to_arrow().column("id").to_pylist()) == [1, 2, 3, 4, 5, 6]

@@ -98,6 +98,9 @@ def test_the_resolved_sets_leave_out_what_pyspark_ships_and_stay_small() -> None
     assert sum(path.stat().st_size for path in spark_set) < 80 << 20
     broker = {Path(path).name for path in jars.jar_paths(jars.BROKER_SET)}
     assert f"kafka_2.13-{properties['kafka.broker.version']}.jar" in broker
+    rest = {Path(path).name for path in jars.jar_paths(jars.REST_SET)}
+    assert {f"iceberg-core-{properties['iceberg.rest.version']}-tests.jar", "jetty-ee10-servlet-"
+            f"{properties['jetty.version']}.jar", f"sqlite-jdbc-{properties['sqlite-jdbc.version']}.jar"} <= rest
     assert jars.installed(), "the stamp is this project file's"
 
 
@@ -107,6 +110,16 @@ def test_the_images_resolve_the_same_project_file() -> None:
     assert "SLUICE_JARS_DIR" in dockerfile
     makefile = (PROJECT / "Makefile").read_text(encoding="utf-8")
     assert "include/jvm/pom.xml" in makefile and "-m sluice jars" in makefile
+
+
+def test_the_rest_catalog_server_without_its_jars_is_refused_in_one_line(tmp_path: Path) -> None:
+    from sluice.cli.iceberg_rest import SERVER_SOURCE, LocalIcebergRestCatalog
+    from sluice.errors import SluiceError
+
+    assert SERVER_SOURCE.is_file()
+    with pytest.raises(SluiceError, match="REST catalog server's jars are not installed"):
+        LocalIcebergRestCatalog(tmp_path, classpath=[]).start()
+    assert not (tmp_path / "server.log").exists()
 
 
 @pytest.mark.kafka

@@ -17,7 +17,6 @@ import contextlib
 import json
 import os
 import secrets
-import signal
 import socket
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sluice.cli.local_jvm import LocalJvmProcess, die_with_parent, serve_until_stopped
 from sluice.connections.kafka import ConnectionFields, spark_options
 from sluice.errors import SluiceError
 from sluice.operations.jars import BROKER_SET, NEEDS_JARS, jar_paths
@@ -49,15 +49,6 @@ def free_port(host: str = HOST) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
         return int(probe.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    """In the broker's process before it execs: on Linux, SIGTERM it when the process that started it dies (a test
-    run killed mid-way leaves no broker behind); elsewhere nothing."""
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 @dataclass(frozen=True)
@@ -89,7 +80,7 @@ class BrokerAddress:
         return json.dumps({"conn_type": "kafka", "extra": self.connection_extra()})
 
 
-class LocalKafkaBroker:
+class LocalKafkaBroker(LocalJvmProcess):
     """One KRaft node whose storage and logs live in ``folder``. :meth:`start` formats the storage (once) and waits
     until the broker answers a client; :meth:`stop` stops it (SIGTERM, then SIGKILL)."""
 
@@ -100,7 +91,6 @@ class LocalKafkaBroker:
         self.java = java
         self.classpath = classpath
         self.heap = heap
-        self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def log_file(self) -> Path:
@@ -180,7 +170,7 @@ class LocalKafkaBroker:
             [self.java, f"-Xms{self.heap}", f"-Xmx{self.heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
              "-Djava.awt.headless=true", "-cp", self._classpath(), "kafka.Kafka", str(self.folder / _PROPERTIES)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            preexec_fn=_die_with_parent)
+            preexec_fn=die_with_parent)
         log.close()
         address = self.address()
         self._await_ready(address, timeout)
@@ -204,25 +194,6 @@ class LocalKafkaBroker:
                     raise SluiceError(f"the Kafka broker did not answer within {timeout:.0f} s ({exc}); its log: "
                                       f"{self.log_file}\n{self._log_tail()}") from None
             time.sleep(0.2)
-
-    def _log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_file.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def stop(self, timeout: float = 30.0) -> None:
-        process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
     @contextlib.contextmanager
     def running(self, timeout: float = 90.0) -> Iterator[BrokerAddress]:
@@ -257,19 +228,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.folder / _SECRETS})", flush=True)
     ready = args.folder / READY_NAME
     ready.write_text(address.bootstrap + "\n", encoding="utf-8")
-    stopped = False
-
-    def stop(*_: Any) -> None:
-        nonlocal stopped
-        stopped = True
-
-    signal.signal(signal.SIGTERM, stop)
     try:
-        while not stopped and broker.process is not None and broker.process.poll() is None:
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
+        serve_until_stopped(broker)
     finally:
         ready.unlink(missing_ok=True)
-        broker.stop()
     return 0

@@ -248,8 +248,7 @@ _ICEBERG_SINK = Block(
             default=SinkMode.APPEND, choices=tuple(mode.value for mode in _MODES)),
         Key("keys", Type.NAMES, "the merge keys (mode merge)"),
         Key("partition_by", Type.STRINGS, "the table's partition spec at its creation: columns and Iceberg transforms "
-            "`year(c)`, `month(c)`, `day(c)`, `hour(c)`, `bucket(n, c)`, `truncate(n, c)`, `identity(c)` (append, "
-            "complete)"),
+            "`year(c)`, `month(c)`, `day(c)`, `hour(c)`, `bucket(n, c)`, `truncate(n, c)`, `identity(c)`"),
         Key("sequence_by", Type.STRING, "under merge, the column whose larger value wins between rows of one key "
             "in a batch"),
         Key("engine", Type.CHOICE, "the Delta engine of the dead-letter table", default=DeltaEngine.AUTO,
@@ -293,9 +292,6 @@ class IcebergSinkKind(SinkKind):
             raise section.error("keys", "mode merge needs the keys to merge by")
         if sequence_by is not None and mode is not SinkMode.MERGE:
             raise section.error("sequence_by", f"sequence_by is for mode merge, not {mode.value}")
-        if partitioning and mode is SinkMode.MERGE:
-            raise section.error("partition_by", "a merge into a partitioned Iceberg table is not supported yet "
-                                                "(append and complete are)")
         return IcebergSink(identifier=identifier, catalog=catalog, mode=mode, keys=tuple(keys),
                            sequence_by=sequence_by, engine=engine, partition_transforms=tuple(partitioning))
 

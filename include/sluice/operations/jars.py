@@ -1,6 +1,6 @@
 """The JVM artifacts Sluice runs with, resolved by Maven from one project file (``include/jvm/pom.xml``).
 
-Two sets, one Maven profile each:
+Three sets, one Maven profile each:
 
 - ``spark``: what every Spark application Sluice starts gets with ``spark.jars`` (``--jars``): delta-spark (the
   ``jvm`` Delta engine), Spark's Kafka connector, and hadoop-aws with the AWS SDK modules s3a uses. Artifacts that
@@ -8,6 +8,8 @@ Two sets, one Maven profile each:
   whatever version the connectors' poms name: Spark's own jars come first on the classpath anyway, and a second copy
   of another version only waits to shadow one of them.
 - ``kafka-broker``: the Apache Kafka broker (KRaft) for the tests and ``make run KAFKA=1``; never on Spark's classpath.
+- ``iceberg-rest``: Apache Iceberg's REST catalog server (:mod:`sluice.cli.iceberg_rest`) for the tests; never on
+  Spark's classpath.
 
 ``python -m sluice jars`` (run by ``make venv``) resolves both with ``mvn`` into :func:`jars_home`; the machine's Maven
 settings (mirrors, proxies, the local repository) apply, and Maven checks every artifact's checksum. Nothing is
@@ -31,12 +33,14 @@ from sluice.errors import SluiceError
 JARS_ENV = "SLUICE_JARS_DIR"
 SPARK_SET = "spark"
 BROKER_SET = "kafka-broker"
+REST_SET = "iceberg-rest"
 POM = Path(__file__).resolve().parents[2] / "jvm" / "pom.xml"
 _STAMP = ".pom-sha256"
 # A jar's file name is <artifactId>-<version>[-<classifier>].jar, and versions start with a digit.
 _ARTIFACT = re.compile(r"^(?P<artifact>.+?)-\d[^/]*\.jar$")
 NEEDS_JARS = ("the jvm Delta engine (sink.engine: jvm; auto falls back to rs), Kafka sources and sinks, "
-              "s3a:// paths that Spark reads or writes, and the Kafka broker of the tests and `make run KAFKA=1`")
+              "s3a:// paths that Spark reads or writes, the Kafka broker of the tests and `make run KAFKA=1`, and the "
+              "Iceberg REST catalog server of the tests")
 
 
 def jars_home() -> Path:
@@ -111,7 +115,7 @@ def stamp(pom: Path = POM, extra_profiles: tuple[str, ...] = ()) -> str:
 
 
 def installed(home: Path | None = None, pom: Path = POM, extra_profiles: tuple[str, ...] = ()) -> bool:
-    """Whether ``home`` holds both sets, resolved from this very project file with these profiles."""
+    """Whether ``home`` holds every set, resolved from this very project file with these profiles."""
     home = home or jars_home()
     try:
         return (home / _STAMP).read_text(encoding="ascii").strip() == stamp(pom, extra_profiles)
@@ -121,14 +125,14 @@ def installed(home: Path | None = None, pom: Path = POM, extra_profiles: tuple[s
 
 def resolve(home: Path, *, spark_jars_dir: Path, pom: Path = POM, mvn: str = "mvn",
             extra_profiles: tuple[str, ...] = ()) -> dict[str, list[str]]:
-    """Resolve both sets with ``mvn`` into ``home``, replacing what was there only once both are complete; the
+    """Resolve every set with ``mvn`` into ``home``, replacing what was there only once all are complete; the
     ``extra_profiles`` of the project file (``object-stores``) go into the spark set. Returns the jar names of each
     set. Raises :class:`SluiceError` with Maven's last lines when Maven fails."""
     home.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".resolving-", dir=home))
     try:
-        excluded = {SPARK_SET: shipped_artifacts(spark_jars_dir), BROKER_SET: []}
-        profiles = {SPARK_SET: ",".join((SPARK_SET, *extra_profiles)), BROKER_SET: BROKER_SET}
+        excluded = {SPARK_SET: shipped_artifacts(spark_jars_dir), BROKER_SET: [], REST_SET: []}
+        profiles = {SPARK_SET: ",".join((SPARK_SET, *extra_profiles)), BROKER_SET: BROKER_SET, REST_SET: REST_SET}
         for artifact_set, exclude in excluded.items():
             command = [mvn, "-B", "-q", "-f", str(pom), "-P", profiles[artifact_set], "dependency:copy-dependencies",
                        f"-DoutputDirectory={staging / artifact_set}", "-DincludeScope=runtime",

@@ -320,11 +320,53 @@ class IcebergTableFormat(TableFormat):
         if sequence_by is not None:
             data = self._not_older(data, keys, sequence_by)
         table = self.table()
-        if data.num_rows == 0:  # every row older than the table's: the batch still commits, to be held
+        if not table.spec().is_unpartitioned():
+            self._merge_files(table, data, keys, summary)
+        elif data.num_rows == 0:  # every row older than the table's: the batch still commits, to be held
             table.append(data, snapshot_properties=summary)
         else:
             table.upsert(data, join_cols=keys, snapshot_properties=summary)
         return True
+
+    @staticmethod
+    def _merge_files(table: Any, rows: Any, keys: list[str], summary: dict[str, str]) -> None:
+        """A merge into a partitioned table, as one overwrite snapshot: each data file holding one of the rows' keys
+        (planned by the keys' values against the files' statistics, whatever partition it is in) is rewritten
+        without those rows by Sluice's writer, and the rows are written beside, each in its partition; a key whose
+        row moves to another partition leaves its old one. pyiceberg's ``upsert`` would write the partitioned rows
+        with its vectorised transforms, which need ``pyiceberg-core``. Keys match by equality (NULL matches
+        nothing), as in the unpartitioned merge."""
+        import functools
+
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyiceberg.expressions
+        from pyiceberg.io.pyarrow import ArrowScan
+
+        from sluice.storage.iceberg_files import write_data_files
+
+        schema = table.metadata.schema()
+        incoming = rows.select(keys).drop_null()
+        # pyiceberg's predicates take a column name (their pydantic fields, which mypy reads, say a term)
+        expressions: Any = pyiceberg.expressions
+        planned = [expressions.In(key, set(pc.unique(incoming.column(key)).to_pylist())) for key in keys]
+        with table.transaction() as transaction, \
+                transaction.update_snapshot(snapshot_properties=summary).overwrite() as overwrite:
+            if incoming.num_rows:
+                for task in table.scan(row_filter=functools.reduce(expressions.And, planned)).plan_files():
+                    held = ArrowScan(table_metadata=table.metadata, io=table.io, projected_schema=schema,
+                                     row_filter=expressions.AlwaysTrue()).to_table(tasks=[task])
+                    positions = held.select(keys).append_column("_sluice_row", pa.array(np.arange(held.num_rows)))
+                    matched = positions.join(incoming, keys=keys, join_type="left semi").column("_sluice_row")
+                    if len(matched) == 0:
+                        continue
+                    overwrite.delete_data_file(task.file)
+                    kept = pc.invert(pc.is_in(pa.array(np.arange(held.num_rows)), value_set=matched.combine_chunks()))
+                    for data_file in write_data_files(table.metadata, table.io, held.filter(kept)):
+                        overwrite.append_data_file(data_file)
+            for data_file in write_data_files(table.metadata, table.io, rows):
+                overwrite.append_data_file(data_file)
 
     def _not_older(self, rows: Any, keys: list[str], sequence_by: str) -> Any:
         """The rows whose ``sequence_by`` is at least the table's for their key (or whose key is new). Keys match

@@ -6,10 +6,12 @@ new append snapshot adds, the declared columns selected and cast as a Delta sour
 
 An append on the rs engine goes through the ``sluice_iceberg`` data source (:mod:`sluice_spark.rs.iceberg`): the
 executors write the good rows' Iceberg data files and the dead letters' Delta files, the driver commits one Iceberg
-append snapshot and one Delta transaction per batch. Otherwise (a merge, complete mode, a dead-letter table on the
-jvm engine) each micro-batch's good rows are collected to the driver as Arrow and committed as one Iceberg snapshot
-(an append, an upsert by keys, or an overwrite of the whole table), then the dead letters go to the stream's Delta
-dead-letter table through the :class:`~sluice_spark.write.batches.BatchRouter`. Either way each snapshot's summary
+append snapshot and one Delta transaction per batch. Otherwise each micro-batch goes through the
+:class:`~sluice_spark.write.batches.BatchRouter`: an append beside a dead-letter table on the jvm engine has its
+good rows' data files written by Spark's tasks (``mapInArrow``) and committed by the driver as one append snapshot;
+a merge or complete mode collects the good rows to the driver as Arrow, committed as one Iceberg snapshot (an
+upsert by keys, or an overwrite of the whole table); then the dead letters go to the stream's Delta dead-letter
+table. Either way each snapshot's summary
 carries the query id and the batch id, and a replayed batch the table already holds is skipped
 (:meth:`sluice.storage.tableformat.TableFormat.holds_batch`).
 
@@ -20,6 +22,8 @@ load on Spark 4.2 (``IncompatibleClassChangeError`` on Spark's connector ``View`
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -47,6 +51,9 @@ from sluice_spark.targets import (
 )
 from sluice_spark.write.batches import BatchRouter, SinkRequest, sink_and_dead_letter, stream_commit_info
 from sluice_spark.write.tables import latest_per_key
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | None, trigger: TriggerSpec) -> DataFrame:
@@ -117,9 +124,16 @@ def sink_writer(request: SinkRequest) -> DataStreamWriter:
         if sink.mode is SinkMode.MERGE:  # a key's superseded versions count as processed, for the reconciliation
             offered = good.count()
             good = latest_per_key(good, sink.keys, sink.sequence_by)
+        metadata = commit_info(batch_id, GOOD_ROUTE)
+        if sink.mode is SinkMode.APPEND:  # beside a jvm dead-letter table: the executors write the files all the same
+            files = write_on_executors(table, good)
+            faults.reach("before_commit", batch_id)
+            table.append_files(files, query_id=request.query_id, batch_id=batch_id, metadata=metadata)
+            request.sent[batch_id] = sum(int(data_file.record_count) for data_file in files)
+            faults.reach("between_commits", batch_id)
+            return True
         rows = good.toArrow()
         faults.reach("before_commit", batch_id)
-        metadata = commit_info(batch_id, GOOD_ROUTE)
         if sink.mode is SinkMode.MERGE:
             table.upsert_batch(rows, list(sink.keys), query_id=request.query_id, batch_id=batch_id,
                                metadata=metadata, sequence_by=sink.sequence_by)
@@ -134,6 +148,36 @@ def sink_writer(request: SinkRequest) -> DataStreamWriter:
                          query_id=request.query_id, commit_info=commit_info, before=commit,
                          example_column=RAW_COLUMN)
     return request.frame.writeStream.foreachBatch(router).outputMode(OUTPUT_MODES[sink.mode])
+
+
+def write_on_executors(table: IcebergTableFormat, good: DataFrame) -> list[Any]:
+    """The good rows written as the table's data files by Spark's tasks (:func:`write_task_files`), pyiceberg's
+    ``DataFile`` of each back on the driver to be committed: no row is collected to the driver."""
+    import functools
+    import pickle
+
+    metadata, catalog = table.writer_state()
+    write = functools.partial(write_task_files, metadata, catalog)
+    return [pickle.loads(row.file) for row in good.mapInArrow(write, "file binary").collect()]
+
+
+def write_task_files(metadata: Any, catalog: dict[str, str], batches: Iterator[pa.RecordBatch]
+                     ) -> Iterator[pa.RecordBatch]:
+    """In a Spark task: its rows as data files of the table whose pyiceberg ``metadata`` is given
+    (:func:`sluice.storage.iceberg_files.write_data_files`, as the ``sluice_iceberg`` data source's writer writes
+    them), and one row per file, the pickled ``DataFile``. Files never committed are orphans."""
+    import pickle
+
+    import pyarrow as pa
+    from pyiceberg.io import load_file_io
+
+    from sluice.storage.iceberg_files import write_data_files
+
+    held = list(batches)
+    if held:
+        files = write_data_files(metadata, load_file_io(catalog, metadata.location), pa.Table.from_batches(held))
+        yield pa.RecordBatch.from_pydict({"file": [pickle.dumps(data_file) for data_file in files]},
+                                         schema=pa.schema([("file", pa.binary())]))
 
 
 def executor_writer(request: SinkRequest, table: IcebergTableFormat) -> DataStreamWriter:
