@@ -7,7 +7,6 @@ give Sluice (``AWS_*``), so that obstore and delta-rs find the store the way the
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tests.helpers import free_port
 
 PROJECT = Path(__file__).resolve().parent.parent
 MOTO_VENV = PROJECT / ".venv-moto"
@@ -36,12 +37,6 @@ def moto_python() -> Path:
                         str(REQUIREMENTS)], check=True)
         stamp.write_text(wanted, encoding="utf-8")
     return python
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass
@@ -103,7 +98,7 @@ class S3Server:
 
 def start_s3_server(log: Path) -> Iterator[S3Server]:
     python = moto_python()
-    port = _free_port()
+    port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     with open(log, "wb") as output:
         process = subprocess.Popen([str(python), "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],

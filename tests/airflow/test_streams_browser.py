@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -28,15 +27,10 @@ from sluice.paths import Roots
 from sluice.storage.lock import StreamLock
 from tests.airflow.test_backfill_trigger import serialize_dags
 from tests.airflow.test_streams_page import build_world
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.airflow
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def http(url: str, body: dict[str, Any] | None = None, token: str | None = None) -> tuple[int, Any]:
