@@ -26,7 +26,7 @@ from sluice.storage import runlog
 from sluice.storage.delta import commit_properties, open_table, read_table, table_version
 from sluice_spark.redrive import run_redrive
 from sluice_spark.runner import run_streams
-from tests.helpers import roots_in, spark_submit, write_catalog
+from tests.helpers import roots_in, spark_submit, submit_options_env, write_catalog
 
 pytestmark = pytest.mark.spark
 
@@ -217,8 +217,8 @@ def test_sigkill_mid_redrive_then_rerun_lands_each_row_once(spark: Any, world: t
     catalog_path = folder / "catalog.yaml"
     faults = folder / "faults"
     faults.mkdir()
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
-           "SLUICE_FAULT_POINT": fault, "SLUICE_FAULT_DIR": str(faults)}
+    env = {**os.environ, **submit_options_env(), "PYSPARK_PYTHON": sys.executable,
+           "PYSPARK_DRIVER_PYTHON": sys.executable, "SLUICE_FAULT_POINT": fault, "SLUICE_FAULT_DIR": str(faults)}
     command = spark_submit(str(RUNNER), "--catalog", str(catalog_path), "--stream", "events", "--run-id", "killed",
                            *roots.as_args())
     log = folder / "killed.log"
