@@ -7,6 +7,7 @@ give Sluice (``AWS_*``), so that obstore and delta-rs find the store the way the
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -94,6 +95,31 @@ class S3Server:
         return {"AWS_ACCESS_KEY_ID": "sluice-test", "AWS_SECRET_ACCESS_KEY": "sluice-test-secret",
                 "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": self.endpoint, "AWS_ALLOW_HTTP": "true",
                 "AWS_CONDITIONAL_PUT": "etag"}
+
+
+@contextlib.contextmanager
+def session_reaches(spark: Any, server: S3Server) -> Iterator[None]:
+    """The test session's Hadoop reaches ``server`` through s3a for the block, as a spark-submit run would: the s3a
+    settings a run's session takes from the environment (``s3a_settings``), and the test credentials, which s3a would
+    read from the JVM's environment, fixed when the session started. The settings are taken back afterwards."""
+    from sluice_spark.session import s3a_settings
+
+    environment = server.environment()
+    wanted = {key.removeprefix("spark.hadoop."): value for key, value in s3a_settings(environment).items()}
+    wanted |= {"fs.s3a.access.key": environment["AWS_ACCESS_KEY_ID"],
+               "fs.s3a.secret.key": environment["AWS_SECRET_ACCESS_KEY"]}
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    before = {key: hadoop.getRaw(key) for key in wanted}
+    for key, value in wanted.items():
+        hadoop.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                hadoop.unset(key)
+            else:
+                hadoop.set(key, value)
 
 
 def start_s3_server(log: Path) -> Iterator[S3Server]:
