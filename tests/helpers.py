@@ -144,13 +144,21 @@ def driver_options_env(catalog: Path, streams: list[str], roots: Roots) -> dict[
     A cold JVM spends most of a short run loading and compiling Spark's classes; a test's run is short."""
     from sluice.catalog import load_catalog
     from sluice.errors import SluiceError
-    from sluice.operations.jvm import driver_java_options, log_options, small_run, submit_env
+    from sluice.operations.jvm import small_run
 
     try:
         selected = load_catalog(catalog).select(streams)
     except SluiceError:  # a catalog the run itself must refuse: no small run to tell
         selected = []
-    small = bool(selected) and small_run(selected, roots)
+    return submit_options_env(small=bool(selected) and small_run(selected, roots))
+
+
+def submit_options_env(*, small: bool = False) -> dict[str, str]:
+    """``SPARK_SUBMIT_OPTS`` for a test's spark-submit, as the operators give a driver: the class archive, Spark's log
+    at WARN, and the light JIT only for a ``small`` run. A backfill's, a redrive's and the warm server's run are not
+    small (``make run WARM=1`` and the operators give them the full JIT)."""
+    from sluice.operations.jvm import driver_java_options, log_options, submit_env
+
     return submit_env([*driver_java_options(small=small), *log_options()])
 
 
@@ -165,3 +173,31 @@ def load_spark_app(script: str) -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+_GIVEN_PORTS: set[int] = set()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on, for a server a test starts, from below the kernel's ephemeral range. A port
+    ``bind(0)`` gives comes from that range, which is also where every outgoing connection takes its own port: in the
+    seconds before a JVM or Airflow binds it, a client (a Python worker, a Kafka or S3 call) could take it."""
+    import random
+    import socket
+
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):  # not Linux: the IANA dynamic range starts at 49152
+        low = 49152
+    for _ in range(1000):
+        port = random.randint(max(1024, low - 12000), low - 1)
+        if port in _GIVEN_PORTS:  # given to a server that may not have bound it yet
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind((host, port))
+            except OSError:
+                continue
+        _GIVEN_PORTS.add(port)
+        return port
+    raise AssertionError(f"no free port below {low} on {host}")

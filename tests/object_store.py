@@ -7,7 +7,7 @@ give Sluice (``AWS_*``), so that obstore and delta-rs find the store the way the
 
 from __future__ import annotations
 
-import socket
+import contextlib
 import subprocess
 import sys
 import time
@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tests.helpers import free_port
 
 PROJECT = Path(__file__).resolve().parent.parent
 MOTO_VENV = PROJECT / ".venv-moto"
@@ -36,12 +38,6 @@ def moto_python() -> Path:
                         str(REQUIREMENTS)], check=True)
         stamp.write_text(wanted, encoding="utf-8")
     return python
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass
@@ -101,9 +97,34 @@ class S3Server:
                 "AWS_CONDITIONAL_PUT": "etag"}
 
 
+@contextlib.contextmanager
+def session_reaches(spark: Any, server: S3Server) -> Iterator[None]:
+    """The test session's Hadoop reaches ``server`` through s3a for the block, as a spark-submit run would: the s3a
+    settings a run's session takes from the environment (``s3a_settings``), and the test credentials, which s3a would
+    read from the JVM's environment, fixed when the session started. The settings are taken back afterwards."""
+    from sluice_spark.session import s3a_settings
+
+    environment = server.environment()
+    wanted = {key.removeprefix("spark.hadoop."): value for key, value in s3a_settings(environment).items()}
+    wanted |= {"fs.s3a.access.key": environment["AWS_ACCESS_KEY_ID"],
+               "fs.s3a.secret.key": environment["AWS_SECRET_ACCESS_KEY"]}
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    before = {key: hadoop.getRaw(key) for key in wanted}
+    for key, value in wanted.items():
+        hadoop.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                hadoop.unset(key)
+            else:
+                hadoop.set(key, value)
+
+
 def start_s3_server(log: Path) -> Iterator[S3Server]:
     python = moto_python()
-    port = _free_port()
+    port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     with open(log, "wb") as output:
         process = subprocess.Popen([str(python), "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sluice.paths import Roots
 from sluice.warm import TOKEN_ENV, WarmAddress
-from tests.helpers import spark_submit
+from tests.helpers import spark_submit, submit_options_env
 
 SERVER = Path(__file__).resolve().parents[1] / "spark_apps" / "warm_server.py"
 
@@ -26,8 +26,9 @@ class Server:
         self.token = secrets.token_urlsafe(32)
         self.log = folder / f"server-{time.monotonic_ns()}.log"
         command = spark_submit(str(SERVER), "--catalog", str(catalog), *roots.as_args(), "--port", "0", *args)
-        environ = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
-                   TOKEN_ENV: self.token, **dict(env)}
+        # The driver's options `make run WARM=1` gives its warm server (the class archive, Spark's log at WARN).
+        environ = {**os.environ, **submit_options_env(), "PYSPARK_PYTHON": sys.executable,
+                   "PYSPARK_DRIVER_PYTHON": sys.executable, TOKEN_ENV: self.token, **dict(env)}
         self.process = subprocess.Popen(command, env=environ, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
                                         start_new_session=True)
         try:

@@ -30,12 +30,18 @@ def reach(point: str, batch_id: int | None = None) -> None:
     if not folder:
         return
     marker = os.path.join(folder, f"{point}.reached")
-    # Only the first arrival blocks; the killed run's successor must pass through.
+    # Only the first arrival blocks; the killed run's successor must pass through. The pid is written to a file of
+    # its own and linked to the marker's name (which fails if it exists): a test that sees the marker reads the pid
+    # whole, never an empty file created an instant before its write (it would then not kill the parked worker).
+    written = f"{marker}.{os.getpid()}.tmp"
+    with open(written, "w", encoding="utf-8") as handle:
+        handle.write(str(os.getpid()))
     try:
-        with open(marker, "x", encoding="utf-8") as handle:
-            handle.write(str(os.getpid()))
+        os.link(written, marker)
     except FileExistsError:
         return
+    finally:
+        os.remove(written)
     release = os.path.join(folder, f"{point}.release")
     while not os.path.exists(release):  # wait for the SIGKILL the test sends once it sees the marker
         time.sleep(0.05)

@@ -11,7 +11,6 @@ import datetime as dt
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -22,15 +21,9 @@ import pytest
 
 from sluice.cli.demo_producer import DemoProducer
 from tests.airflow.test_dag_e2e import xcom_value
-from tests.helpers import expected_events, table_rows
+from tests.helpers import expected_events, free_port, table_rows
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.slow]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def wait_for(condition: object, what: str, timeout: float = 120.0) -> None:

@@ -33,6 +33,7 @@ import pytest
 
 from sluice.cli.demo_producer import DemoProducer
 from sluice.operations.loopback import is_loopback
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.airflow
 
@@ -52,12 +53,6 @@ def make(*arguments: str, env: dict[str, str], cwd: Path = PROJECT,
          timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["make", "--no-print-directory", "-C", str(cwd), *NEVER_REMAKE, *arguments], env=env,
                           capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
 
 
 def wait_for(condition: Any, what: str, timeout: float) -> Any:

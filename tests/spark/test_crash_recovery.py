@@ -231,12 +231,15 @@ def test_a_run_retried_after_a_sigkill_keeps_one_row_in_the_run_log(tmp_path: Pa
         ("jvm", "between_commits:1"),  # batch 1 in bronze, not yet in the dead-letter table
     ],
 )
-def test_sigkill_during_a_kafka_run_then_rerun_gives_the_exact_table(tmp_path: Path, kafka: Any, engine: str,
+def test_sigkill_during_a_kafka_run_then_rerun_gives_the_exact_table(spark: Any, tmp_path: Path, kafka: Any,
+                                                                     monkeypatch: pytest.MonkeyPatch, engine: str,
                                                                      fault: str) -> None:
     """Three partitions read 20 offsets a batch, malformed records among them: the killed run and its rerun leave
-    bronze and the dead-letter table equal to the oracle, each record once."""
+    bronze and the dead-letter table equal to the oracle, each record once. Only the killed run is an application
+    of its own; the rerun is the session's, through the runner's own code."""
     from sluice.cli.kafka_broker import create_topic
     from sluice.connections.kafka import env_name
+    from sluice_spark.runner import run_streams
     from tests.kafka_data import clicks, expected, kafka_stream, produce
 
     topic = f"crash-{engine}-{fault.split(':')[0]}-{time.monotonic_ns()}"
@@ -256,9 +259,9 @@ def test_sigkill_during_a_kafka_run_then_rerun_gives_the_exact_table(tmp_path: P
     wait_for(faults / f"{point}.reached", crashed, faults / "crashed.log")
     kill_application(crashed, faults / f"{point}.reached")
     assert crashed.returncode == -signal.SIGKILL
-    rerun = submit(catalog_path, roots, connection, DRIVER, stream="clicks")
-    output, _ = rerun.communicate(timeout=300)
-    assert rerun.returncode == 0, output[-3000:]
+    monkeypatch.setenv(*connection)
+    rerun = run_streams(spark, load_catalog(catalog_path), ["clicks"], roots)
+    assert rerun.ok, [result.error for result in rerun.streams]
 
     good, bad = expected(records, rescue=True)
     assert sorted(table_rows(stream.sink_path(roots), ["event_id", "amount"])) == good
@@ -267,14 +270,18 @@ def test_sigkill_during_a_kafka_run_then_rerun_gives_the_exact_table(tmp_path: P
 
 @pytest.mark.kafka
 @pytest.mark.parametrize("fault", ["before_commit:1", "between_commits:1"])
-def test_sigkill_during_a_run_into_a_kafka_sink_then_rerun_sends_each_record_once(tmp_path: Path, kafka: Any,
+def test_sigkill_during_a_run_into_a_kafka_sink_then_rerun_sends_each_record_once(spark: Any, tmp_path: Path,
+                                                                                  kafka: Any,
+                                                                                  monkeypatch: pytest.MonkeyPatch,
                                                                                   fault: str) -> None:
     """A file stream into a topic, one Kafka transaction per batch. Killed with batch 1's records sent but its
     transaction open (before_commit), or committed to the topic but not to the dead-letter table nor Spark's
     checkpoint (between_commits): after the rerun a read_committed consumer reads each good row once, and the
-    dead-letter table is exact. A read_uncommitted consumer also reads what the aborted transaction sent."""
+    dead-letter table is exact. A read_uncommitted consumer also reads what the aborted transaction sent. Only the
+    killed run is an application of its own; the rerun is the session's, through the runner's own code."""
     from sluice.cli.kafka_broker import create_topic
     from sluice.connections.kafka import env_name
+    from sluice_spark.runner import run_streams
     from tests.kafka_data import consume
 
     topic = f"crash-sink-{fault.split(':')[0]}-{time.monotonic_ns()}"
@@ -296,9 +303,9 @@ def test_sigkill_during_a_run_into_a_kafka_sink_then_rerun_sends_each_record_onc
     wait_for(faults / f"{point}.reached", crashed, faults / "crashed.log")
     kill_application(crashed, faults / f"{point}.reached")
     assert crashed.returncode == -signal.SIGKILL
-    rerun = submit(catalog_path, roots, connection, DRIVER)
-    output, _ = rerun.communicate(timeout=300)
-    assert rerun.returncode == 0, output[-3000:]
+    monkeypatch.setenv(*connection)
+    rerun = run_streams(spark, load_catalog(catalog_path), ["events"], roots)
+    assert rerun.ok, [result.error for result in rerun.streams]
 
     good, bad = expected_events(Path(roots.landing) / "events")
     received = consume(kafka, topic, len(good))

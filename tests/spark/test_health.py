@@ -324,7 +324,14 @@ def test_run_that_loses_its_lock_stops_and_fails(spark: Any, tmp_path: Path, mon
         while time.monotonic() < deadline and not (lock_file.parent / "commits" / "0").exists():
             time.sleep(0.02)
         stolen = json.loads(lock_file.read_text()) | {"run_id": "thief", "token": "thief-token"}
-        lock_file.write_text(json.dumps(stolen))
+        # Written whole (a rename), and again until it stays: the heartbeat checks the lock then replaces it, and a
+        # theft between the two is overwritten (no file system compare-and-swap), which a loaded machine can hit.
+        while time.monotonic() < deadline:
+            lock_file.with_name("thief.tmp").write_text(json.dumps(stolen))
+            os.replace(lock_file.with_name("thief.tmp"), lock_file)
+            time.sleep(0.5)  # ten heartbeats
+            if json.loads(lock_file.read_text())["run_id"] == "thief":
+                return
 
     thief = threading.Thread(target=steal_once_running)
     thief.start()

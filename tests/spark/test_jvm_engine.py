@@ -16,6 +16,7 @@ from sluice.catalog import load_catalog
 from sluice.cli.demo_producer import DemoProducer
 from sluice.storage.delta import read_table
 from tests.helpers import (
+    driver_options_env,
     events_stream,
     expected_events,
     needs_jvm_jars,
@@ -41,8 +42,8 @@ def test_jvm_engine_writes_the_same_bronze_table_exactly_once(tmp_path: Path) ->
     DemoProducer(roots.landing, seed=41).produce(files=2, now=dt.datetime(2026, 11, 22, tzinfo=dt.timezone.utc))
     command = spark_submit(str(RUNNER), "--catalog", str(catalog_path), "--stream", "events", *roots.as_args())
     for _ in range(2):  # the second run finds nothing new and must add nothing
-        result = subprocess.run(command, capture_output=True, text=True, env={**os.environ,
-                                "PYSPARK_PYTHON": sys.executable})
+        result = subprocess.run(command, capture_output=True, text=True, env={
+            **os.environ, **driver_options_env(catalog_path, ["events"], roots), "PYSPARK_PYTHON": sys.executable})
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     good, bad = expected_events(Path(roots.landing) / "events")
     columns = ["event_id", "event_type", "user_id", "amount", "event_date"]

@@ -158,9 +158,9 @@ def test_a_topic_deleted_and_recreated_stops_the_stream_with_a_clear_error(spark
     assert run_streams(spark, catalog, ["clicks"], roots).streams[0].output_rows == 8
     admin = AdminClient(kafka.client_config())
     admin.delete_topics([topic])[topic].result(30)
-    for _ in range(150):  # the broker removes a deleted topic's partitions in the background
-        if topic not in admin.list_topics(timeout=10).topics:
-            break
+    deadline = time.monotonic() + 120  # the broker removes a deleted topic's partitions in the background
+    while topic in admin.list_topics(timeout=10).topics:
+        assert time.monotonic() < deadline, f"the broker still lists the deleted topic {topic}"
         time.sleep(0.1)
     create_topic(kafka, topic, 1)
     produce(kafka, topic, clicks(100, 3))

@@ -162,7 +162,7 @@ def test_the_runner_reports_an_offset_only_the_broker_can_check_as_refused(kafka
 
     import yaml
 
-    from tests.helpers import spark_submit
+    from tests.helpers import spark_submit, submit_options_env
 
     topic = new_topic(kafka, partitions=2)
     produce_at_known_times(kafka, topic)  # offsets 0 to 7 in each partition
@@ -177,7 +177,7 @@ def test_the_runner_reports_an_offset_only_the_broker_can_check_as_refused(kafka
                      "--offsets", json.dumps({"0": [0, 99]}), "--run-id", "past-latest", "--summary-file",
                      str(summary), *roots.as_args()),
         capture_output=True, text=True, timeout=600,
-        env={**os.environ, "PYSPARK_PYTHON": sys.executable,
+        env={**os.environ, **submit_options_env(), "PYSPARK_PYTHON": sys.executable,
              env_name("sluice_kafka"): json.dumps(kafka.spark_options())})
     assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
     refused = json.loads(summary.read_text())

@@ -1,5 +1,6 @@
 """A landing zone on S3 told of its files by an SQS queue of S3 event notifications, end to end: moto's server (S3
-and SQS, in server mode) and real spark-submit runs through Hadoop's s3a connector. The table is the oracle's after
+and SQS, in server mode) and runs through Hadoop's s3a connector (the killed run and its rerun spark-submitted, the
+clean runs on the test session, through the runner's own code). The table is the oracle's after
 every run (each file's rows once); a notified run lists no landing folder (the server's request log says so) and
 reads no file it was not told of; a lost message is caught by the next listing run, a message delivered twice reads
 its file once, and a run SIGKILLed between its journal write and the messages' delete is exact when rerun."""
@@ -19,8 +20,10 @@ from sluice.catalog import load_catalog
 from sluice.cli.demo_producer import DemoProducer
 from sluice.paths import Roots
 from sluice.storage.notified import LISTED, journal
+from sluice_spark.runner import run_streams
 from tests.helpers import events_stream, expected_events, needs_jvm_jars, write_catalog
-from tests.spark.test_crash_recovery import DRIVER, bronze, kill_at_then_rerun, submit
+from tests.object_store import session_reaches
+from tests.spark.test_crash_recovery import bronze, kill_at_then_rerun
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -50,11 +53,12 @@ class Landing:
         return expected_events(self.made.landing, files=self.read)
 
 
-def run(catalog: Path, roots: Roots, summary: Path) -> dict[str, Any]:
-    process = submit(catalog, roots, DRIVER, summary=summary)
-    output, _ = process.communicate(timeout=600)
-    assert process.returncode == 0, output[-3000:]
-    return dict(json.loads(summary.read_text(encoding="utf-8"))["streams"][0])
+def run(spark: Any, catalog: Path, roots: Roots) -> dict[str, Any]:
+    """A clean run on the session, through the runner's own code (the spark-submit runs are the killed one and its
+    rerun); its stream's summary as the runner's summary file holds it."""
+    summary = run_streams(spark, load_catalog(catalog), ["events"], roots)
+    assert summary.ok, [stream.error for stream in summary.streams]
+    return dict(json.loads(summary.to_json())["streams"][0])
 
 
 def landing_listings(requests: list[str], bucket: str) -> list[str]:
@@ -72,7 +76,12 @@ def landing_listings(requests: list[str], bucket: str) -> list[str]:
 
 
 @needs_jvm_jars
-def test_a_notified_landing_zone_lands_each_file_once(tmp_path: Path, s3: str, s3_server: Any) -> None:
+def test_a_notified_landing_zone_lands_each_file_once(spark: Any, tmp_path: Path, s3: str, s3_server: Any) -> None:
+    with session_reaches(spark, s3_server):
+        notified_landing_zone(spark, tmp_path, s3, s3_server)
+
+
+def notified_landing_zone(spark: Any, tmp_path: Path, s3: str, s3_server: Any) -> None:
     queue = s3_server.notifying_queue(s3, f"{FOLDER}/", visibility_seconds=1)
     source = {**events_stream()["source"], "path": f"s3a://{s3}/{FOLDER}",
               "notifications": {"queue": queue, "list_every": "1 day"}}
@@ -84,7 +93,7 @@ def test_a_notified_landing_zone_lands_each_file_once(tmp_path: Path, s3: str, s
 
     # The first run lists: files may have landed before the queue was set up (and its message is journaled too).
     landing.put()
-    first = run(catalog, roots, tmp_path / "first.json")
+    first = run(spark, catalog, roots)
     assert "has not listed" in first["notified"]["listed"]
     assert bronze(stream.sink_path(roots)) == landing.oracle()[0]
 
@@ -97,7 +106,7 @@ def test_a_notified_landing_zone_lands_each_file_once(tmp_path: Path, s3: str, s
         {"eventSource": "aws:s3", "eventName": "ObjectCreated:Put",
          "s3": {"bucket": {"name": s3}, "object": {"key": twice, "size": 1}}}]}))
     offset = s3_server.log_offset()
-    notified = run(catalog, roots, tmp_path / "notified.json")
+    notified = run(spark, catalog, roots)
     assert notified["notified"] == {"files": 2, "listed": None, "messages": 3}
     assert bronze(stream.sink_path(roots)) == landing.oracle()[0], "the notified files, once; not the unnotified"
     requests = s3_server.requests_since(offset)
@@ -109,7 +118,7 @@ def test_a_notified_landing_zone_lands_each_file_once(tmp_path: Path, s3: str, s
     landing.put()
     kill_at_then_rerun(catalog, roots, "notified_journaled", tmp_path / "faults")
     assert bronze(stream.sink_path(roots)) == landing.oracle()[0]
-    again = run(catalog, roots, tmp_path / "again.json")
+    again = run(spark, catalog, roots)
     assert again["notified"]["files"] == 0 and again["batch_ids"] == []
     assert bronze(stream.sink_path(roots)) == landing.oracle()[0]
 
@@ -117,7 +126,7 @@ def test_a_notified_landing_zone_lands_each_file_once(tmp_path: Path, s3: str, s
     journal(stream, roots).write_bytes(LISTED, json.dumps({"started_at": 0, "because": "a test"}).encode())
     lost = landing.made.landing / "events" / unnotified.removeprefix(f"{FOLDER}/")
     landing.read.append(lost)
-    listing = run(catalog, roots, tmp_path / "listing.json")
+    listing = run(spark, catalog, roots)
     assert "older than list_every" in listing["notified"]["listed"]
     good, bad = landing.oracle()
     assert bronze(stream.sink_path(roots)) == good

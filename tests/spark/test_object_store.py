@@ -29,6 +29,7 @@ from tests.helpers import (
     keep_pristine,
     needs_jvm_jars,
     roots_in,
+    submit_options_env,
     table_rows,
     write_catalog,
 )
@@ -319,6 +320,7 @@ def test_a_stream_wholly_on_s3a_runs_like_one_on_disk(tmp_path: Path, s3: str) -
                          "--stream", "events", "--start", NOW.isoformat(),
                          "--end", (NOW + dt.timedelta(hours=1)).isoformat(), "--select-by", "file_time",
                          "--mode", "replace", "--run-id", f"replace-{attempt}", *roots.as_args()),
-            capture_output=True, text=True, env={**os.environ, "PYSPARK_PYTHON": sys.executable}, timeout=600)
+            capture_output=True, text=True, timeout=600,
+            env={**os.environ, **submit_options_env(), "PYSPARK_PYTHON": sys.executable})
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert bronze(stream.sink_path(roots)) == good

@@ -195,7 +195,8 @@ def test_a_file_landing_in_a_local_folder_is_seen_when_it_lands_not_a_poll_later
 
     fired, payload = asyncio.run(scenario())
     assert payload["new"] == 1
-    assert 1.0 <= fired < 5, f"fired {fired:.1f}s after the file landed: the settle time, not the minute's poll"
+    # The upper bound is far from the minute's poll, not close to the settle time: a loaded machine adds seconds.
+    assert 1.0 <= fired < 30, f"fired {fired:.1f}s after the file landed: the settle time, not the minute's poll"
 
 
 def test_a_stream_on_arrival_checks_its_health_in_its_run_task_unless_the_catalog_says_otherwise() -> None:

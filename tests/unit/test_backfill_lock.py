@@ -17,16 +17,17 @@ from sluice_spark.backfill import hadoop_glob
 def test_backfill_waits_for_a_running_stream_then_holds_the_lock(tmp_path: Path) -> None:
     live = StreamLock(tmp_path, "events", "live-run")
     live.acquire()
-    released = threading.Event()
+    releasing = threading.Event()
 
     def finish_the_live_run() -> None:
         time.sleep(0.3)
+        # Set before the release: set after it, the backfill could take the lock in between and see it unset.
+        releasing.set()
         live.release()
-        released.set()
 
     threading.Thread(target=finish_the_live_run).start()
     with waiting_lock(str(tmp_path), "events", "backfill/run-1", wait_seconds=30):
-        assert released.is_set(), "the backfill got the lock only after the live run released it"
+        assert releasing.is_set(), "the backfill got the lock only after the live run released it"
         holder = read_lock(tmp_path)
         assert holder is not None and holder.run_id == "backfill/run-1"
     assert read_lock(tmp_path) is None

@@ -42,6 +42,7 @@ def test_a_time_range_selects_the_versions_committed_in_it(tmp_path: Path) -> No
     append(table, [1])
     time.sleep(0.05)
     middle = dt.datetime.now(dt.timezone.utc)
+    time.sleep(0.05)  # a commit's timestamp is in whole milliseconds: one in middle's millisecond could be before it
     append(table, [2, 3])
     append(table, [4])
     plan = plan_version_range(table, start=middle, end=middle + dt.timedelta(hours=1))

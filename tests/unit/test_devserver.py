@@ -292,7 +292,7 @@ def test_make_run_says_where_the_ui_is_again_on_a_short_status_line(capsys: pyte
     done = threading.Event()
     saying = threading.Thread(target=keep_saying, args=(address, 0.0, done, 0.05))
     saying.start()
-    threading.Timer(0.3, done.set).start()
+    threading.Timer(1.0, done.set).start()  # twenty intervals: two lines even when the thread waits for a core
     saying.join(timeout=5)
     lines = capsys.readouterr().out.splitlines()
     assert not saying.is_alive() and len(lines) >= 2

@@ -35,8 +35,8 @@ def test_the_gate_waits_for_another_runs_lock_and_passes_once_it_is_released(tmp
     checkpoint.mkdir(parents=True)
     held = StreamLock(checkpoint, "clicks", "backfill/run-1")
     held.acquire()
+    started = time.monotonic()  # before the timer starts: its 0.3 s count from no later than this
     threading.Timer(0.3, held.release).start()
-    started = time.monotonic()
     report, stops = checked_health(clicks, roots, lock_deadline=time.monotonic() + 30)
     assert not stops and not report.waits_for_a_run, report.describe()
     assert 0.3 <= time.monotonic() - started < 10

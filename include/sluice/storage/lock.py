@@ -396,17 +396,19 @@ class StreamLock(HeldLock):
         assert self._info is not None
         while not self._stop.wait(self.heartbeat_seconds):
             try:
-                current = _read(self.path)
-                if current is None or current.token != self.token:
-                    self._lose("another run took it")
-                    return
+                # The new beat is written first, so that only the read and the rename are between the check and the
+                # replace: a run that takes the lock over in that window is overwritten (a file system has no
+                # compare-and-swap), and the window is kept as short as it can be.
                 self._info.heartbeat_at = time.time()
                 temporary = self._write_temporary(self._info)
                 try:
+                    current = _read(self.path)
+                    if current is None or current.token != self.token:
+                        self._lose("another run took it")
+                        return
                     os.replace(temporary, self.path)
-                except OSError:
+                finally:
                     temporary.unlink(missing_ok=True)
-                    raise
             except LockFileError as exc:
                 self._lose(str(exc))
                 return
