@@ -367,7 +367,8 @@ def conform_checked(frame: DataFrame, source: SourceSpec) -> DataFrame:
     raw = F.col(CORRUPT_COLUMN)
     staged = frame.withColumn(_RECORD_SPLIT, F.when(raw.isNotNull(), split_fields(raw, split, width)))
     fields, count = fields_and_count(F.col(_RECORD_SPLIT), split, width)
-    staged = staged.withColumns({_FIELDS: fields, _COUNT: count})
+    # Guarded: the split's array of EXTRA_FIELDS more fields would otherwise be built for every row.
+    staged = staged.withColumns({_FIELDS: F.when(raw.isNotNull(), fields), _COUNT: F.when(raw.isNotNull(), count)})
     # A record Spark's reader split into the declared number of fields, but could not type: conform's well-formed
     # record with a misfit, its dead letter the fields re-quoted.
     well_formed = raw.isNull() | (F.col(_COUNT) == len(names))
