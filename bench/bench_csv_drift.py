@@ -5,8 +5,9 @@ table, the run summary) over the same CSV exports, whose headers all name the de
 common case, which both sides can read):
 
 - ``none``: Spark's CSV reader with the declared schema, checking each file's header against it;
-- ``rescue``: each file's columns found by its header (:mod:`sluice_spark.drift.csv`): Spark's reader splits the
-  records as text, a Python UDF reads each file's header once, and ``from_csv`` types the declared fields.
+- ``rescue``: each file's columns found by its header (:mod:`sluice_spark.drift.csv`): as every header here is the
+  declared one, Spark's typed reader checks the headers and types the records (``conform_checked``); a record it
+  could not type would be split and rescued, and a file with another header would plan the stream again by header.
 
 Rounds alternate the order and the best time of each side is kept, because these machines are shared and noisy.
 The goal (Sluice's own: the issue names none) is rescue / none <= 1.3. The last line is the result as JSON.

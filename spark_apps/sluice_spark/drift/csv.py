@@ -22,6 +22,11 @@ whitespace and ``nullValue`` mean what they mean to Spark:
    with the stream's ``nullValue``, ``timestampFormat``, ``dateFormat`` and ``timeZone``: the conversions of
    Spark's reader. A value that does not fit is rescued, as for any CSV record.
 
+A run reads a stream first with :func:`conform_checked`: Spark's typed reader, checking each file's header
+against the declared names, gives the rows of the common case at its own cost (the steps above would spend a
+Python UDF per row and a second typing), and a file with another header fails the query, which the run plans
+again with :func:`conform` (:func:`plan_by_header`).
+
 Limits: a header may name at most :data:`EXTRA_FIELDS` more columns than the schema declares (a file with more is
 malformed whole); a header that repeats a name (without case) makes its file's records malformed; a record that
 Spark split into the declared number of fields keeps, as a dead letter, its fields re-quoted, not its bytes.
@@ -33,7 +38,9 @@ import bz2
 import operator
 import re
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import lru_cache, reduce
 from typing import Any
 
@@ -296,6 +303,21 @@ def conform(frame: DataFrame, source: SourceSpec) -> DataFrame:
         _UNDECLARED: F.when(~plain & well_formed, undeclared),
         _NEW_NAMES: F.when(~plain & well_formed, F.filter(F.col(_NAMES), lambda name: ~F.array_contains(
             declared_folded, F.lower(name))))})
+    requoted = F.concat_ws(separator, *[_requoted(column, source.options) for column in text_columns])
+    return _typed(staged, source, well_formed, corrupt=F.coalesce(raw, requoted),
+                  undeclared=F.coalesce(F.col(_UNDECLARED), F.create_map().cast("map<string,string>")),
+                  new_names=F.col(_NEW_NAMES))
+
+
+def _typed(staged: DataFrame, source: SourceSpec, well_formed: Column, *, corrupt: Column, undeclared: Column,
+           new_names: Column, read: Mapping[str, Column] | None = None, typed_whole: Column | None = None
+           ) -> DataFrame:
+    """Steps 5 to 7 of :func:`conform`: the declared fields (``_sluice_csv_value<i>``, text) typed, the misfits
+    found, and the row as the file source gives it with the policy's columns. ``read`` are the values Spark's
+    reader typed itself, taken where ``typed_whole`` (the rows it typed without a failure); the others are typed
+    here."""
+    names = source.read_schema.names
+    values = [f"{_VALUE}{index}" for index in range(len(names))]
     # 5. The declared fields typed by Spark's CSV conversions, from one canonical line: Spark's CSV writer quotes
     # every value and writes NULL as the stream's nullValue, which the conversion reads back as NULL.
     canonical = F.to_csv(F.struct(*[F.col(value) for value in values], F.lit("p").alias(_PAD)),
@@ -306,12 +328,15 @@ def conform(frame: DataFrame, source: SourceSpec) -> DataFrame:
     value_options = {"sep": ",", "quote": '"', "escape": '"', "emptyValue": "", "mode": "PERMISSIVE",
                      **_options(source, _VALUE_OPTIONS)}
     typed_schema = f"{source.read_schema.ddl(nullable_only=True)}, `{_PAD}` STRING"
-    staged = staged.withColumn(_TYPED, F.from_csv(canonical, F.lit(typed_schema), value_options))
+    parsed = F.from_csv(canonical, F.lit(typed_schema), value_options)
+    staged = staged.withColumn(_TYPED, parsed if typed_whole is None else F.when(~typed_whole, parsed))
     # 6. Whether a declared value did not fit its type (most rows: none, and no map is built for them).
     text_typed = {column.name for column in source.read_schema.columns if column.sql_type == "STRING"}
     typed = {name: F.when(well_formed, F.col(value) if name in text_typed else F.col(_TYPED)[name])
              for value, name in zip(values, names, strict=True)}
     unfit = {name: typed[name].isNull() & F.col(value).isNotNull() for value, name in zip(values, names, strict=True)}
+    if read is not None and typed_whole is not None:
+        typed = {name: F.when(typed_whole, read[name]).otherwise(column) for name, column in typed.items()}
     staged = staged.withColumn(_MISFIT, reduce(operator.or_, unfit.values()))
     # 7. The row as the file source gives it, with the policy's columns.
     misfit = F.col(_MISFIT)
@@ -320,15 +345,89 @@ def conform(frame: DataFrame, source: SourceSpec) -> DataFrame:
                                                                       F.when(unfit[name], F.col(value)))]),
                                           lambda _, found: found.isNotNull()))
     empty = F.create_map().cast("map<string,string>")
-    policy_columns = _policy_columns(source.schema_evolution, F.coalesce(F.col(_UNDECLARED), empty),
-                                     F.coalesce(misfits, empty), F.col(_NEW_NAMES))
-    requoted = F.concat_ws(separator, *[_requoted(column, source.options) for column in text_columns])
-    corrupt = F.when(~well_formed | misfit, F.coalesce(raw, requoted))
+    policy_columns = _policy_columns(source.schema_evolution, undeclared, F.coalesce(misfits, empty), new_names)
     text_fields = F.when(well_formed & misfit, F.struct(
         *[F.col(value).alias(name) for value, name in zip(values, names, strict=True)],
         F.lit(None).cast("string").alias(CORRUPT_COLUMN)))
-    return staged.select(*[column.alias(name) for name, column in typed.items()], corrupt.alias(CORRUPT_COLUMN),
-                         *policy_columns, SOURCE_FILE_COLUMN, text_fields.alias(CSV_FIELDS_COLUMN))
+    return staged.select(*[column.alias(name) for name, column in typed.items()],
+                         F.when(~well_formed | misfit, corrupt).alias(CORRUPT_COLUMN), *policy_columns,
+                         SOURCE_FILE_COLUMN, text_fields.alias(CSV_FIELDS_COLUMN))
+
+
+def conform_checked(frame: DataFrame, source: SourceSpec) -> DataFrame:
+    """:func:`conform`'s rows from Spark's reader with the declared types, for files whose headers Spark's reader
+    checked against the declared names (``enforceSchema`` false: a file with another header fails the query, and
+    :func:`header_mismatch` tells the runner to plan it again with :func:`conform`). A record Spark typed whole is
+    its row as it is: no header is looked up, nothing is typed again. A record it could not (``_corrupt_record``)
+    is split again by Spark's parser and goes through :func:`conform`'s steps 5 to 7, so that its misfits, its
+    rescued data and its dead letter are :func:`conform`'s."""
+    names = source.read_schema.names
+    width = len(names) + EXTRA_FIELDS
+    split = _options(source, _SPLIT_OPTIONS)
+    raw = F.col(CORRUPT_COLUMN)
+    staged = frame.withColumn(_RECORD_SPLIT, F.when(raw.isNotNull(), split_fields(raw, split, width)))
+    fields, count = fields_and_count(F.col(_RECORD_SPLIT), split, width)
+    # Guarded: the split's array of EXTRA_FIELDS more fields would otherwise be built for every row.
+    staged = staged.withColumns({_FIELDS: F.when(raw.isNotNull(), fields), _COUNT: F.when(raw.isNotNull(), count)})
+    # A record Spark's reader split into the declared number of fields, but could not type: conform's well-formed
+    # record with a misfit, its dead letter the fields re-quoted.
+    well_formed = raw.isNull() | (F.col(_COUNT) == len(names))
+    text = raw.isNotNull() & well_formed
+    values = [f"{_VALUE}{index}" for index in range(len(names))]
+    staged = staged.withColumns({value: F.when(text, F.element_at(F.col(_FIELDS), index + 1))
+                                 for index, value in enumerate(values)})
+    requoted = F.concat_ws(delimiter(source.options),
+                           *[_requoted(F.col(value), source.options) for value in values])
+    return _typed(staged, source, well_formed, corrupt=F.when(well_formed, requoted).otherwise(raw),
+                  undeclared=F.create_map().cast("map<string,string>"),
+                  new_names=F.lit(None).cast("array<string>"),
+                  read={name: F.col(quote(name)) for name in names}, typed_whole=raw.isNull())
+
+
+#: What Spark's reader says of a file whose header is not the declared names (``enforceSchema`` false).
+_MISMATCH = ("CSV header does not conform to the schema", "Number of column in CSV header is not equal to number of "
+             "fields in the schema")
+
+
+# Whether the stream being planned may be read by :func:`conform_checked` (a run sets it: it plans a stream again
+# when a header does not match); and the streams (by name and landing folder) of this process that met a file
+# with another header, read by :func:`conform` from then on.
+_CHECKED: ContextVar[bool] = ContextVar("sluice_csv_checked", default=False)
+_DRIFTED: set[tuple[str, str]] = set()
+
+
+@contextmanager
+def headers_checked_by_reader() -> Iterator[None]:
+    """Within: a CSV stream read by header is planned with :func:`conform_checked`, unless its files have met
+    another header in this process. Only a caller that plans a stream again on :func:`header_mismatch` sets it."""
+    token = _CHECKED.set(True)
+    try:
+        yield
+    finally:
+        _CHECKED.reset(token)
+
+
+def checks_headers(stream: str, folder: str) -> bool:
+    """Whether the stream reading ``folder`` is planned with :func:`conform_checked` (see
+    :func:`headers_checked_by_reader`)."""
+    return _CHECKED.get() and (stream, folder) not in _DRIFTED
+
+
+def plan_by_header(stream: str, folder: str, error: BaseException | None) -> bool:
+    """True when a query of ``stream`` planned with :func:`conform_checked` failed on a file whose header is not
+    the declared names: the stream is read by :func:`conform` from now on in this process, and its query is to be
+    planned and started again (its failed batch is in its offset log, and runs again with the same files)."""
+    if error is None or (stream, folder) in _DRIFTED or not header_mismatch(error):
+        return False
+    _DRIFTED.add((stream, folder))
+    return True
+
+
+def header_mismatch(error: BaseException | str) -> bool:
+    """Whether a query failed because Spark's reader met a CSV file whose header is not the declared names
+    (:func:`conform_checked`)."""
+    text = str(error)
+    return any(message in text for message in _MISMATCH)
 
 
 def _policy_columns(policy: SchemaEvolution, undeclared: Column, misfits: Column, new_names: Column) -> list[Column]:

@@ -50,6 +50,10 @@ def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | N
     """The landing folder (or ``path``, a backfill's glob of the files it selected) as a streaming DataFrame."""
     source = stream.source
     assert isinstance(source, FileSource)
+    # Spark's reader may check the headers of the stream's own folder (not of a backfill's or a notified run's
+    # selection of files): a run plans it again, by header, when one does not match.
+    checked = path is None and reads_by_header(source) and csv_drift.checks_headers(stream.name,
+                                                                                       stream.source_path(roots))
     if path is None:
         path = stream.source_path(roots)
         require_hadoop_connector(spark, path, f"stream '{stream.name}': landing folder")
@@ -63,6 +67,15 @@ def read(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | N
     if source.format is FileFormat.PARQUET and policy is not SchemaEvolution.NONE:
         return _parquet_files(spark, stream, path, trigger)
     reader = _limited(spark.readStream.format(source.format.value).options(**source.options), trigger)
+    if checked:
+        # Spark's reader types every file whose header is the declared names, and fails on another one (the run
+        # then plans the stream again, by header).
+        frame = reader.option("enforceSchema", "false").schema(
+            f"{source.read_schema.ddl(nullable_only=True)}, `{CORRUPT_COLUMN}` STRING") \
+            .option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT_COLUMN).load(path)
+        return csv_drift.conform_checked(frame.select(*[quote(name) for name in source.read_schema.names],
+                                                      CORRUPT_COLUMN,
+                                                      F.col("_metadata.file_path").alias(SOURCE_FILE_COLUMN)), source)
     if reads_by_header(source):  # each file's columns found by its header (sluice_spark.drift.csv)
         frame = reader.option("enforceSchema", "true").schema(csv_drift.read_schema_ddl(source)) \
             .option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT_COLUMN).load(path)

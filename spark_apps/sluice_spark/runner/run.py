@@ -28,6 +28,7 @@ from sluice.storage.object_lock import lock_for
 from sluice.summary import PhaseClock, RunSummary, StreamRunSummary
 from sluice.times import iso_utc
 from sluice_spark import faults
+from sluice_spark.drift import csv as csv_drift
 from sluice_spark.runner.prepare import PreparedStream, maps_case, prepare_stream
 from sluice_spark.runner.query import (
     CANCELLED,
@@ -67,7 +68,8 @@ def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: 
             held[stream.name] = lock = lock_for(checkpoint, stream.name, run_id)
             locks.enter_context(lock)
         clock.lap("lock")
-        prepared = [prepare_stream(spark, stream, roots, run_id=run_id, engine=engine) for stream in streams]
+        with csv_drift.headers_checked_by_reader():
+            prepared = [prepare_stream(spark, stream, roots, run_id=run_id, engine=engine) for stream in streams]
         clock.lap("prepare")
         started, started_at = time.monotonic(), time.time()
         running: list[tuple[PreparedStream, StreamingQuery]] = []
@@ -79,8 +81,21 @@ def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: 
                 running.append((item, start_stream(item)))
                 cancelled.discard(item.spec.name)
                 await_sources(running[-1][1], cancel)
-            for item, query in running:
-                if await_query(item.spec.name, query, held[item.spec.name], cancel) is Stopped.CANCELLED:
+            for index, (item, query) in enumerate(running):
+                stopped = await_query(item.spec.name, query, held[item.spec.name], cancel)
+                if stopped is None and not cancel.is_set() and csv_drift.plan_by_header(
+                        item.spec.name, item.spec.source_path(roots), query.exception()):
+                    # A CSV file whose header is not the declared names: the stream is read by header from now on.
+                    log.warning("stream %s: a CSV file's header is not the declared names; reading by header",
+                                item.spec.name)
+                    stream = next(stream for stream in streams if stream.name == item.spec.name)
+                    with csv_drift.headers_checked_by_reader():
+                        item = prepare_stream(spark, stream, roots, run_id=run_id, engine=engine)
+                    running[index] = (item, start_stream(item))
+                    prepared = [item if old.spec.name == item.spec.name else old for old in prepared]
+                    await_sources(running[index][1], cancel)
+                    stopped = await_query(item.spec.name, running[index][1], held[item.spec.name], cancel)
+                if stopped is Stopped.CANCELLED:
                     cancelled.add(item.spec.name)
         finally:
             for _, query in running:
