@@ -22,8 +22,9 @@ alone, a table read after months of runs lists thousands of files and replays th
    that write a log checkpoint, a stream's included, unless the table sets ``delta.enableExpiredLogCleanup`` to
    false: a Delta-source stream must not fall further behind than ``delta.logRetentionDuration``.)
 
-An Iceberg sink's snapshots are expired and its orphan data files removed under the same retention, never from the
-snapshot that holds the checkpoint's last batch on (:func:`maintain_iceberg_table`); pyiceberg cannot compact.
+An Iceberg sink's small data files are compacted (one ``replace`` snapshot, which an Iceberg-source stream passes
+over), its snapshots expired and its orphan data files removed under the same retention, never from the snapshot that
+holds the checkpoint's last batch on (:func:`maintain_iceberg_table`).
 
 Every table of a stream (its sink, dead-letter and fan-out tables) is maintained while holding the stream's lock,
 so no run commits meanwhile; a running stream is waited for. The run log's own tables take no lock: their writers
@@ -234,13 +235,17 @@ def maintain_table(path: str, role: str, *, readers: Sequence[Reader] = (), vacu
 
 def maintain_iceberg_table(table: IcebergTableFormat, role: str, *, checkpoint: str,
                            vacuum_retention: float | None = None, dry_run: bool = False,
-                           now: float | None = None) -> TableReport:
-    """Expire an Iceberg table's old snapshots and remove its orphan data files, under the retention a Delta vacuum
-    keeps (the table's ``history.expire.max-snapshot-age-ms``, else 7 days; less is refused), and never a snapshot
-    from the one that holds the checkpoint's last recorded batch on (:func:`sluice.storage.iceberg.expire_snapshots`).
-    No compaction: pyiceberg 0.12 cannot rewrite data files. A missing table is reported as skipped."""
+                           now: float | None = None, run_id: str | None = None,
+                           stream: str | None = None) -> TableReport:
+    """Compact an Iceberg table's small data files, expire its old snapshots and remove its orphan data files, under
+    the retention a Delta vacuum keeps (the table's ``history.expire.max-snapshot-age-ms``, else 7 days; less is
+    refused), and never a snapshot from the one that holds the checkpoint's last recorded batch on
+    (:func:`sluice.storage.iceberg.expire_snapshots`). The compaction rewrites, per partition, the files under the
+    table's ``write.target-file-size-bytes`` into files of that size, in one ``replace`` snapshot
+    (:mod:`sluice.storage.iceberg_compaction`). A missing table is reported as skipped."""
     from sluice.storage.checkpoint import CheckpointReader, read_query_id
     from sluice.storage.iceberg import MAX_SNAPSHOT_AGE, expire_snapshots, remove_orphan_files
+    from sluice.storage.iceberg_compaction import commit_rewrite, rewrite_small_files
 
     report = TableReport(table=table.name, role=role)
     if not table.exists():
@@ -255,9 +260,13 @@ def maintain_iceberg_table(table: IcebergTableFormat, role: str, *, checkpoint: 
     report.vacuum_retention_hours = hours
     report.version_before = len(iceberg.metadata.snapshots)
     report.files_before = iceberg.inspect.data_files().num_rows
-    report.skipped.append("compaction: pyiceberg 0.12 cannot rewrite an Iceberg table's data files")
     if dry_run:
         report.skipped.append("dry run: nothing changed")
+    rewrite = rewrite_small_files(table, dry_run=dry_run)
+    report.compacted_files_removed, report.compacted_files_added = len(rewrite.removed), len(rewrite.added)
+    if not dry_run:
+        commit_rewrite(table, rewrite, {CommitInfo.MAINTENANCE: run_id or "", **(
+            {CommitInfo.STREAM: stream} if stream else {})})
     report.snapshots_expired = len(expire_snapshots(table, older_than=cutoff, query_id=read_query_id(checkpoint),
                                                     last_batch=commits[-1] if commits else None, dry_run=dry_run))
     report.vacuumed_files = len(remove_orphan_files(table, older_than=cutoff, dry_run=dry_run))
@@ -285,7 +294,7 @@ def maintain_stream(stream: StreamSpec, catalog: Catalog, roots: Roots, *, run_i
             if isinstance(sink, IcebergTableFormat):
                 reports.append(maintain_iceberg_table(sink, "sink", checkpoint=stream.checkpoint_path(roots),
                                                       vacuum_retention=vacuum_retention_hours, dry_run=dry_run,
-                                                      now=now))
+                                                      now=now, run_id=run_id, stream=stream.name))
             for table in stream.tables(roots):
                 readers = readers_of(table.path, catalog, roots)
                 reports.append(maintain_table(table.path, str(table.role), readers=readers,
