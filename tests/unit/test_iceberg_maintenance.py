@@ -126,3 +126,91 @@ def test_a_compaction_killed_before_its_commit_leaves_the_table_as_it_was(tmp_pa
 
     assert len(remove_orphan_files(table, older_than=time.time() + 10)) == 3
     assert commit_rewrite(table, rewrite_small_files(table), {}) is not None and held(table) == before
+
+
+# --- expiry guarded by the streams that read the table ---------------------------------------------------------------
+
+EIGHT_DAYS = 8 * 86400
+
+
+def bronze_and_silver(tmp_path: Path) -> tuple[Any, Any, IcebergTableFormat, list[int]]:
+    """A bronze stream's Iceberg table of four batches, and a silver stream that reads it as its source."""
+    from sluice.catalog import load_catalog
+    from sluice.kinds.iceberg import IcebergSink
+    from tests.helpers import events_stream, roots_in, write_catalog
+
+    bronze = events_stream(sink={"format": "iceberg", "table": "bronze.events", "engine": "rs"})
+    silver = {"name": "silver", "transform": "identity", "checkpoint": "silver/events", "schedule": "*/5 * * * *",
+              "source": {"type": "iceberg", "table": "bronze.events", "schema": {"id": "bigint not null"}},
+              "sink": {"path": "silver/events"}}
+    catalog = load_catalog(write_catalog(tmp_path, bronze, silver))
+    roots = roots_in(tmp_path)
+    sink = catalog.get("events").sink
+    assert isinstance(sink, IcebergSink)
+    table = IcebergTableFormat(sink.identifier, sink.catalog_properties(roots))
+    table.ensure(events(range(1)).schema)
+    for batch in range(4):
+        table.commit_batch(events(range(batch * 10, batch * 10 + 10)), query_id="q", batch_id=batch, metadata={})
+    return catalog, roots, table, [snapshot.snapshot_id for snapshot in table.table().snapshots()]
+
+
+def silver_read_up_to(catalog: Any, roots: Any, committed: int, planned: int | None = None) -> None:
+    """Silver's checkpoint as Spark writes it: batch 0 read the table up to snapshot ``committed``; a batch 1 up to
+    ``planned`` was planned, not committed."""
+    import json
+
+    from tests.unit.test_lag import spark_checkpoint
+
+    def offset(snapshot: int) -> str:
+        return json.dumps({"snapshot": snapshot, "sequence": 0})
+
+    spark_checkpoint(Path(catalog.get("silver").checkpoint_path(roots)),
+                     {0: offset(committed), **({1: offset(planned)} if planned is not None else {})}, committed=[0])
+
+
+def test_expiry_keeps_every_snapshot_from_the_one_a_reader_has_read_up_to(tmp_path: Path) -> None:
+    """Eight days on, every snapshot is past the retention: the ones before silver's committed offset go, the
+    one it read up to and every later one stay (its planned, uncommitted batch is read again), and silver's next
+    read finds its place and the appends after it."""
+    import time
+
+    from sluice.operations.maintenance import IcebergReader, iceberg_readers_of, maintain_iceberg_table
+
+    catalog, roots, table, snapshots = bronze_and_silver(tmp_path)
+    silver_read_up_to(catalog, roots, committed=snapshots[1], planned=snapshots[3])
+    readers = iceberg_readers_of(catalog.get("events").sink, catalog, roots)
+    assert readers == [IcebergReader("silver", snapshots[1])]
+
+    report = maintain_iceberg_table(table, "sink", checkpoint=catalog.get("events").checkpoint_path(roots),
+                                    now=time.time() + EIGHT_DAYS, readers=readers)
+
+    kept = [snapshot.snapshot_id for snapshot in table.table().snapshots()]
+    assert report.snapshots_expired == 1 and kept[:3] == snapshots[1:]
+    assert any(note.startswith("expiry: silver still has snapshots to read") for note in report.skipped)
+    unread = history_after(table.table(), {"snapshot": snapshots[1], "sequence": 0}, identifier="bronze.events")
+    assert [snapshot.snapshot_id for snapshot in unread if check_readable(snapshot, {}, identifier="db")] == \
+        snapshots[2:]
+    # Without the reader, the same maintenance would have expired all four batches' snapshots but the current.
+    assert report.version_after == 4
+
+
+def test_a_reader_that_has_read_nothing_keeps_every_snapshot_and_one_caught_up_keeps_none(tmp_path: Path) -> None:
+    import time
+
+    from sluice.operations.maintenance import iceberg_readers_of, maintain_iceberg_table
+
+    catalog, roots, table, _ = bronze_and_silver(tmp_path)
+    checkpoint = catalog.get("events").checkpoint_path(roots)
+    later = time.time() + EIGHT_DAYS
+    readers = iceberg_readers_of(catalog.get("events").sink, catalog, roots)
+    assert [reader.snapshot_id for reader in readers] == [-1]  # no checkpoint yet: it reads the whole history
+    report = maintain_iceberg_table(table, "sink", checkpoint=checkpoint, now=later, readers=readers)
+    assert report.snapshots_expired == 0 and len(table.table().snapshots()) == 5  # the four and the compaction's
+
+    current = table.table().current_snapshot().snapshot_id
+    silver_read_up_to(catalog, roots, committed=current)
+    readers = iceberg_readers_of(catalog.get("events").sink, catalog, roots)
+    report = maintain_iceberg_table(table, "sink", checkpoint=checkpoint, now=later, readers=readers)
+    assert report.snapshots_expired == 4 and not report.skipped
+    assert [snapshot.snapshot_id for snapshot in table.table().snapshots()] == [current]
+    assert held(table) == sorted(events(range(40)).to_pylist(), key=lambda row: row["id"])
