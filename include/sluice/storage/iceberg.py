@@ -170,6 +170,12 @@ class IcebergTableFormat(TableFormat):
                 return int(summary[CommitInfo.BATCH])
         return None
 
+    def snapshot_id(self) -> int | None:
+        if not self.exists():
+            return None
+        current = self.table().current_snapshot()
+        return None if current is None else int(current.snapshot_id)
+
     def commits(self, *, limit: int | None = 50) -> list[TableCommit]:
         if not self.exists():
             return []
