@@ -1,5 +1,6 @@
-"""Maintenance of an Iceberg table without Spark: the compaction of its small files (one ``replace`` snapshot, the
-rows and their values unchanged, a crash before its commit changing nothing).
+"""Operations on an Iceberg table without Spark: the compaction of its small files (one ``replace`` snapshot, the
+rows and their values unchanged, a crash before its commit changing nothing), snapshot expiry held back by the
+streams that read the table, and the Streams page's snapshot ids.
 
 The oracle is the table's rows as pyiceberg reads them before the maintenance, compared whole (every column's value).
 """
@@ -214,3 +215,13 @@ def test_a_reader_that_has_read_nothing_keeps_every_snapshot_and_one_caught_up_k
     assert report.snapshots_expired == 4 and not report.skipped
     assert [snapshot.snapshot_id for snapshot in table.table().snapshots()] == [current]
     assert held(table) == sorted(events(range(40)).to_pylist(), key=lambda row: row["id"])
+
+
+def test_the_streams_page_shows_each_snapshot_id_as_text(tmp_path: Path) -> None:
+    """An Iceberg snapshot id is past JavaScript's exact integers (2**53): the page gets it as text too."""
+    from sluice.operations.streams_view import _versions
+
+    catalog, roots, _, snapshots = bronze_and_silver(tmp_path)
+    versions = _versions(catalog.get("events"), roots)
+    assert [row["snapshot"] for row in versions] == [str(snapshot) for snapshot in reversed(snapshots)]
+    assert [row["snapshot_id"] for row in versions] == list(reversed(snapshots))
