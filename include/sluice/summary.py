@@ -37,6 +37,9 @@ class StreamRunSummary:
     delta_version_after: int | None = None
     dead_letter_version_before: int | None = None
     dead_letter_version_after: int | None = None
+    # An Iceberg sink's current snapshot id before and after the run (its Delta versions above are None).
+    snapshot_id_before: int | None = None
+    snapshot_id_after: int | None = None
     engine: str | None = None
     error: str | None = None
     # False when a rerun cannot succeed without a change (bad config, a schema conflict): Airflow must not retry.

@@ -99,6 +99,23 @@ def test_a_stream_reading_another_streams_table_is_scheduled_on_its_asset() -> N
     assert schedule.asset_condition.objects == (asset,)
 
 
+def test_an_iceberg_source_runs_on_its_upstream_iceberg_stream_s_commits() -> None:
+    """A silver stream reading the Iceberg table a bronze stream writes is scheduled on bronze's Asset (the table, by
+    catalog and identifier), as a Delta source is on its upstream's; a table of another catalog is no upstream."""
+    from sluice.catalog import parse_catalog
+    from sluice_airflow.dag_factory import ingest_dags
+    from tests.helpers import events_stream
+
+    bronze = events_stream(sink={"format": "iceberg", "table": "bronze.events"})
+    silver = {"name": "events_silver", "source": {"type": "iceberg", "table": "bronze.events",
+                                                  "schema": {"event_id": "string not null"}},
+              "sink": {"path": "silver/events"}, "checkpoint": "silver/events"}
+    dags = ingest_dags(parse_catalog({"version": 1, "streams": [bronze, silver]}))
+    [asset] = dags["ingest_events_silver"].schedule
+    assert asset == dags["ingest_events"].get_task("run_stream").outlets[0]
+    assert asset.uri == "sluice://iceberg/default/bronze.events"
+
+
 def test_a_join_runs_when_either_side_has_news() -> None:
     from airflow.sdk import AssetAny
 

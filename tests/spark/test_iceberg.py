@@ -24,6 +24,7 @@ from sluice.cli.demo_producer import DemoProducer
 from sluice.constants import CommitInfo
 from sluice.kinds.iceberg import IcebergSink
 from sluice.paths import Roots
+from sluice.storage import runlog
 from sluice.storage.delta import read_table
 from sluice.storage.iceberg import IcebergTableFormat, remove_orphan_files
 from sluice_spark.runner import run_streams
@@ -77,11 +78,20 @@ def test_append_equals_the_oracle_one_snapshot_per_batch(spark: Any, tmp_path: P
 
     # New files: exactly their rows, in new snapshots of the same query.
     producer.events_file(lines=25, now=NOW + dt.timedelta(minutes=5))
+    # The summary's snapshot ids: none before the first run, the table's current one after each run.
+    first_snapshot = table.table().current_snapshot().snapshot_id
+    assert (summary.snapshot_id_before, summary.snapshot_id_after) == (None, first_snapshot)
+    assert (summary.delta_version_before, summary.delta_version_after) == (None, None)
+
     again = run_streams(spark, catalog, ["events"], roots).streams[0]
     assert again.status == "succeeded", again.error
     expected_good, expected_bad = expected_events(Path(roots.landing) / "events")
     assert iceberg_rows(table) == expected_good
     assert table.batches(summary.query_id) == [0, 1, 2, 3]
+    last_snapshot = table.table().current_snapshot().snapshot_id
+    assert (again.snapshot_id_before, again.snapshot_id_after) == (first_snapshot, last_snapshot)
+    logged = [(row["snapshot_id_before"], row["snapshot_id_after"]) for row in runlog.runs(roots.lake, "events")]
+    assert logged == [(None, first_snapshot), (first_snapshot, last_snapshot)]
 
 
 @pytest.mark.parametrize("fault", ["between_commits:1", "before_commit:1", "after_commit:1"])

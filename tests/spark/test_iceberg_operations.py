@@ -128,9 +128,11 @@ EIGHT_DAYS = 8 * 86400
 
 def test_maintenance_expires_old_snapshots_and_orphans_then_the_stream_runs_exactly_once(
         spark: Any, world: tuple[Catalog, Roots, Path]) -> None:
-    """Eight days on, every snapshot is past the 7-day retention but the current one (which holds the checkpoint's
-    last batch); a stray data file (a crashed write) goes, the table's own stay. The next run appends only the new
-    file's rows: the guard still finds the query's batch in the snapshots that are left."""
+    """Eight days on, the three batches' small files are compacted into one (a replace snapshot), and every snapshot
+    is past the 7-day retention but the one that holds the checkpoint's last batch and the compaction's; a stray
+    data file (a crashed write) goes, the files compacted away stay while the kept batch's snapshot references them.
+    The next run appends only the new file's rows: the guard still finds the query's batch in the snapshots that are
+    left."""
     import time
 
     from sluice.operations.maintenance import maintain_stream
@@ -142,8 +144,10 @@ def test_maintenance_expires_old_snapshots_and_orphans_then_the_stream_runs_exac
     stray.write_bytes(b"PAR1")
     [report] = [r for r in maintain_stream(catalog.get("events"), catalog, roots, run_id="m1",
                                            now=time.time() + EIGHT_DAYS) if r.role == "sink"]
-    assert (report.snapshots_expired, report.vacuumed_files) == (2, 1) and not stray.exists()
-    assert [s.summary.additional_properties[CommitInfo.BATCH] for s in table.table().snapshots()] == ["2"]
+    assert (report.compacted_files_removed, report.compacted_files_added) == (3, 1)
+    assert (report.snapshots_expired, report.vacuumed_files, report.files_after) == (2, 1, 1) and not stray.exists()
+    assert [(s.summary.operation.value, s.summary.additional_properties.get(CommitInfo.BATCH))
+            for s in table.table().snapshots()] == [("append", "2"), ("replace", None)]
     assert iceberg_rows(table) == expected_events(folder / "landing" / "events")[0]
 
     DemoProducer(folder / "landing", seed=62, malformed_rate=0.05).events_file(lines=20, now=NOW.replace(hour=9))
@@ -168,6 +172,6 @@ def test_maintenance_keeps_the_snapshot_of_the_checkpoint_s_last_batch(world: tu
                                          now=time.time() + EIGHT_DAYS) if r.role == "sink"]
     assert aged.snapshots_expired == 1
     [today] = [r for r in maintain_stream(stream, catalog, roots, run_id="m3") if r.role == "sink"]
-    assert (today.snapshots_expired, today.version_after) == (0, 3)
+    assert (today.snapshots_expired, today.version_after) == (0, 4)  # the three batches and the compaction
     with pytest.raises(MaintenanceError, match="vacuum_retention_hours"):
         maintain_stream(stream, catalog, roots, run_id="m4", vacuum_retention_hours=1)

@@ -124,3 +124,40 @@ def test_a_snapshot_that_is_no_append_stops_the_read_unless_skipped(spark: Any, 
     expected_good, _ = expected_events(Path(roots.landing) / "events")
     # Every append read, the delete not applied: silver keeps the rows bronze deleted.
     assert silver_rows(roots) == expected_good
+
+
+def test_a_compaction_of_bronze_is_passed_over_and_silver_stays_equal_to_the_oracle(spark: Any,
+                                                                                    tmp_path: Path) -> None:
+    """Bronze's small files compacted (a replace snapshot) while silver has read some of bronze's appends and not
+    the newest: silver's next runs read that append once and nothing of the compaction, and equal the oracle."""
+    from sluice.operations.maintenance import maintain_stream
+
+    catalog = load_catalog(write_catalog(tmp_path, *streams()))
+    roots = roots_in(tmp_path)
+    producer = DemoProducer(roots.landing, seed=44, malformed_rate=0.05)
+    for index in range(3):
+        producer.events_file(lines=20, now=NOW + dt.timedelta(minutes=index))
+    assert run_streams(spark, catalog, ["events"], roots).streams[0].status == "succeeded"
+    assert run_streams(spark, catalog, ["silver"], roots).streams[0].status == "succeeded"
+    producer.events_file(lines=20, now=NOW + dt.timedelta(minutes=3))
+    assert run_streams(spark, catalog, ["events"], roots).streams[0].status == "succeeded"
+    table = iceberg_table(catalog, roots)
+    before = sorted(table.table().scan().to_arrow().to_pylist(), key=repr)
+
+    [report] = [r for r in maintain_stream(catalog.get("events"), catalog, roots, run_id="m1") if r.role == "sink"]
+
+    assert (report.compacted_files_removed, report.compacted_files_added, report.files_after) == (4, 1, 1)
+    assert sorted(table.table().scan().to_arrow().to_pylist(), key=repr) == before
+    assert table.commits()[-1].operation == "replace"
+    after = run_streams(spark, catalog, ["silver"], roots).streams[0]
+    assert after.status == "succeeded", after.error
+    expected_good, _ = expected_events(Path(roots.landing) / "events")
+    assert silver_rows(roots) == expected_good
+    producer.events_file(lines=20, now=NOW + dt.timedelta(minutes=4))
+    assert run_streams(spark, catalog, ["events"], roots).streams[0].status == "succeeded"
+    again = run_streams(spark, catalog, ["silver"], roots).streams[0]
+    assert again.status == "succeeded", again.error
+    expected_good, _ = expected_events(Path(roots.landing) / "events")
+    assert silver_rows(roots) == expected_good
+    checkpoint = CheckpointReader(catalog.get("silver").checkpoint_path(roots))
+    assert checkpoint.committed_source_offset()["snapshot"] == table.commits()[-1].snapshot_id

@@ -185,3 +185,18 @@ def test_the_stream_reader_plans_whole_snapshots_within_its_limit_and_reads_them
     assert rows(start, one) == [1, 2]
     assert rows(one, rest) == [3, 4, 5, 6]
     assert reader.latestOffset(rest, ReadAllAvailable()) == rest
+
+
+def test_an_iceberg_source_without_a_schedule_runs_on_the_stream_that_writes_its_table(tmp_path: Path) -> None:
+    bronze = events_stream(sink={"format": "iceberg", "table": "bronze.events"})
+    unscheduled = {**silver(), "schedule": None}
+    del unscheduled["schedule"]
+    catalog = load_catalog(write_catalog(tmp_path, bronze, unscheduled))
+    assert [upstream.name for upstream in catalog.upstreams_of(catalog.get("silver"))] == ["events"]
+    # The same identifier in another catalog is another table: no upstream, so a schedule is required.
+    with pytest.raises(CatalogError, match=r"no stream of the catalog writes 'bronze\.events'") as refused:
+        load_catalog(write_catalog(tmp_path, bronze, {**unscheduled, "source": {**unscheduled["source"],
+                                                                                 "catalog": "iceberg_pg"}}))
+    assert refused.value.field == "schedule"
+    with pytest.raises(CatalogError, match="schedule"):
+        load_catalog(write_catalog(tmp_path, unscheduled))

@@ -63,8 +63,9 @@ BLOCKS: tuple[Block, ...] = (
         Key("sink", Type.BLOCK, "where the good rows go; its `format` selects the kind", required=True, block="sink"),
         Key("dead_letter", Type.BLOCK, "the dead-letter table", block="dead_letter"),
         Key("checkpoint", Type.FOLDER, "the checkpoint folder under the checkpoint root", default_text="the name"),
-        Key("schedule", Type.CRON, "the DAG's cron (five fields); a delta source without one runs on its upstream "
-            "table's updates", default_text="required, except for a delta source or a stream with `arrival`"),
+        Key("schedule", Type.CRON, "the DAG's cron (five fields); a delta or iceberg source without one runs on its "
+            "upstream table's updates", default_text="required, except for a delta or iceberg source or a stream "
+            "with `arrival`"),
         Key("arrival", Type.BLOCK, "also run when data arrives: the source is watched on Airflow's triggerer",
             block="arrival"),
         Key("trigger", Type.BLOCK, "per-micro-batch admission limits (files sources)", block="trigger"),

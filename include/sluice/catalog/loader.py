@@ -274,7 +274,8 @@ def parse_catalog(raw: object, *, source_file: str | None = None) -> Catalog:
         if any(upstream.name == stream.name for upstream in upstreams):
             raise CatalogError("a stream cannot read its own table", stream=stream.name, field="source.path")
         if stream.schedule is None and stream.arrival is None and not upstreams:
-            raise CatalogError(f"is required: no stream of the catalog writes {stream.source.table!r}, so there is no "
+            read = stream.source.table or getattr(stream.source, "identifier", None)
+            raise CatalogError(f"is required: no stream of the catalog writes {read!r}, so there is no "
                                "table update to schedule the stream on", stream=stream.name, field="schedule")
     _check_groups(catalog)
     _check_cleaning(catalog)

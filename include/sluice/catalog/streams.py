@@ -34,7 +34,8 @@ class Catalog:
             raise CatalogError(f"unknown stream {name!r}; the catalog has: {known}") from None
 
     def upstream_of(self, stream: StreamSpec) -> StreamSpec | None:
-        """The stream whose table a Delta-source stream reads, when another stream of the catalog writes it."""
+        """The stream whose table a Delta-source or an Iceberg-source stream reads, when another stream of the
+        catalog writes it."""
         return self._writer_of(stream.source)
 
     def upstreams_of(self, stream: StreamSpec) -> list[StreamSpec]:
@@ -44,7 +45,14 @@ class Catalog:
         return [upstream for upstream in found if upstream is not None]
 
     def _writer_of(self, source: SourceSpec) -> StreamSpec | None:
-        """The stream that writes the table a Delta source reads: as its sink, or as one of its fan-out tables."""
+        """The stream that writes the table a Delta source reads (as its sink, or as one of its fan-out tables), or
+        the Iceberg table an Iceberg source reads (the same identifier in the same catalog)."""
+        from sluice.kinds.iceberg import IcebergSink, IcebergSource
+
+        if isinstance(source, IcebergSource):
+            return next((other for other in self if isinstance(other.sink, IcebergSink)
+                         and other.sink.identifier == source.identifier and other.sink.catalog == source.catalog),
+                        None)
         if source.table is None:
             return None
         wanted = os.path.normpath(source.table)

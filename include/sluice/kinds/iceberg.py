@@ -196,6 +196,8 @@ _ICEBERG_SOURCE = Block(
 
 class IcebergSourceKind(SourceKind):
     type = SourceType.ICEBERG
+    # Without a schedule, the stream runs on its upstream Iceberg stream's commits (its table's Asset).
+    needs_schedule = False
     credentials = ICEBERG_CREDENTIALS
     backfill_refusal = "backfills select files by time or Delta versions; an Iceberg source has neither yet"
 

@@ -22,8 +22,10 @@ alone, a table read after months of runs lists thousands of files and replays th
    that write a log checkpoint, a stream's included, unless the table sets ``delta.enableExpiredLogCleanup`` to
    false: a Delta-source stream must not fall further behind than ``delta.logRetentionDuration``.)
 
-An Iceberg sink's snapshots are expired and its orphan data files removed under the same retention, never from the
-snapshot that holds the checkpoint's last batch on (:func:`maintain_iceberg_table`); pyiceberg cannot compact.
+An Iceberg sink's small data files are compacted (one ``replace`` snapshot, which an Iceberg-source stream passes
+over), its snapshots expired and its orphan data files removed under the same retention, never from the snapshot that
+holds the checkpoint's last batch on, nor from the one a downstream Iceberg-source stream has read up to
+(:func:`maintain_iceberg_table`).
 
 Every table of a stream (its sink, dead-letter and fan-out tables) is maintained while holding the stream's lock,
 so no run commits meanwhile; a running stream is waited for. The run log's own tables take no lock: their writers
@@ -38,7 +40,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +53,8 @@ from sluice.times import iso_utc
 
 if TYPE_CHECKING:
     from sluice.catalog import Catalog
-    from sluice.model.stream import StreamSpec
+    from sluice.kinds.iceberg import IcebergSink
+    from sluice.model.stream import SourceSpec, StreamSpec
     from sluice.storage.iceberg import IcebergTableFormat
 
 log = logging.getLogger(__name__)
@@ -101,6 +104,15 @@ class Reader:
     next_version: int
 
 
+@dataclass(frozen=True)
+class IcebergReader:
+    """A catalog stream that reads an Iceberg table as its source: the snapshot its checkpoint has read the table up
+    to (-1: none yet; it reads the table's whole history)."""
+
+    stream: str
+    snapshot_id: int
+
+
 def retention_hours(configured: str | None, default: float) -> float:
     """A Delta retention property (``interval 7 days``, ``168 hours``) in hours; ``default`` when unset."""
     if not configured:
@@ -133,17 +145,15 @@ def check_retention(requested: float | None, configured: float, *, table: str) -
     return requested
 
 
-def readers_of(table: str, catalog: Catalog, roots: Roots) -> list[Reader]:
-    """The catalog streams that read the Delta table at ``table`` (resolved under the lake root) as their source or
-    their joined source, with the first version each has not read. A stream that has not committed a batch yet
-    reads from its ``startingVersion`` (0 by default)."""
-    from sluice.kinds.delta import delta_next_version
+def _reading_streams(catalog: Catalog, roots: Roots, table: str, reads: Callable[[SourceSpec], bool]
+                     ) -> Iterator[tuple[StreamSpec, list[Any]]]:
+    """The catalog streams whose source or joined source ``reads`` the table, with the source offsets of their last
+    committed batch (none when they have committed none)."""
     from sluice.storage.checkpoint import CheckpointError, CheckpointReader
 
-    readers = []
     for stream in catalog:
         sources = [stream.source, *([stream.patterns.join.source] if stream.patterns.join else [])]
-        if not any(source.table is not None and join(roots.lake, source.table) == table for source in sources):
+        if not any(reads(source) for source in sources):
             continue
         reader = CheckpointReader(stream.checkpoint_path(roots))
         try:
@@ -152,6 +162,18 @@ def readers_of(table: str, catalog: Catalog, roots: Roots) -> list[Reader]:
         except CheckpointError as exc:
             raise MaintenanceError(f"stream '{stream.name}' reads {table}, and its checkpoint cannot be read ({exc}); "
                                    "run its health check first") from exc
+        yield stream, offsets
+
+
+def readers_of(table: str, catalog: Catalog, roots: Roots) -> list[Reader]:
+    """The catalog streams that read the Delta table at ``table`` (resolved under the lake root) as their source or
+    their joined source, with the first version each has not read. A stream that has not committed a batch yet
+    reads from its ``startingVersion`` (0 by default)."""
+    from sluice.kinds.delta import delta_next_version
+
+    readers = []
+    for stream, offsets in _reading_streams(
+            catalog, roots, table, lambda source: source.table is not None and join(roots.lake, source.table) == table):
         # A joined or stateful stream records several sources; the oldest Delta offset among them is the safe one.
         versions = [delta_next_version(offset) for offset in offsets
                     if isinstance(offset, dict) and ("version" in offset or "reservoirVersion" in offset)]
@@ -160,6 +182,22 @@ def readers_of(table: str, catalog: Catalog, roots: Roots) -> list[Reader]:
             readers.append(Reader(stream.name, min(versions)))
         elif start != "latest" and "startingTimestamp" not in stream.source.options:
             readers.append(Reader(stream.name, int(start) if start.isdigit() else 0))
+    return readers
+
+
+def iceberg_readers_of(sink: IcebergSink, catalog: Catalog, roots: Roots) -> list[IcebergReader]:
+    """The catalog streams that read the Iceberg table of ``sink`` (the same identifier in the same catalog) as
+    their source or their joined source, with the snapshot each has read up to: the offset of its last committed
+    batch (a batch planned and not committed is read again from there)."""
+    from sluice.kinds.iceberg import IcebergSource
+
+    readers: list[IcebergReader] = []
+    for stream, offsets in _reading_streams(
+            catalog, roots, sink.identifier, lambda source: isinstance(source, IcebergSource)
+            and source.identifier == sink.identifier and source.catalog == sink.catalog):
+        read = [int(offset["snapshot"]) for offset in offsets if isinstance(offset, dict) and "snapshot" in offset]
+        # A joined stream records an offset per source; each is kept (another table's id matches no snapshot here).
+        readers += [IcebergReader(stream.name, snapshot) for snapshot in read or [-1]]
     return readers
 
 
@@ -234,13 +272,18 @@ def maintain_table(path: str, role: str, *, readers: Sequence[Reader] = (), vacu
 
 def maintain_iceberg_table(table: IcebergTableFormat, role: str, *, checkpoint: str,
                            vacuum_retention: float | None = None, dry_run: bool = False,
-                           now: float | None = None) -> TableReport:
-    """Expire an Iceberg table's old snapshots and remove its orphan data files, under the retention a Delta vacuum
-    keeps (the table's ``history.expire.max-snapshot-age-ms``, else 7 days; less is refused), and never a snapshot
-    from the one that holds the checkpoint's last recorded batch on (:func:`sluice.storage.iceberg.expire_snapshots`).
-    No compaction: pyiceberg 0.12 cannot rewrite data files. A missing table is reported as skipped."""
+                           now: float | None = None, run_id: str | None = None, stream: str | None = None,
+                           readers: Sequence[IcebergReader] = ()) -> TableReport:
+    """Compact an Iceberg table's small data files, expire its old snapshots and remove its orphan data files, under
+    the retention a Delta vacuum keeps (the table's ``history.expire.max-snapshot-age-ms``, else 7 days; less is
+    refused), and never a snapshot from the one that holds the checkpoint's last recorded batch on
+    (:func:`sluice.storage.iceberg.expire_snapshots`), nor from the one a downstream Iceberg-source stream has read
+    up to (``readers``) on: that stream's next run reads the snapshots after it. The compaction rewrites, per
+    partition, the files under the table's ``write.target-file-size-bytes`` into files of that size, in one
+    ``replace`` snapshot (:mod:`sluice.storage.iceberg_compaction`). A missing table is reported as skipped."""
     from sluice.storage.checkpoint import CheckpointReader, read_query_id
     from sluice.storage.iceberg import MAX_SNAPSHOT_AGE, expire_snapshots, remove_orphan_files
+    from sluice.storage.iceberg_compaction import commit_rewrite, rewrite_small_files
 
     report = TableReport(table=table.name, role=role)
     if not table.exists():
@@ -255,11 +298,27 @@ def maintain_iceberg_table(table: IcebergTableFormat, role: str, *, checkpoint: 
     report.vacuum_retention_hours = hours
     report.version_before = len(iceberg.metadata.snapshots)
     report.files_before = iceberg.inspect.data_files().num_rows
-    report.skipped.append("compaction: pyiceberg 0.12 cannot rewrite an Iceberg table's data files")
     if dry_run:
         report.skipped.append("dry run: nothing changed")
+    rewrite = rewrite_small_files(table, dry_run=dry_run)
+    report.compacted_files_removed, report.compacted_files_added = len(rewrite.removed), len(rewrite.added)
+    if not dry_run:
+        commit_rewrite(table, rewrite, {CommitInfo.MAINTENANCE: run_id or "", **(
+            {CommitInfo.STREAM: stream} if stream else {})})
+    # A reader holds back the snapshots from the one it has read up to on that the retention alone would expire.
+    current = iceberg.current_snapshot()
+    taken = {snapshot.snapshot_id: snapshot.timestamp_ms / 1000 for snapshot in iceberg.snapshots()
+             if current is None or snapshot.snapshot_id != current.snapshot_id}
+    behind = [reader.stream for reader in readers
+              if any(taken.get(reader.snapshot_id, -math.inf) <= at < cutoff for at in taken.values())
+              and (reader.snapshot_id == -1 or reader.snapshot_id in taken)]
+    if behind:
+        report.skipped.append(f"expiry: {', '.join(dict.fromkeys(behind))} still has snapshots to read older than "
+                              f"the retention ({hours:g} hours); they are kept until it has run")
     report.snapshots_expired = len(expire_snapshots(table, older_than=cutoff, query_id=read_query_id(checkpoint),
-                                                    last_batch=commits[-1] if commits else None, dry_run=dry_run))
+                                                    last_batch=commits[-1] if commits else None,
+                                                    read_up_to=[reader.snapshot_id for reader in readers],
+                                                    dry_run=dry_run))
     report.vacuumed_files = len(remove_orphan_files(table, older_than=cutoff, dry_run=dry_run))
     iceberg = table.table()
     report.version_after = len(iceberg.metadata.snapshots)
@@ -275,6 +334,7 @@ def maintain_stream(stream: StreamSpec, catalog: Catalog, roots: Roots, *, run_i
     through :func:`maintain_iceberg_table` (``now`` ages its snapshots), its Delta tables through
     :func:`maintain_table`."""
     from sluice.kinds import sink_table_format
+    from sluice.kinds.iceberg import IcebergSink
     from sluice.storage.iceberg import IcebergTableFormat
 
     started = time.time()
@@ -283,9 +343,11 @@ def maintain_stream(stream: StreamSpec, catalog: Catalog, roots: Roots, *, run_i
         with waiting_lock(stream.checkpoint_path(roots), stream.name, f"maintenance/{run_id}", lock_wait_seconds):
             sink = sink_table_format(stream, roots) if stream.sink.table is None else None
             if isinstance(sink, IcebergTableFormat):
+                assert isinstance(stream.sink, IcebergSink)
                 reports.append(maintain_iceberg_table(sink, "sink", checkpoint=stream.checkpoint_path(roots),
                                                       vacuum_retention=vacuum_retention_hours, dry_run=dry_run,
-                                                      now=now))
+                                                      now=now, run_id=run_id, stream=stream.name,
+                                                      readers=iceberg_readers_of(stream.sink, catalog, roots)))
             for table in stream.tables(roots):
                 readers = readers_of(table.path, catalog, roots)
                 reports.append(maintain_table(table.path, str(table.role), readers=readers,

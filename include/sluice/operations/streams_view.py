@@ -198,7 +198,10 @@ def _versions(stream: StreamSpec, roots: Roots, limit: int = 20) -> list[dict[st
     table = sink_table_format(stream, roots)
     if table is None:
         return []
-    return [{"version": commit.version, "snapshot_id": commit.snapshot_id, "time": iso_utc(commit.committed_at),
+    # ``snapshot`` is the id as text: an Iceberg snapshot id is past the integers JavaScript holds exactly.
+    return [{"version": commit.version, "snapshot_id": commit.snapshot_id,
+             "snapshot": None if commit.snapshot_id is None else str(commit.snapshot_id),
+             "time": iso_utc(commit.committed_at),
              "operation": commit.operation, "stream": commit.stream, "query_id": commit.query_id,
              "batch_id": commit.batch_id, "rows": commit.rows, "reset_after_batch": None}
             for commit in reversed(table.commits(limit=limit))]

@@ -170,6 +170,12 @@ class IcebergTableFormat(TableFormat):
                 return int(summary[CommitInfo.BATCH])
         return None
 
+    def snapshot_id(self) -> int | None:
+        if not self.exists():
+            return None
+        current = self.table().current_snapshot()
+        return None if current is None else int(current.snapshot_id)
+
     def commits(self, *, limit: int | None = 50) -> list[TableCommit]:
         if not self.exists():
             return []
@@ -408,12 +414,14 @@ MAX_SNAPSHOT_AGE = "history.expire.max-snapshot-age-ms"
 
 
 def expire_snapshots(table: IcebergTableFormat, *, older_than: float, query_id: str | None, last_batch: int | None,
-                     dry_run: bool = False) -> list[int]:
+                     read_up_to: Iterable[int] = (), dry_run: bool = False) -> list[int]:
     """Expire the snapshots committed before ``older_than`` (epoch seconds), except what a reader and the
-    exactly-once guard need: the current snapshot and every snapshot from the oldest one that holds the
-    checkpoint's last recorded batch (``last_batch`` of ``query_id``) on. pyiceberg 0.12 only drops them from the
-    metadata; their data files no other snapshot keeps are then orphans (:func:`remove_orphan_files`). The ids
-    expired (to be expired, under ``dry_run``)."""
+    exactly-once guard need: the current snapshot, every snapshot from the oldest one that holds the
+    checkpoint's last recorded batch (``last_batch`` of ``query_id``) on, and every snapshot from the oldest one a
+    downstream Iceberg-source stream has read up to (``read_up_to``, its checkpoint's snapshot ids; -1 when it has
+    read none, and then nothing is expired) on: that stream finds its place by that snapshot, and reads the ones
+    after it. pyiceberg 0.12 only drops them from the metadata; their data files no other snapshot keeps are then
+    orphans (:func:`remove_orphan_files`). The ids expired (to be expired, under ``dry_run``)."""
     iceberg = table.table()
     snapshots = sorted(iceberg.snapshots(), key=lambda snapshot: snapshot.timestamp_ms)
     current = iceberg.current_snapshot()
@@ -422,6 +430,10 @@ def expire_snapshots(table: IcebergTableFormat, *, older_than: float, query_id: 
                       and _summary(snapshot).get(CommitInfo.QUERY) == query_id
                       and int(_summary(snapshot).get(CommitInfo.BATCH, -1)) >= last_batch), None)
     cutoff = older_than * 1000 if keep_from is None else min(older_than * 1000, keep_from)
+    read = set(read_up_to)
+    if -1 in read:
+        cutoff = -1
+    cutoff = min([cutoff, *(snapshot.timestamp_ms for snapshot in snapshots if snapshot.snapshot_id in read)])
     expired = [snapshot.snapshot_id for snapshot in snapshots
                if snapshot.timestamp_ms < cutoff and (current is None or snapshot.snapshot_id != current.snapshot_id)]
     if expired and not dry_run:

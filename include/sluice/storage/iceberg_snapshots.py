@@ -58,8 +58,12 @@ def _count(summary: Mapping[str, str], key: str) -> int:
 
 
 def planned(snapshot: Any) -> PlannedSnapshot:
+    """A snapshot of the history, with what a reader reads of it: a ``replace`` (a compaction) adds no row to read,
+    whatever files its summary says it adds, so it counts for nothing in a read limit or a lag."""
     summary = dict(snapshot.summary.additional_properties) if snapshot.summary is not None else {}
     operation = snapshot.summary.operation.value if snapshot.summary is not None else "append"
+    if operation == "replace":
+        summary = {}
     return PlannedSnapshot(snapshot.snapshot_id, int(snapshot.sequence_number or 0), operation,
                            snapshot.timestamp_ms, _count(summary, ADDED_FILES), _count(summary, ADDED_BYTES),
                            _count(summary, ADDED_RECORDS))

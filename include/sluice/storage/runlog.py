@@ -44,7 +44,7 @@ RUN_COLUMNS: dict[str, str] = {
     "dead_letter_rows": "int64", "dropped_rows": "int64", "late_rows": "int64", "duplicate_rows": "int64",
     "state_rows": "int64", "delta_version_before": "int64", "delta_version_after": "int64",
     "dead_letter_version_before": "int64", "dead_letter_version_after": "int64", "expectations": "string",
-    "note": "string", "table_changes": "string",
+    "note": "string", "table_changes": "string", "snapshot_id_before": "int64", "snapshot_id_after": "int64",
 }
 RUN_KEY = ("stream", "run_id")
 RUN_KINDS = ("run", "backfill", "repair", "maintenance", "redrive")

@@ -107,6 +107,11 @@ class TableFormat(ABC):
         return list(dict.fromkeys(commit.batch_id for commit in self.commits(limit=limit)
                                   if commit.query_id == query_id and commit.batch_id is not None))
 
+    def snapshot_id(self) -> int | None:
+        """The id of the table's current snapshot, for a format whose commits have one (Iceberg); None otherwise,
+        and when there is no table or no snapshot yet."""
+        return None
+
     def newest_value(self, column: str) -> Any:
         """The largest value of ``column`` in the table by its files' statistics alone (no data read), as Python;
         None when there is no table, no file, or no statistic for the column."""

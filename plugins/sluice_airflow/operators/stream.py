@@ -143,11 +143,13 @@ class StreamRunOperator(SparkAppOperator):
         """The summary logged stream by stream, as the XCom value; a failed run fails the task, without retries
         when no failed stream can be fixed by one."""
         for stream in summary.streams:
+            versions = (f"Iceberg snapshot {stream.snapshot_id_before} -> {stream.snapshot_id_after}"
+                        if stream.snapshot_id_after is not None
+                        else f"Delta v{stream.delta_version_before} -> v{stream.delta_version_after}")
             self.log.info(
-                "Stream %s %s: %d batches, %d rows in, %d rows out, %d dead-letter rows, Delta v%s -> v%s, %.1fs",
+                "Stream %s %s: %d batches, %d rows in, %d rows out, %d dead-letter rows, %s, %.1fs",
                 stream.stream, stream.status, stream.batches, stream.input_rows, stream.output_rows,
-                stream.dead_letter_rows, stream.delta_version_before, stream.delta_version_after,
-                stream.duration_seconds,
+                stream.dead_letter_rows, versions, stream.duration_seconds,
             )
         result: dict[str, Any] = json.loads(summary.to_json())
         if failure is None and summary.ok:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame, SparkSession
 
 from sluice.constants import DeltaEngine, SinkMode
+from sluice.kinds import sink_table_format
 from sluice.lag.observe import text_append_backlog
 from sluice.limits import DRIVER_WRITE_MAX_BYTES
 from sluice.model.sql import SqlTransform
@@ -118,11 +119,21 @@ def prepare_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, run
         engine=resolved.value,
         delta_version_before=None if sink is None else table_version(sink.path),
         dead_letter_version_before=table_version(dead.path),
+        snapshot_id_before=sink_snapshot_id(stream, roots),
     )
     summary.write_path = "driver" if collect else None
     summary.notified = None if notified is None else notified.to_dict()
     return PreparedStream(stream, query_id, resolved, routed, targets, checkpoint, summary, data_columns=data_columns,
                           collect=collect, notified=notified, roots=roots)
+
+
+def sink_snapshot_id(stream: StreamSpec, roots: Roots) -> int | None:
+    """An Iceberg sink's current snapshot id, the run summary's; None for a sink whose commits have none (Delta,
+    Kafka)."""
+    if stream.sink.table is not None:
+        return None
+    table = sink_table_format(stream, roots)
+    return None if table is None else table.snapshot_id()
 
 
 def collects_on_driver(stream: StreamSpec, roots: Roots, engine: DeltaEngine, targets: list[TableTarget]) -> bool:

@@ -22,7 +22,7 @@ from sluice_spark import kinds
 from sluice_spark.kinds import explain_failure
 from sluice_spark.kinds.files import RECORDS_METRIC
 from sluice_spark.runner.failures import error_message, is_permanent
-from sluice_spark.runner.prepare import PreparedStream
+from sluice_spark.runner.prepare import PreparedStream, sink_snapshot_id
 from sluice_spark.steps.quality import expectation_counts, rescued_count
 from sluice_spark.targets import GOOD_ROUTE, TableTarget
 from sluice_spark.write.batches import SinkRequest, sink_and_dead_letter
@@ -151,6 +151,8 @@ def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: floa
     data, dead = sink_and_dead_letter(prepared.targets)
     summary.delta_version_after = None if data is None else table_version(data.path)
     summary.dead_letter_version_after = table_version(dead.path)
+    if prepared.roots is not None:
+        summary.snapshot_id_after = sink_snapshot_id(prepared.spec, prepared.roots)
 
     def committed(target: TableTarget, since: int | None) -> int:
         commits = batch_commits(target.path, query_id=prepared.query_id, batch_ids=input_rows, since_version=since)
