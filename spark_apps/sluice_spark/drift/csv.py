@@ -42,7 +42,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import lru_cache, reduce
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from pyspark.sql import Column, DataFrame
@@ -56,6 +56,10 @@ from sluice.storage.checkpoint import local_file_path
 from sluice.storage.store import folder, is_local
 from sluice_spark.drift.fields import column_like_key, field_key, key_of
 from sluice_spark.targets import CSV_FIELDS_COLUMN, NEW_COLUMNS_COLUMN, NEW_FIELDS_COLUMN
+
+if TYPE_CHECKING:
+    from sluice.model.stream import StreamSpec
+    from sluice.paths import Roots
 
 #: How many more columns than the schema declares a file's header may name.
 EXTRA_FIELDS = 64
@@ -413,13 +417,17 @@ def checks_headers(stream: str, folder: str) -> bool:
     return _CHECKED.get() and (stream, folder) not in _DRIFTED
 
 
-def plan_by_header(stream: str, folder: str, error: BaseException | None) -> bool:
+def plan_by_header(stream: StreamSpec, roots: Roots, error: BaseException | None) -> bool:
     """True when a query of ``stream`` planned with :func:`conform_checked` failed on a file whose header is not
     the declared names: the stream is read by :func:`conform` from now on in this process, and its query is to be
-    planned and started again (its failed batch is in its offset log, and runs again with the same files)."""
-    if error is None or (stream, folder) in _DRIFTED or not header_mismatch(error):
+    planned and started again (its failed batch is in its offset log, and runs again with the same files). Any
+    other stream's query, whatever its source (a table or a topic has no folder), is not asked for its folder."""
+    if error is None or not header_mismatch(error):
         return False
-    _DRIFTED.add((stream, folder))
+    key = (stream.name, stream.source_path(roots))
+    if key in _DRIFTED:
+        return False
+    _DRIFTED.add(key)
     return True
 
 

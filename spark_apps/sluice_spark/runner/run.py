@@ -83,8 +83,8 @@ def run_streams(spark: SparkSession, catalog: Catalog, names: list[str], roots: 
                 await_sources(running[-1][1], cancel)
             for index, (item, query) in enumerate(running):
                 stopped = await_query(item.spec.name, query, held[item.spec.name], cancel)
-                if stopped is None and not cancel.is_set() and csv_drift.plan_by_header(
-                        item.spec.name, item.spec.source_path(roots), query.exception()):
+                if stopped is None and not cancel.is_set() and csv_drift.plan_by_header(item.spec, roots,
+                                                                                        query.exception()):
                     # A CSV file whose header is not the declared names: the stream is read by header from now on.
                     log.warning("stream %s: a CSV file's header is not the declared names; reading by header",
                                 item.spec.name)
