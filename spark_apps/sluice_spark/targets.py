@@ -7,8 +7,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.constants import SinkMode
+from sluice.constants import INGEST_TIME_COLUMN, SinkMode
 from sluice.errors import ExpectationFailed, SchemaDriftError
+from sluice.model.patterns import FanOutSpec
 from sluice.model.sinks import CdcSpec
 
 # The routed frame's column that says where a row goes, and its values.
@@ -153,3 +154,14 @@ class TableTarget:
 
 def encode_targets(targets: Sequence[TableTarget]) -> str:
     return json.dumps([target.to_dict() for target in targets])
+
+
+def fan_out_column(index: int) -> str:
+    """The routed frame's flag of the fan-out table at ``index``: whether a good row goes there too."""
+    return f"_sluice_fan_out_{index}"
+
+
+def fan_out_columns(spec: FanOutSpec, data_columns: Sequence[str]) -> list[str]:
+    """A fan-out table's columns: those it names (else the stream's own), and the ingest time."""
+    output = [name for name in data_columns if name != INGEST_TIME_COLUMN]
+    return [*(spec.columns or output), INGEST_TIME_COLUMN]

@@ -53,8 +53,8 @@ def test_iceberg_sink_errors_name_the_field() -> None:
     rejects(catalog_with(iceberg_stream(mode="merge", keys=["nope"])), "sink.keys:", "'nope' is not produced")
     rejects(catalog_with(iceberg_stream(sequence_by="event_time")), "sink.sequence_by:", "for mode merge")
     rejects(catalog_with(iceberg_stream(path="bronze/x")), "sink: unknown key(s) path")
-    rejects(catalog_with(iceberg_stream(fan_out=[{"path": "bronze/clicks", "where": "event_type = 'click'"}])),
-            "fan_out")
+    rejects(catalog_with({**iceberg_stream(), "fan_out": [{"path": "bronze/clicks", "where": "event_type = 'click'"}]}),
+            "fan_out[0].path", "by table")
 
 
 def test_partition_transforms_are_parsed_and_refused_by_name() -> None:

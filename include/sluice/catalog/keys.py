@@ -14,6 +14,7 @@ from __future__ import annotations
 from sluice.constants import HealthGate
 from sluice.kinds import SINK_KINDS, SOURCE_KINDS
 from sluice.kinds.delta import CDC_BLOCK
+from sluice.kinds.iceberg import ICEBERG_IDENTIFIER
 from sluice.limits import (
     ALERT_MAX,
     BACKFILL_MAX_CLOCK_SKEW_SECONDS,
@@ -125,11 +126,15 @@ BLOCKS: tuple[Block, ...] = (
         Key("slide", Type.DURATION, "how far it moves (sliding only)", pattern=DURATION_PATTERN),
         Key("gap", Type.DURATION, "the inactivity that closes it (session only)", pattern=DURATION_PATTERN),
     )),
-    Block("fan_out", "fan_out[<i>]", "Another Delta table, cut from each batch by a condition, in the same commit.", (
-        Key("path", Type.FOLDER, "the table under the lake root", required=True),
+    Block("fan_out", "fan_out[<i>]", "Another table of the sink's format, cut from each batch by a condition, "
+          "written once per batch with the sink's.", (
+        Key("path", Type.FOLDER, "a Delta sink's: the table under the lake root"),
+        Key("table", Type.STRING, "an Iceberg sink's: the table's identifier `namespace.table`, in the sink's catalog",
+            pattern=ICEBERG_IDENTIFIER.pattern),
         Key("where", Type.SQL, "the rows it takes: a Spark SQL condition", required=True),
         Key("columns", Type.NAMES, "the columns it keeps (default: all)"),
-        Key("partition_by", Type.NAMES, "its partition columns"),
+        Key("partition_by", Type.STRINGS, "its partition columns (an Iceberg table's: its partition spec at "
+            "creation, columns and transforms as `sink.partition_by`)"),
     )),
     Block("dead_letter", "dead_letter", "Where rows that cannot be read, or that a rule quarantines, go.", (
         Key("path", Type.FOLDER, "the table under the lake root",

@@ -143,9 +143,7 @@ def parse_stream(raw: object, *, index: int) -> StreamSpec:
     data_columns = {column: kind for column, kind in columns.items() if column not in source.lineage}
     output_columns = check_patterns(name, patterns, data_columns, source, sink, required=source.never_null)
     sink_kind(sink).check_output(sink, output_columns, stream=name)
-    if sink.table is None and patterns.fan_out:
-        raise CatalogError(f"a {sink.format.value} sink takes no fan_out: fan-out tables are cut from the batch a "
-                           "Delta sink commits", stream=name, field="fan_out")
+    _check_fan_out(name, sink, patterns)
     dead_letter = top.section("dead_letter")
     dead_letter_path = dead_letter.folder("path", f"{sink.table}_dead_letter" if sink.table else f"_dead_letter/{name}")
     dead_letter.done()
@@ -201,6 +199,21 @@ def parse_stream(raw: object, *, index: int) -> StreamSpec:
     for written in stream.written_paths:
         _check_own_name(written)
     return stream
+
+
+def _check_fan_out(name: str, sink: SinkSpec, patterns: Patterns) -> None:
+    """A sink's fan-out tables are of its own format: a Delta sink's are Delta tables by ``path``, an Iceberg sink's
+    Iceberg tables of its catalog by ``table``; a Kafka sink takes none."""
+    key = sink_kind(sink).fan_out_key
+    if key is None and patterns.fan_out:
+        raise CatalogError(f"a {sink.format.value} sink takes no fan_out: fan-out tables are cut from the batch a "
+                           "Delta or Iceberg sink commits", stream=name, field="fan_out")
+    for index, spec in enumerate(patterns.fan_out):
+        given = "path" if spec.table is None else "table"
+        if given != key:
+            wanted = "a Delta table by path" if key == "path" else "an Iceberg table of the sink's catalog by table"
+            raise CatalogError(f"a {sink.format.value} sink's fan-out tables are {wanted}, not by {given}",
+                               stream=name, field=f"fan_out[{index}].{given}")
 
 
 def _settle_drift_policy(name: str, raw: Mapping[str, object], source: SourceSpec, sink: SinkSpec,

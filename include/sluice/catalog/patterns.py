@@ -21,6 +21,7 @@ from sluice.constants import (
 from sluice.errors import CatalogError
 from sluice.kinds import parse_source
 from sluice.kinds.delta import DeltaSink, DeltaSource
+from sluice.kinds.iceberg import ICEBERG_IDENTIFIER
 from sluice.model.patterns import (
     AggregateSpec,
     DedupeSpec,
@@ -39,6 +40,7 @@ from sluice.model.section import Section
 from sluice.model.sinks import CdcSpec, SinkSpec
 from sluice.model.sources import SourceSpec
 from sluice.model.sql import Columns, Shape, SqlError, check_expression, parse_sql
+from sluice.storage.iceberg_files import parse_partition
 
 _MEASURE = re.compile(r"^\s*(count|sum|min|max|avg|approx_count_distinct)\s*\(\s*(\*|[A-Za-z_][A-Za-z0-9_]*)\s*\)\s*$")
 _IDENTIFIER = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
@@ -163,12 +165,29 @@ def parse_aggregate(section: Section) -> AggregateSpec | None:
 
 
 def parse_fan_out(owner: Section, key: str) -> tuple[FanOutSpec, ...]:
+    """Each fan-out table: a Delta table by ``path``, or an Iceberg table of an Iceberg sink's catalog by ``table``
+    (its ``partition_by`` Iceberg transforms); the loader checks it is the kind its sink takes."""
     outputs = []
     for section in owner.items(key):
-        path = section.folder("path")
+        table = section.get("table", str)
+        if table is not None and "path" in section.raw:
+            raise section.error("table", "a fan-out table is a Delta table by path or an Iceberg table by table, "
+                                         "not both")
+        path = section.folder("path") if table is None else ""
+        if table is not None and not ICEBERG_IDENTIFIER.match(table):
+            raise section.error("table", f"expected an Iceberg identifier namespace.table (letters, digits, '_'), "
+                                         f"got {table!r}")
         where = section.get("where", str, required=True)
+        partition_by = section.names("partition_by")
+        if table is not None:
+            try:
+                partitioned = [parse_partition(text).column for text in partition_by]
+            except ValueError as error:
+                raise section.error("partition_by", str(error)) from None
+            if len(set(partitioned)) != len(partitioned):  # pyiceberg's writer takes one field per source column
+                raise section.error("partition_by", f"one transform per column, got {list(partition_by)!r}")
         outputs.append(FanOutSpec(path=path, where=where, columns=section.names("columns"),
-                                  partition_by=section.names("partition_by")))
+                                  partition_by=partition_by, table=table))
         section.done()
     return tuple(outputs)
 
@@ -196,7 +215,9 @@ def check_patterns(stream: str, patterns: Patterns, columns: Columns, source: So
             raise check.refuse(f"fan_out[{index}].where", str(exc)) from None
         check.need(fan_out.columns, output, f"fan_out[{index}].columns", "column(s)")
         kept = list(fan_out.columns) or output
-        check.need(fan_out.partition_by, kept, f"fan_out[{index}].partition_by", "column(s)")
+        partitioned = (fan_out.partition_by if fan_out.table is None else
+                       tuple(parse_partition(text).column for text in fan_out.partition_by))
+        check.need(partitioned, kept, f"fan_out[{index}].partition_by", "column(s)")
     if isinstance(sink, DeltaSink):
         check.need(sink.partition_by, output, "sink.partition_by", "partition column(s)")
         if sink.mode is SinkMode.CDC:

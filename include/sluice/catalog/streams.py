@@ -46,13 +46,15 @@ class Catalog:
 
     def _writer_of(self, source: SourceSpec) -> StreamSpec | None:
         """The stream that writes the table a Delta source reads (as its sink, or as one of its fan-out tables), or
-        the Iceberg table an Iceberg source reads (the same identifier in the same catalog)."""
+        the Iceberg table an Iceberg source reads (the same identifier in the same catalog, as its sink or one of its
+        fan-out tables)."""
         from sluice.kinds.iceberg import IcebergSink, IcebergSource
 
         if isinstance(source, IcebergSource):
             return next((other for other in self if isinstance(other.sink, IcebergSink)
-                         and other.sink.identifier == source.identifier and other.sink.catalog == source.catalog),
-                        None)
+                         and other.sink.catalog == source.catalog
+                         and source.identifier in {other.sink.identifier,
+                                                   *(spec.table for spec in other.patterns.fan_out)}), None)
         if source.table is None:
             return None
         wanted = os.path.normpath(source.table)

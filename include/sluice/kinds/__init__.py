@@ -71,12 +71,14 @@ def sink_table_format(stream: StreamSpec, roots: Roots) -> TableFormat | None:
 def table_formats(stream: StreamSpec, roots: Roots, *, tombstones: bool = False) -> list[tuple[str, TableFormat]]:
     """Every table the stream's batches commit to, by the name reports give it (``sink``, ``dead_letter``,
     ``fan_out[i]``), through the seam: its Delta tables (:meth:`~sluice.model.stream.StreamSpec.tables`, with a cdc
-    sink's ``tombstones`` when asked) and an Iceberg sink's table first."""
+    sink's ``tombstones`` when asked), an Iceberg sink's table first and its Iceberg fan-out tables last."""
     from sluice.storage.tableformat import DeltaTableFormat
 
     formats: list[tuple[str, TableFormat]] = [(table.name, DeltaTableFormat(table.path))
                                               for table in stream.tables(roots, tombstones=tombstones)]
-    own = sink_kind(stream.sink).table_format(stream.sink, roots) if stream.sink.table is None else None
+    kind = sink_kind(stream.sink)
+    own = kind.table_format(stream.sink, roots) if stream.sink.table is None else None
+    formats += [(f"{TableRole.FAN_OUT.value}[{index}]", table) for index, table in kind.fan_out_formats(stream, roots)]
     return [*([(TableRole.SINK.value, own)] if own is not None else []), *formats]
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
@@ -178,6 +178,9 @@ class SinkKind(ABC):
     credentials: ClassVar[Credentials | None] = None
     #: Why a backfill into this sink is refused; None when it can take one (a Delta table).
     backfill_refusal: ClassVar[str | None] = None
+    #: The key that names a fan-out table beside this sink (``path``: a Delta table; ``table``: an Iceberg table of
+    #: the sink's catalog); None for a sink that takes no fan-out (Kafka).
+    fan_out_key: ClassVar[str | None] = None
 
     @abstractmethod
     def parse(self, section: Section) -> SinkSpec:
@@ -196,6 +199,11 @@ class SinkKind(ABC):
         """The sink's table through the table-format seam, when it is a table that is no Delta table of
         :meth:`~sluice.model.stream.StreamSpec.tables` (an Iceberg table); None otherwise."""
         return None
+
+    def fan_out_formats(self, stream: StreamSpec, roots: Roots) -> Sequence[tuple[int, TableFormat]]:
+        """The stream's fan-out tables that are no Delta tables of :meth:`~sluice.model.stream.StreamSpec.tables`
+        (an Iceberg sink's), by their position in ``fan_out``."""
+        return []
 
     def check_output(self, sink: SinkSpec, columns: list[str], *, stream: str) -> None:
         """Refuse a sink that names a column the stream does not produce (``columns``: its output columns). A

@@ -210,6 +210,7 @@ class DeltaSourceKind(SourceKind):
 
 class DeltaSinkKind(SinkKind):
     format = SinkFormat.DELTA
+    fan_out_key = "path"
 
     def catalog_blocks(self) -> tuple[Block, ...]:
         return (_DELTA_SINK,)

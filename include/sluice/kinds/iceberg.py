@@ -15,6 +15,7 @@ as a Kafka sink's do: redrive, health and the Streams page read dead letters fro
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping
@@ -33,6 +34,7 @@ from sluice.kinds.base import (
     schema_evolution,
 )
 from sluice.model.keys import SCHEMA, Block, Key, Type, choices, evolution
+from sluice.model.patterns import FanOutSpec
 from sluice.model.section import Section
 from sluice.model.sinks import SinkSpec
 from sluice.model.sources import SourceSpec
@@ -46,7 +48,7 @@ if TYPE_CHECKING:
 
 DEFAULT_CATALOG = "default"
 # namespace.table, a namespace of one or more levels; each part a plain name (it becomes a folder of the warehouse).
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
+ICEBERG_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 _CONN_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
 _MODES = (SinkMode.APPEND, SinkMode.MERGE, SinkMode.COMPLETE)
 
@@ -61,7 +63,8 @@ CATALOG_KEY = Key("catalog", Type.STRING, "the Iceberg catalog: `default` (a SQL
 class IcebergSink(SinkSpec):
     """The Iceberg table ``identifier`` of ``catalog``. ``table`` (the Delta table a sink is) stays None: health,
     the Streams page and maintenance reach the table through :meth:`IcebergSinkKind.table_format`, repair refuses
-    it, and the loader gives it no fan-out and no added columns."""
+    it, and the loader gives it no added columns. Its fan-out tables are Iceberg tables of its catalog
+    (``fan_out[i].table``)."""
 
     format: ClassVar[SinkFormat] = SinkFormat.ICEBERG
     identifier: str
@@ -84,10 +87,22 @@ class IcebergSink(SinkSpec):
     @property
     def lake_folder(self) -> str:
         """Where the default catalog's warehouse keeps the table (pyiceberg's default location)."""
+        return self.folder_of(self.identifier)
+
+    def folder_of(self, table: str) -> str:
+        """Where the default catalog's warehouse keeps the table ``table`` of this sink's catalog (a fan-out
+        table's)."""
         from sluice.storage.iceberg import CATALOG_FOLDER
 
-        namespace, table = self.identifier.rsplit(".", 1)
-        return f"{CATALOG_FOLDER}/warehouse/{namespace}/{table}"
+        namespace, name = table.rsplit(".", 1)
+        return f"{CATALOG_FOLDER}/warehouse/{namespace}/{name}"
+
+    def fan_out_sink(self, spec: FanOutSpec) -> IcebergSink:
+        """A fan-out table of this sink, as a sink of its own: the same catalog, appended to, with the fan-out's
+        partition spec (how the runner, health and maintenance reach it)."""
+        assert spec.table is not None
+        return dataclasses.replace(self, identifier=spec.table, mode=SinkMode.APPEND, keys=(), sequence_by=None,
+                                   partition_transforms=spec.partition_by)
 
     def catalog_properties(self, roots: Roots) -> dict[str, str]:
         """The pyiceberg properties of the sink's catalog in these roots."""
@@ -136,7 +151,7 @@ ICEBERG_CREDENTIALS = IcebergCredentials()
 
 def _identifier(section: Section) -> str:
     identifier = section.get("table", str, required=True)
-    if not _IDENTIFIER.match(identifier):
+    if not ICEBERG_IDENTIFIER.match(identifier):
         raise section.error("table", f"expected an Iceberg identifier namespace.table (letters, digits, '_'), "
                                      f"got {identifier!r}")
     return identifier
@@ -183,7 +198,7 @@ _ICEBERG_SOURCE = Block(
         Key("type", Type.CHOICE, "the source kind", required=True, choices=("iceberg",)),
         Key("format", Type.CHOICE, "the table format", default=FileFormat.ICEBERG, choices=("iceberg",)),
         Key("table", Type.STRING, "the table's identifier, `namespace.table`", required=True,
-            pattern=_IDENTIFIER.pattern),
+            pattern=ICEBERG_IDENTIFIER.pattern),
         CATALOG_KEY,
         SCHEMA,
         Key("options", Type.OPTIONS, "skip overwrite or delete snapshots instead of stopping at them (`true`)",
@@ -244,7 +259,7 @@ _ICEBERG_SINK = Block(
     (
         Key("format", Type.CHOICE, "the sink kind", required=True, choices=("iceberg",)),
         Key("table", Type.STRING, "the table's identifier, `namespace.table`", required=True,
-            pattern=_IDENTIFIER.pattern),
+            pattern=ICEBERG_IDENTIFIER.pattern),
         CATALOG_KEY,
         Key("mode", Type.CHOICE, "append rows, merge them by `keys`, or rewrite the whole result (aggregates)",
             default=SinkMode.APPEND, choices=tuple(mode.value for mode in _MODES)),
@@ -262,6 +277,7 @@ _ICEBERG_SINK = Block(
 
 class IcebergSinkKind(SinkKind):
     format = SinkFormat.ICEBERG
+    fan_out_key = "table"
     credentials = ICEBERG_CREDENTIALS
     backfill_refusal = None
 
@@ -307,6 +323,13 @@ class IcebergSinkKind(SinkKind):
 
         assert isinstance(sink, IcebergSink)
         return IcebergTableFormat(sink.identifier, sink.catalog_properties(roots))
+
+    def fan_out_formats(self, stream: StreamSpec, roots: Roots) -> list[tuple[int, IcebergTableFormat]]:
+        """The stream's fan-out tables, Iceberg tables of its sink's catalog, by their position in ``fan_out``."""
+        sink = stream.sink
+        assert isinstance(sink, IcebergSink)
+        return [(index, self.table_format(sink.fan_out_sink(spec), roots))
+                for index, spec in enumerate(stream.patterns.fan_out) if spec.table is not None]
 
     def check_output(self, sink: SinkSpec, columns: list[str], *, stream: str) -> None:
         """Refuse keys and a sequence column the stream does not produce."""

@@ -108,12 +108,15 @@ class AggregateSpec:
 @dataclass(frozen=True)
 class FanOutSpec:
     """One more table fed from the same batch: the good rows for which ``where`` (a Spark SQL predicate over the
-    output columns) is true, optionally only some ``columns``."""
+    output columns) is true, optionally only some ``columns``. A Delta table by its ``path`` under the lake root, or,
+    beside an Iceberg sink, an Iceberg table of the sink's catalog by its identifier ``table`` (``path`` empty; its
+    ``partition_by`` Iceberg transforms)."""
 
     path: str
     where: str
     columns: tuple[str, ...] = ()
     partition_by: tuple[str, ...] = ()
+    table: str | None = None
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,12 @@ class SinkSpec:
         table's, in the default catalog's warehouse), claimed like a table path so that no two streams write it."""
         return None
 
+    def folder_of(self, table: str) -> str | None:
+        """The folder under the lake root where another table of this sink's catalog lives (an Iceberg sink's
+        fan-out table ``table``), claimed as :attr:`lake_folder` is; None for a sink whose fan-out tables are Delta
+        paths."""
+        return None
+
     @property
     def destination(self) -> str:
         """Where the sink writes, as the catalog names it (a table path, a topic)."""

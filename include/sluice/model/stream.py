@@ -119,13 +119,14 @@ class StreamSpec:
 
     def tables(self, roots: Roots, *, tombstones: bool = False) -> list[StreamTable]:
         """Every Delta table the stream's batches commit to, resolved under the lake root: its sink (a Delta sink
-        only), its dead-letter table, then its fan-out tables. The one answer the runner, the health checks, repair
-        and backfill use. With ``tombstones``, a cdc sink's remembered deletes last: the cdc writer commits them
-        after its table, with the same transaction ids, so the health checks and repair see them like a table."""
+        only), its dead-letter table, then its fan-out tables (a Delta sink's). The one answer the runner, the health
+        checks, repair and backfill use. With ``tombstones``, a cdc sink's remembered deletes last: the cdc writer
+        commits them after its table, with the same transaction ids, so the health checks and repair see them like a
+        table."""
         tables = [StreamTable(TableRole.SINK, join(roots.lake, self.sink.table))] if self.sink.table else []
         tables.append(StreamTable(TableRole.DEAD_LETTER, self.dead_letter_table_path(roots)))
         tables += [StreamTable(TableRole.FAN_OUT, join(roots.lake, spec.path), index)
-                   for index, spec in enumerate(self.patterns.fan_out)]
+                   for index, spec in enumerate(self.patterns.fan_out) if spec.table is None]
         if tombstones and self.sink.table and self.sink.mode is SinkMode.CDC:
             tables.append(StreamTable(TableRole.TOMBSTONES, join(join(roots.lake, self.sink.table), CDC_TOMBSTONES)))
         return tables
@@ -133,7 +134,8 @@ class StreamSpec:
     @property
     def table_paths(self) -> list[str]:
         """The tables the stream's batches write, under the lake root: its sink and its fan-out tables."""
-        return [*([self.sink.table] if self.sink.table else []), *(spec.path for spec in self.patterns.fan_out)]
+        return [*([self.sink.table] if self.sink.table else []),
+                *(spec.path for spec in self.patterns.fan_out if spec.table is None)]
 
     @property
     def checkpoint_sources(self) -> int:
@@ -185,8 +187,11 @@ class StreamSpec:
         elif self.sink.lake_folder:
             paths.append(WrittenPath(self.name, "sink table", "sink.table", self.sink.lake_folder, "lake"))
         paths.append(WrittenPath(self.name, "dead-letter table", "dead_letter.path", self.dead_letter_path, "lake"))
-        paths += [WrittenPath(self.name, "fan-out table", f"fan_out[{position}].path", fan_out.path, "lake")
-                  for position, fan_out in enumerate(self.patterns.fan_out)]
+        for position, fan_out in enumerate(self.patterns.fan_out):
+            folder = fan_out.path if fan_out.table is None else self.sink.folder_of(fan_out.table)
+            if folder:
+                paths.append(WrittenPath(self.name, "fan-out table", f"fan_out[{position}]."
+                                         f"{'path' if fan_out.table is None else 'table'}", folder, "lake"))
         return paths
 
 

@@ -331,9 +331,10 @@ def maintain_stream(stream: StreamSpec, catalog: Catalog, roots: Roots, *, run_i
                     lock_wait_seconds: float = DEFAULT_LOCK_WAIT_SECONDS, now: float | None = None
                     ) -> list[TableReport]:
     """Maintain every table of ``stream`` while holding its lock, and log it in the run log: an Iceberg sink
-    through :func:`maintain_iceberg_table` (``now`` ages its snapshots), its Delta tables through
+    and its Iceberg fan-out tables through :func:`maintain_iceberg_table` (``now`` ages its snapshots), its Delta
+    tables through
     :func:`maintain_table`."""
-    from sluice.kinds import sink_table_format
+    from sluice.kinds import sink_kind, sink_table_format
     from sluice.kinds.iceberg import IcebergSink
     from sluice.storage.iceberg import IcebergTableFormat
 
@@ -344,10 +345,15 @@ def maintain_stream(stream: StreamSpec, catalog: Catalog, roots: Roots, *, run_i
             sink = sink_table_format(stream, roots) if stream.sink.table is None else None
             if isinstance(sink, IcebergTableFormat):
                 assert isinstance(stream.sink, IcebergSink)
-                reports.append(maintain_iceberg_table(sink, "sink", checkpoint=stream.checkpoint_path(roots),
-                                                      vacuum_retention=vacuum_retention_hours, dry_run=dry_run,
-                                                      now=now, run_id=run_id, stream=stream.name,
-                                                      readers=iceberg_readers_of(stream.sink, catalog, roots)))
+                owned = [("sink", sink, stream.sink)] + [
+                    (f"fan_out[{index}]", table, stream.sink.fan_out_sink(stream.patterns.fan_out[index]))
+                    for index, table in sink_kind(stream.sink).fan_out_formats(stream, roots)]
+                for role, iceberg, spec in owned:
+                    assert isinstance(iceberg, IcebergTableFormat)
+                    reports.append(maintain_iceberg_table(iceberg, role, checkpoint=stream.checkpoint_path(roots),
+                                                          vacuum_retention=vacuum_retention_hours, dry_run=dry_run,
+                                                          now=now, run_id=run_id, stream=stream.name,
+                                                          readers=iceberg_readers_of(spec, catalog, roots)))
             for table in stream.tables(roots):
                 readers = readers_of(table.path, catalog, roots)
                 reports.append(maintain_table(table.path, str(table.role), readers=readers,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -48,6 +49,8 @@ from sluice_spark.targets import (
     RAW_COLUMN,
     ROUTE_COLUMN,
     encode_targets,
+    fan_out_column,
+    fan_out_columns,
 )
 from sluice_spark.write.batches import BatchRouter, SinkRequest, sink_and_dead_letter, stream_commit_info
 from sluice_spark.write.tables import latest_per_key
@@ -95,16 +98,45 @@ def iceberg_table(request: SinkRequest) -> IcebergTableFormat:
     return ensure_iceberg_table(request.stream, request.roots, request.frame, request.data_columns)
 
 
-def ensure_iceberg_table(stream: StreamSpec, roots: Roots, frame: DataFrame,
-                         data_columns: list[str]) -> IcebergTableFormat:
-    """The stream's Iceberg table, created with the frame's ``data_columns`` and the sink's partition spec unless it
-    exists (an existing one gains the columns it lacks)."""
-    sink = stream.sink
+def ensure_iceberg_table(stream: StreamSpec, roots: Roots, frame: DataFrame, data_columns: list[str],
+                         sink: IcebergSink | None = None) -> IcebergTableFormat:
+    """The stream's Iceberg table (or ``sink``, one of its fan-out tables), created with the frame's
+    ``data_columns`` and the sink's partition spec unless it exists (an existing one gains the columns it lacks)."""
+    sink = sink or stream.sink  # type: ignore[assignment]
     assert isinstance(sink, IcebergSink)
     table = IcebergTableFormat(sink.identifier, sink.catalog_properties(roots))
     schema = to_arrow_schema(frame.select(*data_columns).schema, timezone="UTC")
     table.ensure(schema, sink.partition_transforms, description=stream.description)
     return table
+
+
+@dataclass(frozen=True)
+class IcebergFanOut:
+    """A fan-out table of an Iceberg sink: the good rows its flag column selects, its columns, appended once per
+    batch as the sink's appends are (the files written by Spark's tasks, one append snapshot by the driver carrying
+    the batch's query id and batch id, a replayed batch the table holds skipped)."""
+
+    table: IcebergTableFormat
+    flag: str
+    columns: tuple[str, ...]
+
+    def append(self, batch: DataFrame, *, query_id: str, batch_id: int, metadata: dict[str, Any]) -> bool:
+        rows = batch.where((F.col(ROUTE_COLUMN) == GOOD_ROUTE) & F.col(self.flag)).select(*self.columns)
+        return self.table.append_files(write_on_executors(self.table, rows), query_id=query_id, batch_id=batch_id,
+                                       metadata=metadata)
+
+
+def fan_out_tables(request: SinkRequest) -> list[IcebergFanOut]:
+    """The stream's Iceberg fan-out tables, each created (in the sink's catalog, with its own columns and partition
+    spec) unless it exists."""
+    stream, sink = request.stream, request.stream.sink
+    assert isinstance(sink, IcebergSink) and request.roots is not None
+    tables = []
+    for index, spec in enumerate(stream.patterns.fan_out):
+        columns = fan_out_columns(spec, request.data_columns)
+        table = ensure_iceberg_table(stream, request.roots, request.frame, columns, sink.fan_out_sink(spec))
+        tables.append(IcebergFanOut(table, fan_out_column(index), tuple(columns)))
+    return tables
 
 
 def sink_writer(request: SinkRequest) -> DataStreamWriter:
@@ -114,7 +146,8 @@ def sink_writer(request: SinkRequest) -> DataStreamWriter:
     stream, sink = request.stream, request.stream.sink
     assert isinstance(sink, IcebergSink)
     table = iceberg_table(request)
-    if sink.mode is SinkMode.APPEND and request.engine is DeltaEngine.RS:
+    fan_outs = fan_out_tables(request)
+    if sink.mode is SinkMode.APPEND and request.engine is DeltaEngine.RS and not fan_outs:
         return executor_writer(request, table)
     commit_info = stream_commit_info(request.commit_info, stream=stream.name, query_id=request.query_id)
 
@@ -125,23 +158,25 @@ def sink_writer(request: SinkRequest) -> DataStreamWriter:
             offered = good.count()
             good = latest_per_key(good, sink.keys, sink.sequence_by)
         metadata = commit_info(batch_id, GOOD_ROUTE)
-        if sink.mode is SinkMode.APPEND:  # beside a jvm dead-letter table: the executors write the files all the same
+        if sink.mode is SinkMode.APPEND:  # beside a jvm dead-letter table or fan-out tables: the executors write
             files = write_on_executors(table, good)
             faults.reach("before_commit", batch_id)
             table.append_files(files, query_id=request.query_id, batch_id=batch_id, metadata=metadata)
             request.sent[batch_id] = sum(int(data_file.record_count) for data_file in files)
-            faults.reach("between_commits", batch_id)
-            return True
-        rows = good.toArrow()
-        faults.reach("before_commit", batch_id)
-        if sink.mode is SinkMode.MERGE:
-            table.upsert_batch(rows, list(sink.keys), query_id=request.query_id, batch_id=batch_id,
-                               metadata=metadata, sequence_by=sink.sequence_by)
         else:
-            table.commit_batch(rows, query_id=request.query_id, batch_id=batch_id, metadata=metadata,
-                               overwrite=sink.mode is SinkMode.COMPLETE)
-        request.sent[batch_id] = rows.num_rows if offered is None else offered
+            rows = good.toArrow()
+            faults.reach("before_commit", batch_id)
+            if sink.mode is SinkMode.MERGE:
+                table.upsert_batch(rows, list(sink.keys), query_id=request.query_id, batch_id=batch_id,
+                                   metadata=metadata, sequence_by=sink.sequence_by)
+            else:
+                table.commit_batch(rows, query_id=request.query_id, batch_id=batch_id, metadata=metadata,
+                                   overwrite=sink.mode is SinkMode.COMPLETE)
+            request.sent[batch_id] = rows.num_rows if offered is None else offered
         faults.reach("between_commits", batch_id)
+        for fan_out in fan_outs:  # after the sink's table, before the dead letters, each once
+            fan_out.append(batch, query_id=request.query_id, batch_id=batch_id, metadata=metadata)
+            faults.reach("between_commits", batch_id)
         return True
 
     router = BatchRouter([sink_and_dead_letter(request.targets)[1]], engine=request.engine, route_column=ROUTE_COLUMN,

@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from sluice.constants import CORRUPT_COLUMN, INGEST_TIME_COLUMN, SOURCE_FILE_COLUMN, SchemaEvolution
 from sluice.errors import CatalogError
 from sluice.model.expectations import Violation
-from sluice.model.patterns import FanOutSpec, LookupSpec
+from sluice.model.patterns import LookupSpec
 from sluice.model.stream import StreamSpec
 from sluice_spark.steps import patterns as steps
 from sluice_spark.steps.patterns import joined_side, with_watermark
@@ -35,6 +35,8 @@ from sluice_spark.targets import (
     REASON_COLUMN,
     RECORD_COLUMN,
     ROUTE_COLUMN,
+    fan_out_column,
+    fan_out_columns,
 )
 
 STREAM_COLUMN = "_dead_letter_stream"
@@ -177,16 +179,6 @@ def _route(frame: DataFrame, data: list[Column], route: Column, fan_out: list[Co
     return frame.select(*data, F.current_timestamp().alias(INGEST_TIME_COLUMN),
                         route.cast("tinyint").alias(ROUTE_COLUMN), RAW_COLUMN, REASON_COLUMN,
                         F.when(rejected, F.lit(stream.name)).alias(STREAM_COLUMN), *fan_out, *failing)
-
-
-def fan_out_column(index: int) -> str:
-    return f"_sluice_fan_out_{index}"
-
-
-def fan_out_columns(spec: FanOutSpec, data_columns: Sequence[str]) -> list[str]:
-    """A fan-out table's columns: those it names (else the stream's own), and the ingest time."""
-    output = [name for name in data_columns if name != INGEST_TIME_COLUMN]
-    return [*(spec.columns or output), INGEST_TIME_COLUMN]
 
 
 def _fan_out_flags(stream: StreamSpec, good: Column) -> list[Column]:
