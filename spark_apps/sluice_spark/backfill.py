@@ -54,7 +54,6 @@ from sluice.storage import runlog
 from sluice.storage.checkpoint import ensure_query_id
 from sluice.storage.clean import BACKFILL_DONE, BACKFILL_ROOT
 from sluice.storage.delta import table_version
-from sluice.storage.iceberg import iceberg_filter
 from sluice.storage.lock import HeldLock
 from sluice.storage.object_lock import waiting_lock
 from sluice.storage.store import Folder, LocalFolder, folder
@@ -347,8 +346,7 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
         rows = good.toArrow()
         properties = {**metadata, CommitInfo.BACKFILL_BATCH: batch_id}
         if plan.sink_filter is not None:
-            iceberg.replace_batch(rows, iceberg_filter(plan.sink_filter), query_id=query_id, batch_id=batch_id,
-                                  metadata=properties)
+            iceberg.replace_batch(rows, plan.sink_filter, query_id=query_id, batch_id=batch_id, metadata=properties)
         else:
             iceberg.commit_batch(rows, query_id=query_id, batch_id=batch_id, metadata=properties)
 

@@ -479,6 +479,23 @@ def _sink_distinct(stream: StreamSpec, roots: Roots, where: RowFilter | None, *,
     return set() if own is None else own.distinct(SOURCE_FILE_COLUMN, where)
 
 
+def _sink_count(stream: StreamSpec, roots: Roots, where: RowFilter) -> int:
+    """The rows of the stream's sink ``where`` selects: its Delta table's, or an Iceberg table's through the
+    table-format seam."""
+    if stream.sink.table is not None:
+        return count_rows(stream.sink_path(roots), where)
+    own = sink_kind(stream.sink).table_format(stream.sink, roots)
+    return 0 if own is None else own.count(where)
+
+
+def _sink_columns(stream: StreamSpec, roots: Roots) -> list[str]:
+    """The columns of the stream's sink table; none when there is no table yet."""
+    if stream.sink.table is not None:
+        return _columns(stream.sink_path(roots))
+    own = sink_kind(stream.sink).table_format(stream.sink, roots)
+    return [] if own is None or not own.exists() else list(own.schema().names)
+
+
 def _columns(path: str) -> list[str]:
     """A Delta table's columns; none when there is no table yet."""
     from deltalake.exceptions import TableNotFoundError
@@ -567,9 +584,7 @@ def plan_backfill(request: BackfillRequest, stream: StreamSpec, roots: Roots) ->
             plan.sink_filter = RowFilter(file_column=SOURCE_FILE_COLUMN, files=tuple(uris), time_column=column,
                                          start=request.start if column else None,
                                          end=request.end if column else None)
-            own = sink_kind(stream.sink).table_format(stream.sink, roots) if stream.sink.table is None else None
-            plan.rows_to_replace = (count_rows(stream.sink_path(roots), plan.sink_filter) if own is None
-                                    else own.count(plan.sink_filter))
+            plan.rows_to_replace = _sink_count(stream, roots, plan.sink_filter)
         plan.dead_letter_filter = RowFilter(file_column=DEAD_LETTER_SOURCE_COLUMN, files=tuple(uris))
         plan.dead_letter_rows_to_replace = count_rows(stream.dead_letter_table_path(roots), plan.dead_letter_filter)
     return plan
@@ -606,13 +621,13 @@ def _plan_kafka(request: BackfillRequest, stream: StreamSpec, roots: Roots) -> B
     sink_filter = RowFilter(file_column=SOURCE_FILE_COLUMN, offsets=selection)
     dead_filter = RowFilter(file_column=DEAD_LETTER_SOURCE_COLUMN, offsets=selection)
     plan = BackfillPlan(request=request.to_dict(), files=[], notes=notes)
-    sink_columns = _columns(stream.sink_path(roots))
+    sink_columns = _sink_columns(stream, roots)
     if sink_columns and SOURCE_FILE_COLUMN not in sink_columns:  # no table yet: nothing to tell apart
         raise BackfillError("stream", f"stream '{stream.name}' writes no {SOURCE_FILE_COLUMN} column (its "
                                       "transform drops it), so its table does not say which record a row came "
                                       "from: a Kafka range backfill cannot tell the range's rows")
     if request.mode is BackfillMode.APPEND:
-        held = kr.lineage_offsets(sorted(_distinct(stream.sink_path(roots), SOURCE_FILE_COLUMN, sink_filter)
+        held = kr.lineage_offsets(sorted(_sink_distinct(stream, roots, sink_filter, if_present=False)
                                          | _distinct(stream.dead_letter_table_path(roots), DEAD_LETTER_SOURCE_COLUMN,
                                                      dead_filter)))
         read = kr.less_held(ranges, held)
@@ -624,7 +639,7 @@ def _plan_kafka(request: BackfillRequest, stream: StreamSpec, roots: Roots) -> B
     else:
         plan_range = kr.KafkaRange(ranges=ranges, read=list(ranges), notes=notes)
         plan.sink_filter, plan.dead_letter_filter = sink_filter, dead_filter
-        plan.rows_to_replace = count_rows(stream.sink_path(roots), sink_filter)
+        plan.rows_to_replace = _sink_count(stream, roots, sink_filter)
         plan.dead_letter_rows_to_replace = count_rows(stream.dead_letter_table_path(roots), dead_filter)
     plan.offsets = plan_range.to_dict()
     return plan

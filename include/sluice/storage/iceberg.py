@@ -254,11 +254,13 @@ class IcebergTableFormat(TableFormat):
 
     def replace_batch(self, rows: Any, row_filter: Any, *, query_id: str, batch_id: int,
                       metadata: dict[str, Any]) -> bool:
-        """Overwrite by filter, once: the table's rows that match ``row_filter`` (a pyiceberg expression, or its
-        string form such as ``_source_file IN ('a.json')``) are replaced by ``rows`` in one overwrite snapshot
-        carrying the batch's properties (a backfill's ``replace``). A file all of whose rows match is dropped, a file
-        with some is rewritten without them (by Sluice's writer, in the table's partition spec), and the new rows
-        are written beside. False, and nothing written, when the table already holds the batch."""
+        """Overwrite by filter, once: the table's rows that match ``row_filter`` (a backfill's
+        :class:`~sluice.model.predicates.RowFilter`, a pyiceberg expression, or its string form such as
+        ``_source_file IN ('a.json')``) are replaced by ``rows`` in one overwrite snapshot carrying the batch's
+        properties (a backfill's ``replace``). A file all of whose rows match is dropped, a file with some is
+        rewritten without them (by Sluice's writer, in the table's partition spec), and the new rows are written
+        beside. False, and nothing written, when the table already holds the batch."""
+        import pyarrow.compute as pc
         from pyiceberg.expressions import AlwaysTrue
         from pyiceberg.expressions.visitors import bind
         from pyiceberg.io.pyarrow import ArrowScan, _expression_to_complementary_pyarrow
@@ -270,10 +272,15 @@ class IcebergTableFormat(TableFormat):
         if self.holds_batch(query_id, batch_id):
             log.warning("Batch %s of %s is already in %s; skipping its replay", batch_id, query_id, self.name)
             return False
-        expression = _parse_row_filter(row_filter) if isinstance(row_filter, str) else row_filter
         table = self.table()
         schema = table.metadata.schema()
-        keep = _expression_to_complementary_pyarrow(bind(schema, expression, case_sensitive=True), schema)
+        if isinstance(row_filter, RowFilter):  # a Kafka offset range is matched exactly here, planned by prefix
+            expression = iceberg_filter(row_filter)
+            kept_of: Any = lambda held: held.filter(pc.invert(matching(row_filter, held)))  # noqa: E731
+        else:
+            expression = _parse_row_filter(row_filter) if isinstance(row_filter, str) else row_filter
+            keep = _expression_to_complementary_pyarrow(bind(schema, expression, case_sensitive=True), schema)
+            kept_of = lambda held: held.filter(keep)  # noqa: E731
         summary = {key: str(value) for key, value in
                    batch_properties(metadata, query_id=query_id, batch_id=batch_id, rows=rows.num_rows).items()}
         with table.transaction() as transaction, \
@@ -281,7 +288,7 @@ class IcebergTableFormat(TableFormat):
             for task in table.scan(row_filter=expression).plan_files():
                 held = ArrowScan(table_metadata=table.metadata, io=table.io, projected_schema=schema,
                                  row_filter=AlwaysTrue()).to_table(tasks=[task])
-                kept = held.filter(keep)
+                kept = kept_of(held)
                 if kept.num_rows == held.num_rows:
                     continue
                 overwrite.delete_data_file(task.file)
@@ -296,8 +303,8 @@ class IcebergTableFormat(TableFormat):
         table or the column."""
         if not self.exists() or column not in self.schema().names:
             return set()
-        scan = self.table().scan(selected_fields=(column,), **({"row_filter": iceberg_filter(where)} if where else {}))
-        return {str(value) for value in scan.to_arrow().column(column).to_pylist() if value is not None}
+        rows = self._rows(where, (column,)) if where else self.table().scan(selected_fields=(column,)).to_arrow()
+        return {str(value) for value in rows.column(column).to_pylist() if value is not None}
 
     def count(self, where: RowFilter) -> int:
         """The rows ``where`` selects (a backfill's rows to replace); 0 without a table."""
@@ -305,8 +312,17 @@ class IcebergTableFormat(TableFormat):
             return 0
         column = where.file_column or where.time_column  # a scan of no column reads no row
         assert column is not None
-        scan = self.table().scan(row_filter=iceberg_filter(where), selected_fields=(column,))
-        return int(scan.to_arrow().num_rows)
+        return int(self._rows(where, (column,)).num_rows)
+
+    def _rows(self, where: RowFilter, columns: tuple[str, ...]) -> Any:
+        """The ``columns`` of the rows ``where`` selects: a scan by its pyiceberg expression, then, for Kafka offset
+        ranges (planned by their lineage's prefix), the exact match."""
+        present = set(self.schema().names)
+        needed = tuple(dict.fromkeys(c for c in (*columns, where.file_column, where.time_column)
+                                     if c is not None and c in present))
+        rows = self.table().scan(row_filter=iceberg_filter(where), selected_fields=needed).to_arrow()
+        return rows.filter(matching(where, rows)).select(list(columns)) if where.offsets else rows.select(
+            list(columns))
 
     def upsert_batch(self, rows: Any, keys: list[str], *, query_id: str, batch_id: int, metadata: dict[str, Any],
                      sequence_by: str | None = None) -> bool:
@@ -390,23 +406,64 @@ class IcebergTableFormat(TableFormat):
 
 
 def iceberg_filter(row_filter: RowFilter) -> Any:
-    """A backfill's row filter (:class:`sluice.model.predicates.RowFilter`: files, a time range) as a pyiceberg
-    expression, for :meth:`IcebergTableFormat.replace_batch`; Kafka offset ranges are not supported."""
+    """A backfill's row filter (:class:`sluice.model.predicates.RowFilter`: files, a time range, Kafka offset
+    ranges) as a pyiceberg expression, for scans and :meth:`IcebergTableFormat.replace_batch`. Exact for files and a
+    time range; for offset ranges a superset, the lineage's ``kafka://<topic>/<partition>/`` prefixes (pyiceberg has
+    no string length to compare offsets as numbers by), which :func:`matching` narrows to the offsets."""
+    import functools
+
     import pyiceberg.expressions
 
     # pyiceberg's predicates take a column name (their pydantic fields, which mypy reads, say a term)
     expressions: Any = pyiceberg.expressions
     AlwaysTrue, And = expressions.AlwaysTrue, expressions.And
-    if row_filter.offsets:
-        raise SluiceError("an Iceberg table's replace takes files and a time range, not Kafka offsets")
     expression: Any = AlwaysTrue()
     if row_filter.time_column is not None and row_filter.start is not None and row_filter.end is not None:
         expression = And(expressions.GreaterThanOrEqual(row_filter.time_column, row_filter.start.isoformat()),
                          expressions.LessThan(row_filter.time_column, row_filter.end.isoformat()))
     if row_filter.file_column is not None:
-        files = expressions.In(row_filter.file_column, set(row_filter.files))
+        files = (functools.reduce(expressions.Or, [expressions.StartsWith(row_filter.file_column, prefix)
+                                                   for prefix, _, _ in _offset_ranges(row_filter)])
+                 if row_filter.offsets else expressions.In(row_filter.file_column, set(row_filter.files)))
         expression = files if isinstance(expression, AlwaysTrue) else And(expression, files)
     return expression
+
+
+def _offset_ranges(row_filter: RowFilter) -> list[tuple[str, int, int]]:
+    """Each Kafka offset range as its lineage prefix ``kafka://<topic>/<partition>/`` and its first and last offset."""
+    return [(f"kafka://{topic}/{partition}/", int(first), int(last))
+            for topic, partition, first, last in row_filter.offsets]
+
+
+def matching(row_filter: RowFilter, rows: Any) -> Any:
+    """Which of the Arrow ``rows`` the filter selects, exactly: the lineage of one of its Kafka offset ranges (the
+    prefix compared whole, the offset as a number), else one of its files, and its time range. NULL selects
+    nothing."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    selected = pa.array([True] * rows.num_rows, pa.bool_())
+    if row_filter.file_column is not None:
+        lineage = rows.column(row_filter.file_column)
+        if row_filter.offsets:
+            in_ranges = pa.array([False] * rows.num_rows, pa.bool_())
+            for prefix, first, last in _offset_ranges(row_filter):
+                ours = pc.fill_null(pc.starts_with(lineage, prefix), False)
+                tail = pc.utf8_slice_codeunits(lineage, len(prefix))
+                digits = pc.fill_null(pc.and_kleene(ours, pc.match_substring_regex(tail, r"^[0-9]{1,18}$")), False)
+                offset = pc.cast(pc.if_else(digits, tail, "-1"), pa.int64())
+                in_ranges = pc.or_(in_ranges, pc.and_(digits, pc.and_(pc.greater_equal(offset, first),
+                                                                      pc.less_equal(offset, last))))
+            selected = in_ranges
+        else:
+            selected = pc.fill_null(pc.is_in(lineage, value_set=pa.array(list(row_filter.files), lineage.type)),
+                                    False)
+    if row_filter.time_column is not None and row_filter.start is not None and row_filter.end is not None:
+        times = rows.column(row_filter.time_column)
+        start, end = (pa.scalar(moment, times.type) for moment in (row_filter.start, row_filter.end))
+        selected = pc.and_(selected, pc.fill_null(pc.and_(pc.greater_equal(times, start), pc.less(times, end)),
+                                                  False))
+    return pc.fill_null(selected, False)
 
 
 # Iceberg's own table property for the age of the snapshots to keep, read by maintenance.
