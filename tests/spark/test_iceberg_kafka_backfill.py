@@ -8,7 +8,6 @@ read back from the table by pyiceberg, never by the code under test.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from typing import Any
 
@@ -22,7 +21,7 @@ from sluice.paths import Roots
 from sluice.storage.iceberg import IcebergTableFormat
 from tests.helpers import roots_in, table_rows
 from tests.kafka_data import kafka_stream, new_topic
-from tests.spark.test_kafka_range_backfill import BASE_MS, backfill, good_rows, produce_at_known_times
+from tests.spark.test_kafka_range_backfill import backfill, good_rows, produce_at_known_times, replace_a_time_range
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -100,13 +99,5 @@ def test_offsets_dry_run_append_and_replace_twice_give_the_oracles_table(spark: 
 
 def test_a_time_range_is_resolved_to_each_partitions_offsets(spark: Any, world: Any) -> None:
     topic, records, catalog, roots = world
-    start, end = BASE_MS + 2_000, BASE_MS + 5_000  # [2 s, 5 s): partition 0's 2..4, partition 1's 2..4 (at +0.5 s)
-    expected = {partition: [offset for (p, offset), (at, _) in sorted(records.items())
-                            if p == partition and start <= at < end] for partition in (0, 1)}
-    moment = lambda ms: dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).isoformat()  # noqa: E731
-    summary = backfill(spark, catalog, roots, "by-time", select_by="timestamp", start=moment(start),
-                       end=moment(end), mode="replace")
-    assert {key: [c["first"], c["last"]] for key, c in summary.offsets["partitions"].items()} == \
-        {f"{topic}:{p}": [offsets[0], offsets[-1]] for p, offsets in expected.items()}
-    assert summary.rows_written == summary.rows_replaced == sum(map(len, expected.values()))
+    replace_a_time_range(spark, world)
     assert bronze(catalog, roots) == good_rows(topic, records)

@@ -126,6 +126,14 @@ def test_offsets_dry_run_append_and_replace_twice_give_the_oracles_table(spark: 
 
 
 def test_a_time_range_is_resolved_to_each_partitions_offsets(spark: Any, world: Any) -> None:
+    replace_a_time_range(spark, world)
+    topic, records, catalog, roots = world
+    assert bronze(catalog, roots) == good_rows(topic, records)
+
+
+def replace_a_time_range(spark: Any, world: Any) -> None:
+    """A replace by the records' timestamps: each partition's offsets of the range, as many rows written as
+    replaced (the caller checks the table against the oracle)."""
     import datetime as dt
 
     topic, records, catalog, roots = world
@@ -138,7 +146,6 @@ def test_a_time_range_is_resolved_to_each_partitions_offsets(spark: Any, world: 
     assert {key: [c["first"], c["last"]] for key, c in summary.offsets["partitions"].items()} == \
         {f"{topic}:{p}": [offsets[0], offsets[-1]] for p, offsets in expected.items()}
     assert summary.rows_written == summary.rows_replaced == sum(map(len, expected.values()))
-    assert bronze(catalog, roots) == good_rows(topic, records)
 
 
 def test_offsets_past_the_latest_or_the_live_stream_are_refused_before_anything_is_read(world: Any) -> None:
