@@ -38,9 +38,11 @@ def backfill_params(streams: list[str]) -> dict[str, Param]:
                                    "zone below applies. Empty for a Delta source's version range"),
         "end": Param(None, type=["null", "string"], format="date-time", pattern=DATE_TIME_PATTERN,
                      title="End (exclusive)", description="ISO 8601, after start"),
-        "start_version": Param(None, type=["null", "integer"], minimum=0, title="Start version (Delta source)",
-                               description="The first version of the upstream Delta table to backfill (included)"),
-        "end_version": Param(None, type=["null", "integer"], minimum=0, title="End version (Delta source)",
+        "start_version": Param(None, type=["null", "integer"], minimum=0,
+                               title="Start version (Delta or Iceberg source)",
+                               description="The first version of the upstream Delta table to backfill (included); "
+                                           "of an Iceberg table, a snapshot's sequence number"),
+        "end_version": Param(None, type=["null", "integer"], minimum=0, title="End version (Delta or Iceberg source)",
                              description="The last version to backfill (included); empty: the latest"),
         "offsets": Param(None, type=["null", "string"], title="Offsets (Kafka source)",
                          description='JSON: the first and last offset (both included) of each partition, e.g. '
@@ -51,10 +53,11 @@ def backfill_params(streams: list[str]) -> dict[str, Param]:
         "select_by": Param(None, type=["null", "string"], enum=[None, *SELECT_BY, *DELTA_SELECT_BY, *KAFKA_SELECT_BY],
                            title="Select by",
                            description="Files: event_time (the default), rows whose event time is in the range; "
-                                       "file_time, every row of the files modified in the range. A Delta source: "
-                                       "version (the default), start_version to end_version; commit_time, the "
-                                       "versions committed from start to end. A Kafka source: offset (the "
-                                       "default), the offsets below; timestamp, the records from start to end"),
+                                       "file_time, every row of the files modified in the range. A Delta or "
+                                       "Iceberg source: version (the default), start_version to end_version; "
+                                       "commit_time, the versions committed from start to end. A Kafka source: "
+                                       "offset (the default), the offsets below; timestamp, the records from start "
+                                       "to end"),
         "mode": Param("append", type="string", enum=list(MODES), title="Mode",
                       description="append: add the files the tables do not hold yet (running it twice adds "
                                   "nothing). replace: swap the range's rows from the files read, in one commit"),

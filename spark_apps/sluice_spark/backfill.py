@@ -45,7 +45,7 @@ from sluice.constants import (
     SchemaEvolution,
 )
 from sluice.kinds.credentials import scrub_secrets
-from sluice.kinds.iceberg import IcebergSink
+from sluice.kinds.iceberg import IcebergSink, IcebergSource
 from sluice.limits import SOURCE_LOG_MAX_BYTES
 from sluice.model.stream import StreamSpec, TriggerSpec
 from sluice.operations.backfill import BackfillError, BackfillPlan, BackfillRequest, plan_backfill
@@ -59,6 +59,7 @@ from sluice.storage.object_lock import waiting_lock
 from sluice.storage.store import Folder, LocalFolder, folder
 from sluice.times import iso_utc
 from sluice_spark.kinds.iceberg import ensure_iceberg_table
+from sluice_spark.rs.iceberg_source import ENDING_SEQUENCE, STARTING_SEQUENCE
 from sluice_spark.runner import (
     await_query,
     batch_rows,
@@ -258,13 +259,17 @@ def _version_bounds(plan: BackfillPlan) -> list[int] | None:
 
 
 def _bounded(stream: StreamSpec, plan: BackfillPlan) -> StreamSpec:
-    """A Delta source's stream reading exactly the planned versions, a Kafka source's the planned offsets (its own
-    options otherwise)."""
+    """A Delta source's stream reading exactly the planned versions, an Iceberg source's the planned snapshots, a
+    Kafka source's the planned offsets (its own options otherwise)."""
     if plan.offsets is not None:
         return replace(stream, source=replace(stream.source, options=kafka_range_options(
             stream.source.options, plan.offsets["read"], one_batch=plan.sink_filter is not None)))
     if plan.versions is None:
         return stream
+    if isinstance(stream.source, IcebergSource):  # the snapshots by sequence number (sluice.operations.iceberg_range)
+        options = {**stream.source.options, STARTING_SEQUENCE: str(plan.versions["first"]),
+                   ENDING_SEQUENCE: str(plan.versions["last"])}
+        return replace(stream, source=replace(stream.source, options=options))
     options = {**stream.source.options, "startingVersion": str(plan.versions["first"]),
                "endingVersion": str(plan.versions["last"])}
     options.pop("startingTimestamp", None)

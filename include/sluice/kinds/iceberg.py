@@ -214,7 +214,9 @@ class IcebergSourceKind(SourceKind):
     # Without a schedule, the stream runs on its upstream Iceberg stream's commits (its table's Asset).
     needs_schedule = False
     credentials = ICEBERG_CREDENTIALS
-    backfill_refusal = "backfills select files by time or Delta versions; an Iceberg source has neither yet"
+    # Backfilled by a range of its snapshots' sequence numbers, or of their commit times (sluice.operations.
+    # iceberg_range), as a Delta source by versions.
+    backfill_refusal = None
 
     def catalog_blocks(self) -> tuple[Block, ...]:
         return (_ICEBERG_SOURCE,)

@@ -229,7 +229,7 @@ def parse_request(params: Mapping[str, Any], catalog: Catalog, *, run_id: str) -
         known = ", ".join(stream.name for stream in catalog)
         raise BackfillError("stream", f"unknown stream {name!r}; known streams: {known}")
     stream = catalog.get(name)
-    if stream.source.type is SourceType.DELTA:
+    if stream.source.type in (SourceType.DELTA, SourceType.ICEBERG):
         return _parse_delta_range(params, stream, run_id=run_id)
     if stream.source.type is SourceType.KAFKA:
         return _parse_kafka_range(params, stream, run_id=run_id)
@@ -286,14 +286,16 @@ def parse_request(params: Mapping[str, Any], catalog: Catalog, *, run_id: str) -
 
 
 def _parse_delta_range(params: Mapping[str, Any], stream: StreamSpec, *, run_id: str) -> BackfillRequest:
-    """A Delta source's request: a version range or a commit-time range of the upstream table, appended."""
+    """A Delta source's request: a version range or a commit-time range of the upstream table, appended. An Iceberg
+    source's the same, its snapshots' sequence numbers for versions (:mod:`sluice.operations.iceberg_range`)."""
 
     _refuse_stream(stream)
+    kind = "Delta" if stream.source.type is SourceType.DELTA else "Iceberg"
     raw_mode = params.get("mode") or BackfillMode.APPEND.value
     if raw_mode not in MODES:
         raise BackfillError("mode", f"unknown mode {raw_mode!r}; expected one of {', '.join(MODES)}")
     if raw_mode != BackfillMode.APPEND.value:
-        raise BackfillError("mode", f"stream '{stream.name}' reads a Delta source, which is backfilled with append "
+        raise BackfillError("mode", f"stream '{stream.name}' reads a {kind} source, which is backfilled with append "
                                     "only: its table does not record which upstream version a row came from, so "
                                     "replace could not take exactly those rows out")
     versions = {key: params.get(key) for key in ("start_version", "end_version")}
@@ -306,7 +308,7 @@ def _parse_delta_range(params: Mapping[str, Any], stream: StreamSpec, *, run_id:
     by_time = params.get("start") not in (None, "") or params.get("end") not in (None, "")
     select_by = params.get("select_by") or ("commit_time" if by_time else "version")
     if select_by not in DELTA_SELECT_BY:
-        raise BackfillError("select_by", f"stream '{stream.name}' reads a Delta source: expected one of "
+        raise BackfillError("select_by", f"stream '{stream.name}' reads a {kind} source: expected one of "
                                          f"{', '.join(DELTA_SELECT_BY)}, got {select_by!r}")
     start = end = None
     if select_by == "version":
@@ -314,7 +316,7 @@ def _parse_delta_range(params: Mapping[str, Any], stream: StreamSpec, *, run_id:
             raise BackfillError("start", "give a version range (start_version, end_version) or a commit time range "
                                          "(select_by commit_time, start, end), not both")
         if versions["start_version"] is None:
-            raise BackfillError("start_version", f"stream '{stream.name}' reads a Delta source: give the first "
+            raise BackfillError("start_version", f"stream '{stream.name}' reads a {kind} source: give the first "
                                                  "version to backfill (and end_version, the last; the latest if "
                                                  "empty)")
         end_version = versions["end_version"]
@@ -524,6 +526,18 @@ def plan_backfill(request: BackfillRequest, stream: StreamSpec, roots: Roots) ->
         versions = plan_version_range(stream.source_path(roots), start_version=request.start_version,
                                       end_version=request.end_version, start=request.start, end=request.end,
                                       changes=changes)
+        return BackfillPlan(request=request.to_dict(), files=[], versions=versions.to_dict(),
+                            notes=list(versions.notes))
+    if stream.source.type is SourceType.ICEBERG:
+        from sluice.kinds.iceberg import IcebergSource, catalog_properties
+        from sluice.operations.iceberg_range import plan_snapshot_range
+        from sluice.storage.iceberg import IcebergTableFormat
+
+        source = stream.source
+        assert isinstance(source, IcebergSource)
+        versions = plan_snapshot_range(IcebergTableFormat(source.identifier, catalog_properties(source.catalog, roots)),
+                                       start_version=request.start_version, end_version=request.end_version,
+                                       start=request.start, end=request.end, options=source.options)
         return BackfillPlan(request=request.to_dict(), files=[], versions=versions.to_dict(),
                             notes=list(versions.notes))
     if stream.source.type is SourceType.KAFKA:

@@ -7,9 +7,10 @@ Iceberg JVM jars (pyiceberg plans on the driver, pyarrow reads on the executors)
 table's history up to ``id`` has been read (:mod:`sluice.storage.iceberg_snapshots`). A micro-batch reads whole
 snapshots, at least one per batch, as many as the read limit admits (``maxFilesPerTrigger``,
 ``maxBytesPerTrigger``, counted from the snapshots' summaries); with ``Trigger.AvailableNow`` the query reads
-exactly the snapshots committed before it started. Each data file an append adds is one partition, read on an
-executor by pyiceberg's Arrow reader, which matches columns by field id: a column renamed or added since the file was
-written reads as the table's schema has it.
+exactly the snapshots committed before it started; a range backfill's, those of sequence numbers
+``startingSequence`` to ``endingSequence``. Each data file an append adds is one partition, read on an executor by
+pyiceberg's Arrow reader, which matches columns by field id: a column renamed or added since the file was written
+reads as the table's schema has it.
 
 The catalog's properties (its address and credentials) are resolved in the planning process from the catalog's
 name (:func:`sluice.kinds.iceberg.catalog_properties`), never passed as an option a plan could print; the executors
@@ -41,6 +42,9 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 ICEBERG_DATA_SOURCE = "sluice_iceberg"
+# A range backfill's reader (sluice.operations.iceberg_range): from the snapshot before the first sequence number to
+# the snapshot of the last, both of the table's history, instead of from its start to its current snapshot.
+STARTING_SEQUENCE, ENDING_SEQUENCE = "startingSequence", "endingSequence"
 
 
 def _table(options: dict[str, str]) -> Any:
@@ -76,15 +80,25 @@ class IcebergStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.max_files = int(self.options["maxfilespertrigger"]) if "maxfilespertrigger" in self.options else None
         self.max_bytes = int(self.options["maxbytespertrigger"]) if "maxbytespertrigger" in self.options else None
         self.target: dict[str, int] | None = None
+        self.first, self.last = (int(self.options[key.lower()]) if key.lower() in self.options else None
+                                 for key in (STARTING_SEQUENCE, ENDING_SEQUENCE))
 
     def _current(self) -> Any:
         return _table(self.options)
 
     def initialOffset(self) -> dict[str, int]:
-        return dict(BEFORE_FIRST)
+        if self.first is None:
+            return dict(BEFORE_FIRST)
+        before = [snapshot for snapshot in history_after(self._current(), None, identifier=self.identifier)
+                  if snapshot.sequence < self.first]
+        return before[-1].offset if before else dict(BEFORE_FIRST)
 
     def prepareForTriggerAvailableNow(self) -> None:
         self.target = self._latest()
+        if self.last is not None:
+            upto = [snapshot for snapshot in history_after(self._current(), None, identifier=self.identifier)
+                    if snapshot.sequence <= self.last]
+            self.target = upto[-1].offset if upto else dict(BEFORE_FIRST)
 
     def _latest(self) -> dict[str, int]:
         table = self._current()
