@@ -452,3 +452,41 @@ def test_files_written_by_separate_tasks_commit_as_one_append_once(tmp_path: Pat
     assert table.append_files(replay, query_id="q", batch_id=0, metadata={}) is False
     assert not any(Path(f.file_path.removeprefix("file://")).exists() for f in replay)
     assert sorted(table.table().scan().to_arrow().column("id").to_pylist()) == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_changed_partition_spec_evolves_the_table_and_every_row_stays(tmp_path: Path) -> None:
+    """``partition_by`` changed on an existing table: one spec update; the files written before keep their spec,
+    the later ones take the new one; scans, a filter on the old spec's column and a replace see every row as the
+    oracle has it. The same spec again, or none, changes nothing."""
+    import datetime as dt
+
+    from sluice.model.predicates import RowFilter
+
+    def batch(ids: range) -> pa.Table:
+        return pa.table({"id": pa.array(list(ids), pa.int64()), "tag": ["live"] * len(ids),
+                         "day": pa.array([dt.date(2026, 11, 20 + i % 3) for i in ids], pa.date32()),
+                         "_source_file": [f"f{i % 2}.json" for i in ids]})
+
+    table = IcebergTableFormat("db.evolving", default_catalog_properties(str(tmp_path / "lake")))
+    table.ensure(batch(range(1)).schema, ["day(day)"])
+    table.commit_batch(batch(range(0, 12)), query_id="q", batch_id=0, metadata={})
+    table.ensure(batch(range(1)).schema, ["bucket(2, id)", "identity(tag)"])
+    assert sorted(table.partitioning) == ["bucket(2, id)", "tag"]
+    specs = len(table.table().specs())
+    for same in (["tag", "bucket(2, id)"], []):
+        table.ensure(batch(range(1)).schema, same)
+        assert len(table.table().specs()) == specs and sorted(table.partitioning) == ["bucket(2, id)", "tag"]
+    table.commit_batch(batch(range(12, 20)), query_id="q", batch_id=1, metadata={})
+    files = table.table().inspect.data_files()
+    spec_of = dict(zip(files.column("file_path").to_pylist(), files.column("spec_id").to_pylist(), strict=True))
+    assert len(set(spec_of.values())) == 2
+    rows = lambda: sorted((r["id"], r["tag"]) for r in table.table().scan().to_arrow().to_pylist())  # noqa: E731
+    assert rows() == [(i, "live") for i in range(20)]
+    one_day = table.table().scan(row_filter="day = '2026-11-21'").to_arrow().column("id").to_pylist()
+    assert sorted(one_day) == [i for i in range(20) if i % 3 == 1]
+    again = batch(range(0, 20, 2)).set_column(1, "tag", pa.array(["backfill"] * 10))
+    assert table.replace_batch(again, RowFilter(file_column="_source_file", files=("f0.json",)), query_id="b",
+                               batch_id=0, metadata={})
+    assert rows() == [(i, "backfill" if i % 2 == 0 else "live") for i in range(20)]
+    with pytest.raises(SluiceError, match="hour"):
+        table.ensure(batch(range(1)).schema, ["hour(day)"])

@@ -72,7 +72,8 @@ class IcebergSink(SinkSpec):
     mode: SinkMode = SinkMode.APPEND
     keys: tuple[str, ...] = ()
     sequence_by: str | None = None
-    #: The table's partition spec at creation: Iceberg transforms (``day(ts)``, ``bucket(16, id)``) or columns.
+    #: The table's partition spec (evolved when it changes): Iceberg transforms (``day(ts)``, ``bucket(16, id)``) or
+    #: columns.
     partition_transforms: tuple[str, ...] = ()
 
     @property
@@ -266,8 +267,8 @@ _ICEBERG_SINK = Block(
         Key("mode", Type.CHOICE, "append rows, merge them by `keys`, or rewrite the whole result (aggregates)",
             default=SinkMode.APPEND, choices=tuple(mode.value for mode in _MODES)),
         Key("keys", Type.NAMES, "the merge keys (mode merge)"),
-        Key("partition_by", Type.STRINGS, "the table's partition spec at its creation: columns and Iceberg transforms "
-            "`year(c)`, `month(c)`, `day(c)`, `hour(c)`, `bucket(n, c)`, `truncate(n, c)`, `identity(c)`"),
+        Key("partition_by", Type.STRINGS, "the table's partition spec (evolved when it changes): columns and Iceberg "
+            "transforms `year(c)`, `month(c)`, `day(c)`, `hour(c)`, `bucket(n, c)`, `truncate(n, c)`, `identity(c)`"),
         Key("sequence_by", Type.STRING, "under merge, the column whose larger value wins between rows of one key "
             "in a batch"),
         Key("engine", Type.CHOICE, "the Delta engine of the dead-letter table", default=DeltaEngine.AUTO,

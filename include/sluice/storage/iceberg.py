@@ -93,8 +93,9 @@ class IcebergTableFormat(TableFormat):
         """Create the table (and its namespace) with ``schema``, every column optional (Spark's nullability of a
         computed column changes with the plan: a required column would refuse a later run's rows), partitioned by
         ``partition_by`` (Iceberg transforms, :func:`sluice.storage.iceberg_files.parse_partition`); an existing
-        table keeps its partition spec and gains the columns it lacks (optional too), and a column of another type is
-        refused (pyiceberg's own message, with the table named)."""
+        table gains the columns it lacks (optional too), a column of another type is refused (pyiceberg's own
+        message, with the table named), and its partition spec becomes ``partition_by`` when that is given and
+        differs (:meth:`_evolve_spec`; none given keeps the table's)."""
         import pyarrow as pa
 
         from sluice.storage.iceberg_files import parse_partition
@@ -123,7 +124,27 @@ class IcebergTableFormat(TableFormat):
                     update.union_by_name(optional)
             except Exception as error:
                 raise SluiceError(f"{self.name} cannot take the stream's columns: {error}") from error
+        if fields and sorted(field.text for field in fields) != sorted(self.partitioning):
+            self._evolve_spec(fields)
         return False
+
+    def _evolve_spec(self, fields: list[Any]) -> None:
+        """Make ``fields`` the table's partition spec, in one metadata commit: the fields it no longer declares are
+        removed, the new ones added (a field's name says its transform: ``ts_day``, ``id_bucket_16``). Iceberg's
+        spec evolution: the data files written so far keep the spec they were written in, and every later file
+        (appends, a merge's or a replace's rewrites, a compaction's) is written in the new one."""
+        table = self.table()
+        wanted = {field.field_name: field for field in fields}
+        held = {field.name for field in table.spec().fields}
+        for field in fields:
+            self._check_partition(field, table.schema())
+        with table.update_spec() as update:
+            for name in held - set(wanted):
+                update.remove_field(name)
+            for name, field in wanted.items():
+                if name not in held:
+                    update.add_field(field.column, field.iceberg(), name)
+        log.info("%s: partition spec is now %s", self.name, ", ".join(field.text for field in fields))
 
     def _check_partition(self, field: Any, schema: Any) -> None:
         """Refuse a transform of a column the rows lack or of a type it does not take (``hour`` of a date)."""
