@@ -295,10 +295,11 @@ class IcebergTableFormat(TableFormat):
             return False
         table = self.table()
         schema = table.metadata.schema()
-        if isinstance(row_filter, RowFilter):  # a Kafka offset range is matched exactly here, planned by prefix
+        if isinstance(row_filter, RowFilter) and row_filter.offsets:  # matched exactly here, planned by prefix
             expression = iceberg_filter(row_filter)
             kept_of: Any = lambda held: held.filter(pc.invert(matching(row_filter, held)))  # noqa: E731
         else:
+            row_filter = iceberg_filter(row_filter) if isinstance(row_filter, RowFilter) else row_filter
             expression = _parse_row_filter(row_filter) if isinstance(row_filter, str) else row_filter
             keep = _expression_to_complementary_pyarrow(bind(schema, expression, case_sensitive=True), schema)
             kept_of = lambda held: held.filter(keep)  # noqa: E731
