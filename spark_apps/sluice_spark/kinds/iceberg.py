@@ -6,12 +6,13 @@ new append snapshot adds, the declared columns selected and cast as a Delta sour
 
 An append on the rs engine goes through the ``sluice_iceberg`` data source (:mod:`sluice_spark.rs.iceberg`): the
 executors write the good rows' Iceberg data files and the dead letters' Delta files, the driver commits one Iceberg
-append snapshot and one Delta transaction per batch. Otherwise each micro-batch goes through the
-:class:`~sluice_spark.write.batches.BatchRouter`: an append beside a dead-letter table on the jvm engine has its
-good rows' data files written by Spark's tasks (``mapInArrow``) and committed by the driver as one append snapshot;
-a merge or complete mode collects the good rows to the driver as Arrow, committed as one Iceberg snapshot (an
-upsert by keys, or an overwrite of the whole table); then the dead letters go to the stream's Delta dead-letter
-table. Either way each snapshot's summary
+append snapshot and one Delta transaction per batch. Otherwise (the jvm engine, a merge or complete mode, or
+fan-out tables) each micro-batch goes through the :class:`~sluice_spark.write.batches.BatchRouter`: an append has
+its good rows' data files written by Spark's tasks (``mapInArrow``) and committed by the driver as one append
+snapshot; a merge or complete mode collects the good rows to the driver as Arrow, committed as one Iceberg snapshot
+(an upsert by keys, or an overwrite of the whole table); then each fan-out table (an Iceberg table of the sink's
+catalog, :class:`IcebergFanOut`) takes its rows as one append snapshot, written as the sink's appends are; then the
+dead letters go to the stream's Delta dead-letter table. Either way each snapshot's summary
 carries the query id and the batch id, and a replayed batch the table already holds is skipped
 (:meth:`sluice.storage.tableformat.TableFormat.holds_batch`).
 
