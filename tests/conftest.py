@@ -45,7 +45,7 @@ logging.getLogger("py4j").setLevel(logging.WARNING)
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
-    """One local SparkSession for the whole run: local[2], UI off, few shuffle partitions."""
+    """One local SparkSession for the whole run: local[2], UI off, few shuffle and Delta state partitions."""
     from pyspark.sql import SparkSession
 
     from sluice.operations.jars import spark_conf
@@ -68,6 +68,7 @@ def spark() -> Iterator[object]:
             .appName("sluice-tests")
             .config("spark.ui.enabled", "false")
             .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.databricks.delta.snapshotPartitions", "2")
             .config("spark.driver.memory", "1g")
             .getOrCreate()
         )

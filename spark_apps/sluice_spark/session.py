@@ -77,13 +77,18 @@ def s3a_settings(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 def configure_sluice(builder: SparkSession.Builder) -> SparkSession.Builder:
     """Settings every Sluice application runs with."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    partitions = os.environ.get("SLUICE_SHUFFLE_PARTITIONS", "4")
     for key, value in s3a_settings().items():
         builder = builder.config(key, value)
     return (
         builder.config("spark.sql.session.timeZone", "UTC")
         # Parquet that Spark stages for delta-rs (backfills) carries UTC microsecond timestamps, as Delta does.
         .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
-        .config("spark.sql.shuffle.partitions", os.environ.get("SLUICE_SHUFFLE_PARTITIONS", "4"))
+        .config("spark.sql.shuffle.partitions", partitions)
+        # delta-spark rebuilds a table's state (its log replayed) in 50 tasks unless told otherwise: sized for logs of
+        # millions of files, on a few cores it is most of a small commit's time (a jvm merge chain's test: 312 s ->
+        # 70 s). A stream's tables take the shuffle's parallelism; SLUICE_SHUFFLE_PARTITIONS sets both.
+        .config("spark.databricks.delta.snapshotPartitions", partitions)
         # Keep every progress report of a run: the run summary and the row reconciliation are built from them.
         .config("spark.sql.streaming.numRecentProgressUpdates", "100000")
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
