@@ -130,7 +130,7 @@ def main() -> None:
         best = best_of_rounds([*histories, "fresh"], args.rounds, timed)
         names = {"aged": "aged_vs_fresh", "cleaned": "after_10000_vs_fresh"}
         ratios = {names[side]: round(best[side] / best["fresh"], 3) for side in histories}
-        for side, history in histories.items():
+        for side in histories:
             print(f"a one-file run after {built[side]} runs ({side}): {best[side]:.2f}s; on a fresh stream: "
                   f"{best['fresh']:.2f}s; {ratios[names[side]]:.2f}x (goal <= {GOALS[names[side]]})")
         print(json.dumps({"ratios": ratios, "goals": {key: GOALS[key] for key in ratios},
