@@ -18,8 +18,10 @@ landing folder's listing (1,000 files). The goal is aged / fresh <= 1.5.
 
 A third side, ``cleaned``, is the same stream with ``source.clean`` (delete, ``after: 1s``) and a longer history
 (``--clean-runs``, 10,000 by default: five-minute runs for five weeks): each run deletes the files it read, so the
-landing folder's listing stays the size of one run's files, and what grows is the checkpoint's file source log.
-Its goal is ``after_10000_vs_fresh`` <= 1.2. The last line is the result as JSON.
+landing folder's listing stays the size of one run's files, and the clean keeps the checkpoint's file source log
+to Spark's ``maxFileAge`` horizon (7 days: 2,016 entries), which every query start reads. What still grows are the
+Delta logs' remove tombstones, which expire by the wall clock (7 days), so a history built in an hour keeps all of
+them. Its goal is ``after_10000_vs_fresh`` <= 1.2. The last line is the result as JSON.
 
 Building a history takes time (0.3-0.5 s a one-file batch: 10,000 take over an hour), so ``--work DIR`` keeps the
 built histories in DIR and reuses them (growing them to ``--runs``/``--clean-runs`` when they are shorter), and
