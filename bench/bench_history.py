@@ -18,10 +18,17 @@ landing folder's listing (1,000 files). The goal is aged / fresh <= 1.5.
 
 A third side, ``cleaned``, is the same stream with ``source.clean`` (delete, ``after: 1s``) and a longer history
 (``--clean-runs``, 10,000 by default: five-minute runs for five weeks): each run deletes the files it read, so the
-landing folder's listing stays the size of one run's files, and what grows is the checkpoint's file source log.
-Its goal is ``after_10000_vs_fresh`` <= 1.2. The last line is the result as JSON.
+landing folder's listing stays the size of one run's files, and the clean keeps the checkpoint's file source log
+to Spark's ``maxFileAge`` horizon (7 days: 2,016 entries), which every query start reads. What still grows are the
+Delta logs' remove tombstones, which expire by the wall clock (7 days), so a history built in an hour keeps all of
+them. Its goal is ``after_10000_vs_fresh`` <= 1.2. The last line is the result as JSON.
+
+Building a history takes time (0.3-0.5 s a one-file batch: 10,000 take over an hour), so ``--work DIR`` keeps the
+built histories in DIR and reuses them (growing them to ``--runs``/``--clean-runs`` when they are shorter), and
+``--rounds 0`` only builds. Without ``--work``, a temporary folder is removed at the end.
 
     python bench/bench_history.py [--runs 1000] [--clean-runs 10000] [--maintain-every 288] [--rounds 3] [--lock FILE]
+                                  [--work DIR]
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import copy
 import datetime as dt
 import fcntl
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -76,8 +84,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--lock", type=Path, help="a file to flock before the timed rounds, so that jobs sharing the "
                         "machine and the lock (tests, other benches) wait while the history bench measures")
+    parser.add_argument("--work", type=Path, help="keep the built histories in this folder and reuse them when "
+                        "present (rounds 0: only build); by default a temporary folder, removed at the end")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="sluice-bench-history-"))
+    if args.work:
+        work = args.work.resolve()
+        work.mkdir(parents=True, exist_ok=True)
+        for scratch in (*work.glob("fresh*"), work / "warmup", *(work / "landing").glob("fresh*"),
+                        work / "landing" / "warmup"):
+            shutil.rmtree(scratch, ignore_errors=True)  # the fresh sides of an earlier invocation
+    else:
+        work = Path(tempfile.mkdtemp(prefix="sluice-bench-history-"))
     try:
         spark = local_spark()
         moment = START
@@ -85,16 +102,20 @@ def main() -> None:
         for side, runs in (("aged", args.runs), ("cleaned", args.clean_runs)):
             if runs:
                 histories[side] = History(work, side, clean=side == "cleaned")
-                moment = histories[side].build(spark, runs, args.maintain_every, START)
+                moment = max(moment, histories[side].build(spark, runs, args.maintain_every))
+        if args.rounds == 0:
+            print(json.dumps({"history_runs": {side: history.built for side, history in histories.items()}}))
+            spark.stop()
+            return
 
         def timed(side: str, round_index: int) -> float:
             nonlocal moment
             moment += dt.timedelta(minutes=5)
             if side in histories:
-                elapsed, summary = histories[side].run(spark, moment)
+                elapsed, summary = histories[side].run(spark, max(moment, histories[side].moment))
             else:
                 name = f"fresh{round_index}"
-                DemoProducer(work / "landing" / name, seed=round_index).events_file(lines=30, now=moment)
+                land(DemoProducer(work / "landing" / name, seed=round_index), moment)
                 fresh = stream_catalog(name)
                 elapsed, summary = run_once(spark, fresh, Roots(landing=str(work / "landing"),
                                                                 lake=str(work / name / "lake"),
@@ -107,19 +128,21 @@ def main() -> None:
             lock = args.lock.open("a")
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the process ends
         run_once(spark, *_warm_up(work))
+        built = {side: history.built for side, history in histories.items()}  # the timed runs add to it
         best = best_of_rounds([*histories, "fresh"], args.rounds, timed)
         names = {"aged": "aged_vs_fresh", "cleaned": "after_10000_vs_fresh"}
         ratios = {names[side]: round(best[side] / best["fresh"], 3) for side in histories}
-        for side, history in histories.items():
-            print(f"a one-file run after {history.built} runs ({side}): {best[side]:.2f}s; on a fresh stream: "
+        for side in histories:
+            print(f"a one-file run after {built[side]} runs ({side}): {best[side]:.2f}s; on a fresh stream: "
                   f"{best['fresh']:.2f}s; {ratios[names[side]]:.2f}x (goal <= {GOALS[names[side]]})")
         print(json.dumps({"ratios": ratios, "goals": {key: GOALS[key] for key in ratios},
                           "seconds": {side: round(value, 2) for side, value in best.items()},
-                          "history_runs": {side: history.built for side, history in histories.items()},
+                          "history_runs": built,
                           "landing_files": {side: history.landing_files() for side, history in histories.items()}}))
         spark.stop()
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 class History:
@@ -129,32 +152,53 @@ class History:
         self.landing = work / "landing" / side
         self.roots = Roots(landing=str(work / "landing"), lake=str(work / side / "lake"),
                            checkpoints=str(work / side / "checkpoints"))
-        self.producer = DemoProducer(self.landing, seed=3, malformed_rate=0.02)
         self.builder = stream_catalog(side, files_per_batch=1, clean=clean)
         self.catalog = stream_catalog(side, clean=clean)
-        self.side, self.built = side, 0
+        self.side, self.built, self.moment = side, 0, START
+        self.state = work / side / "history.json"  # what --work reuses: the runs built and the clock they reached
+        if self.state.exists():
+            saved = json.loads(self.state.read_text(encoding="utf-8"))
+            self.built, self.moment = saved["built"], dt.datetime.fromisoformat(saved["moment"])
+        # seeded by the runs built, so that a reused history's new events do not repeat its old ones' ids
+        self.producer = DemoProducer(self.landing, seed=3 + self.built, malformed_rate=0.02)
+        self.producer.sequence = self.built
 
-    def build(self, spark: SparkSession, runs: int, maintain_every: int, moment: dt.datetime) -> dt.datetime:
+    def build(self, spark: SparkSession, runs: int, maintain_every: int) -> dt.datetime:
         """``runs`` one-file batches, in rounds of ``maintain_every`` each followed by the nightly maintenance."""
         started = time.perf_counter()
         while self.built < runs:
             for _ in range(min(maintain_every, runs - self.built)):
-                moment += dt.timedelta(minutes=5)
-                self.producer.events_file(lines=30, now=moment)
-            time.sleep(1.1)  # clean's `after: 1s`: the files of this round are old enough once it ran
+                self.moment += dt.timedelta(minutes=5)
+                land(self.producer, self.moment)
             _, summary = run_once(spark, self.builder, self.roots)
             self.built += summary.batches
             maintain(self.catalog, self.roots, [STREAM], run_id=f"nightly-{self.built}")
+            self.save()
             print(f"{self.side} history: {self.built} runs in {time.perf_counter() - started:.0f}s, maintained, "
-                  f"{self.landing_files()} landing files")
-        return moment
+                  f"{self.landing_files()} landing files", flush=True)
+        return self.moment
 
     def run(self, spark: SparkSession, moment: dt.datetime) -> tuple[float, Any]:
-        self.producer.events_file(lines=30, now=moment)
-        return run_once(spark, self.catalog, self.roots)
+        self.moment = moment
+        land(self.producer, moment)
+        result = run_once(spark, self.catalog, self.roots)
+        self.built += result[1].batches
+        self.save()
+        return result
+
+    def save(self) -> None:
+        self.state.write_text(json.dumps({"built": self.built, "moment": self.moment.isoformat()}), encoding="utf-8")
 
     def landing_files(self) -> int:
         return sum(1 for _ in self.landing.rglob("*.json"))
+
+
+def land(producer: DemoProducer, moment: dt.datetime) -> None:
+    """One file of 30 events, written at ``moment``: its modification time is the simulated clock's, so that a history
+    spans the weeks it stands for (Spark's ``maxFileAge`` horizon follows the files' times) although it is built in
+    an hour. What ages by the wall clock (Delta's retentions) does not follow."""
+    for path in producer.events_file(lines=30, now=moment).files:
+        os.utime(path, (moment.timestamp(), moment.timestamp()))
 
 
 def _warm_up(work: Path) -> tuple[Catalog, Roots]:

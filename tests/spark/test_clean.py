@@ -16,6 +16,7 @@ from sluice.catalog import load_catalog, parse_catalog
 from sluice.cli.demo_producer import DemoProducer
 from sluice.errors import CatalogError
 from sluice.operations.backfill import BackfillError, parse_request
+from sluice.storage import clean
 from sluice.storage.clean import BACKFILL_ROOT, clean_landing
 from sluice_spark.runner import run_streams
 from tests.helpers import events_stream, expected_events, roots_in, write_catalog
@@ -54,7 +55,7 @@ def test_read_files_are_archived_once_old_enough_and_unread_ones_stay(spark: Any
 
     first = run_streams(spark, catalog, ["events"], roots).streams[0]
     assert first.status == "succeeded"
-    assert first.cleaned == {"archived": 3, "deleted": 0, "waiting": 1, "held": 0, "changed": 0}
+    assert first.cleaned == {"archived": 3, "deleted": 0, "waiting": 1, "held": 0, "changed": 0, "log_pruned": 0}
     assert files_under(archive) == {str(path.relative_to(landing)) for path in old}, \
         "each read file is in the archive, at its path below the source folder"
     assert files_under(landing) == {str(recent.relative_to(landing))}, "read, but younger than after: kept"
@@ -85,7 +86,7 @@ def test_delete_removes_only_read_files_and_a_rewritten_file_is_left(spark: Any,
     [old] = age(land(producer, 1, 0), 2)
     [recent] = land(producer, 1, 5)
     summary = run_streams(spark, catalog, ["events"], roots).streams[0]
-    assert summary.cleaned == {"archived": 0, "deleted": 1, "waiting": 1, "held": 0, "changed": 0}
+    assert summary.cleaned == {"archived": 0, "deleted": 1, "waiting": 1, "held": 0, "changed": 0, "log_pruned": 0}
     assert not old.exists() and recent.exists()
 
     rewritten = recent.read_text() + recent.read_text().splitlines()[0] + "\n"
@@ -162,3 +163,53 @@ def test_a_backfill_cannot_reach_back_past_what_clean_keeps(tmp_path: Path) -> N
     request = parse_request({"stream": "events", "start": (now - dt.timedelta(minutes=30)).isoformat(),
                              "end": now.isoformat(), "select_by": "file_time"}, catalog, run_id="r2")
     assert request.start > now - dt.timedelta(hours=1)
+
+
+def test_a_cleaned_streams_source_log_keeps_only_its_horizon_and_each_file_is_read_once(
+        spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(clean, "PRUNE_AT_LEAST", 1)  # rewrite at the first entry Spark forgets (100 in production)
+    source = events_stream()["source"]
+    stream = events_stream(source={**source, "clean": {"action": "delete", "after": "1 second"},
+                                   "options": {**source["options"], "maxFileAge": "1h"}},
+                           trigger={"max_files_per_trigger": 1})
+    catalog = load_catalog(write_catalog(tmp_path, stream))
+    roots = roots_in(tmp_path)
+    landing, log = tmp_path / "landing", tmp_path / "checkpoints" / "bronze" / "events" / "sources" / "0"
+    producer = DemoProducer(landing, seed=9, malformed_rate=0.0)
+
+    def landed(minutes: list[int]) -> list[Path]:
+        """Files written ``minutes`` after NOW, by their modification times (the source log records those)."""
+        paths = []
+        for minute in minutes:
+            [path] = land(producer, 1, minute)
+            stamp = (NOW + dt.timedelta(minutes=minute)).timestamp()
+            os.utime(path, (stamp, stamp))
+            paths.append(path)
+        return paths
+
+    def run(batches: int) -> dict[str, int]:
+        summary = run_streams(spark, catalog, ["events"], roots).streams[0]
+        assert summary.status == "succeeded" and summary.batches == batches, (summary.batches, summary.error)
+        assert summary.cleaned is not None
+        return summary.cleaned
+
+    old = landed(list(range(10)))
+    good, _ = expected_events(landing)
+    assert run(10)["log_pruned"] == 0, "batches 0-9 (9.compact) are inside the horizon of the newest, minute 9"
+    recent = landed([180, 181])  # three hours on: minutes 0-9 are behind the horizon, and cleaned
+    good += expected_events(landing)[0]
+    cleaned = run(2)
+    assert cleaned["deleted"] == 2 and cleaned["log_pruned"] == 10
+    assert (log / "9.compact").read_text() == "v1" and not (log / ".9.compact.crc").exists()
+
+    more = landed(list(range(182, 190)))  # batches 12-19: Spark compacts 19.compact from the pruned 9.compact
+    good += expected_events(landing, files=more)[0]
+    old[0].write_text(more[0].read_text())  # back under its name and time, behind the horizon: not read
+    os.utime(old[0], (NOW.timestamp(), NOW.timestamp()))
+    assert run(8)["deleted"] == 8
+    compacted = (log / "19.compact").read_text()
+    assert [str(path) for path in recent + more if str(path) not in compacted] == []
+    assert not any(str(path) in compacted for path in old), "what Spark forgot stays out of its next compaction"
+    assert old[0].exists(), "behind the horizon: Spark does not read it, pruned entry or not, and no one cleans it"
+    assert bronze(str(tmp_path / "lake" / "bronze" / "events")) == sorted(good, key=repr), "each file read once"
+    assert run(0)["deleted"] == 0

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 from urllib.parse import unquote, urlsplit
@@ -103,11 +104,19 @@ def _unreadable(path: str, exc: OSError | NotReadable) -> CheckpointError:
 def _log_entries(log: Folder, name: str) -> list[dict[str, Any]]:
     """The JSON entries of a Spark metadata log file (its first line is the version), parsed in one call: a
     compacted source log holds every file the stream ever read."""
-    path = log.where(name)
+    return _parsed(log.where(name), _log_lines(log, name)[1:])
+
+
+def _log_lines(log: Folder, name: str) -> list[str]:
+    """The lines of a Spark metadata log file, its version line first, without blank ones."""
     try:
-        lines = [line for line in log.read_bounded_text(name, SOURCE_LOG_MAX_BYTES).split("\n")[1:] if line.strip()]
+        return [line for line in log.read_bounded_text(name, SOURCE_LOG_MAX_BYTES).split("\n") if line.strip()]
     except (OSError, NotReadable) as exc:
-        raise _unreadable(path, exc) from None
+        raise _unreadable(log.where(name), exc) from None
+
+
+def _parsed(path: str, lines: list[str]) -> list[dict[str, Any]]:
+    """Entry lines of a Spark metadata log file as JSON objects, parsed in one call; ``path`` names the file."""
     try:
         entries = json.loads("[" + ",".join(lines) + "]")
     except json.JSONDecodeError:
@@ -310,6 +319,41 @@ class CheckpointReader:
             files.update((local_file_path(entry["path"]), FileEntry(entry["timestamp"], entry.get("batchId", -1)))
                          for entry in _log_entries(log, name))
         return files
+
+    def prune_file_source_log(self, *, through_batch: int, before_ms: int, gone: Callable[[str], bool],
+                              source: int = 0) -> int:
+        """Rewrite the newest ``.compact`` file of file source ``source``'s log without the entries Spark drops anyway
+        when a query starts, and whose files are gone: entries of batches at or below ``through_batch`` (committed,
+        and all their files done) whose recorded time is before ``before_ms`` and for whose local path ``gone``
+        holds. The number of entries dropped.
+
+        Spark's file source reads every entry of its log into its map of seen files when a query starts, then purges
+        those older than its newest entry's time less ``maxFileAge`` (``SeenFilesMap.purge``): behind that horizon
+        a file is not read whether it was seen or not. So the caller passes a ``before_ms`` at or behind that horizon,
+        and Spark's choices are the same without the entries, while the log Spark (and Sluice) read at each start
+        stays the size of the horizon instead of the stream's whole history. Spark compacts every tenth batch from
+        the previous ``.compact`` file, so the pruned entries stay out.
+
+        Run it with the stream's lock held (no query is running). The file is replaced whole: the new text is
+        written beside it and renamed over it (one PUT on an object store). Its Hadoop checksum (``.<name>.crc``,
+        on a disk) is deleted first: a missing checksum is not verified, a stale one fails the next read."""
+        log = self.folder.child("sources", str(source))
+        compacts = [batch for entry in log.entries()
+                    if entry.name.endswith(".compact") and (batch := log_file_batch(entry.name)) is not None]
+        if not compacts:
+            return 0
+        name = f"{max(compacts)}.compact"
+        lines = _log_lines(log, name)
+        if not lines or not lines[0].startswith("v"):
+            raise CheckpointError(f"{log.where(name)}: expected a version line first")
+        kept = [lines[0]] + [line for line, entry in zip(lines[1:], _parsed(log.where(name), lines[1:]), strict=True)
+                             if not (entry.get("batchId", through_batch + 1) <= through_batch
+                                     and entry["timestamp"] < before_ms and gone(local_file_path(entry["path"])))]
+        dropped = len(lines) - len(kept)
+        if dropped:
+            log.delete(f".{name}.crc")
+            log.write_bytes(name, "\n".join(kept).encode("utf-8"))
+        return dropped
 
     def has_state(self) -> bool:
         return self.folder.child("state").is_dir()

@@ -55,10 +55,12 @@ class CleanReport:
     waiting: int = 0
     held: int = 0
     changed: int = 0
+    # Entries of the file source log dropped because Spark drops them anyway (:func:`_prune_source_log`).
+    log_pruned: int = 0
 
     def to_dict(self) -> dict[str, int]:
         return {"archived": self.archived, "deleted": self.deleted, "waiting": self.waiting, "held": self.held,
-                "changed": self.changed}
+                "changed": self.changed, "log_pruned": self.log_pruned}
 
 
 def backfill_held(stream: StreamSpec, roots: Roots) -> set[str]:
@@ -85,7 +87,8 @@ def clean_landing(stream: StreamSpec, roots: Roots, *, now: float | None = None,
     if clean is None:
         return None
     report = CleanReport()
-    state = SourceState.of(stream, CheckpointReader(stream.checkpoint_path(roots)))
+    reader = CheckpointReader(stream.checkpoint_path(roots))
+    state = SourceState.of(stream, reader)
     if state.last_commit < 0:
         return report
     older_than = (time.time() if now is None else now) - clean.after_seconds
@@ -96,9 +99,13 @@ def clean_landing(stream: StreamSpec, roots: Roots, *, now: float | None = None,
     archive: Folder | None = (folder(join(roots.landing, clean.archive_to))
                               if clean.action is CleanAction.ARCHIVE else None)
     if getattr(stream.source, "notifications", None) is not None:
-        return _clean_by_source_log(stream, roots, state, older_than=older_than, held=held, archive=archive,
-                                    after_each=after_each)
+        report, done_through = _clean_by_source_log(stream, roots, state, older_than=older_than, held=held,
+                                                    archive=archive, after_each=after_each)
+        report.log_pruned = _prune_source_log(reader, state, done_through, gone=lambda path: True)
+        return report
+    left: set[str] = set()  # the listed files still there after this clean
     for found in list_source_files(stream, roots):
+        left.add(found.path)
         entry = state.entry(found.path)
         if entry is None or entry.batch_id > state.last_commit:
             continue  # unread, or read by a batch that has not committed
@@ -113,7 +120,37 @@ def clean_landing(stream: StreamSpec, roots: Roots, *, now: float | None = None,
             continue
         relative = os.path.relpath(found.path, local_root) if local_root else found.path[len(source) + 1:]
         _take(base, relative, archive, report, after_each)
+        left.discard(found.path)
+    report.log_pruned = _prune_source_log(reader, state, state.last_commit, gone=lambda path: path not in left)
     return report
+
+
+#: A pruned entry is this much older than Spark's horizon at least: a margin for how each side rounds a duration.
+PRUNE_MARGIN_MS = 3_600_000
+#: The source log is rewritten once this many of its entries can go (a few hundred bytes each), not at every run.
+PRUNE_AT_LEAST = 100
+
+
+def _prune_source_log(reader: CheckpointReader, state: SourceState, through_batch: int, *,
+                      gone: Callable[[str], bool]) -> int:
+    """Keep a cleaned stream's file source log the size of Spark's ``maxFileAge`` horizon (7 days by default), not
+    of its whole history: Spark reads every entry at each query start, and Sluice at each clean and lag probe (a run
+    after 10,000 one-file runs spent measurably more there, docs/performance/benchmarks.md). An entry goes when Spark
+    itself forgets it when a query starts (older than the newest entry less ``maxFileAge``, with
+    :data:`PRUNE_MARGIN_MS` to spare), its batch committed at or before ``through_batch`` (whose files this clean
+    and the earlier ones are done with), and its file ``gone`` from the landing zone (cleaned). Spark then reads no
+    file it would not have read with the entry there, and a file it read is never read again: it is gone, and had
+    it come back under its name, Spark, behind the horizon, would not read it either way (see
+    :meth:`~sluice.storage.checkpoint.CheckpointReader.prune_file_source_log`). Nothing goes without a horizon
+    (``latestFirst`` with a per-trigger limit reads files of any age)."""
+    if state.horizon is None or state.file_name_only:
+        return 0
+    before_ms = int(state.horizon * 1000) - PRUNE_MARGIN_MS
+    candidates = sum(1 for path, entry in state.recorded.items()
+                     if entry.batch_id <= through_batch and entry.timestamp_ms < before_ms and gone(path))
+    if candidates < PRUNE_AT_LEAST:
+        return 0
+    return reader.prune_file_source_log(through_batch=through_batch, before_ms=before_ms, gone=gone)
 
 
 def _take(base: Folder, relative: str, archive: Folder | None, report: CleanReport,
@@ -130,13 +167,14 @@ def _take(base: Folder, relative: str, archive: Folder | None, report: CleanRepo
 
 
 def _clean_by_source_log(stream: StreamSpec, roots: Roots, state: SourceState, *, older_than: float, held: set[str],
-                         archive: Folder | None, after_each: Callable[[], None] | None) -> CleanReport:
+                         archive: Folder | None, after_each: Callable[[], None] | None) -> tuple[CleanReport, int]:
     """The clean of a landing zone told of its files by notifications, which lists nothing: its candidates are the
     files the source log names, of the committed batches after the one through which all is done (kept in
     :data:`CLEANED`), so that a clean's requests follow the files it cleans, not the files ever read. Whether a file
     is old enough is read from the time the source log recorded; each one old enough is looked up by its name (one
     request: is it still the file the batch read?) before it is moved or deleted. A file that is gone counts as
-    done (an earlier clean that was killed before it moved the mark), one changed since is left alone, once."""
+    done (an earlier clean that was killed before it moved the mark), one changed since is left alone, once. Also
+    returns the batch through which all is done."""
     report = CleanReport()
     source = stream.source_path(roots).rstrip("/")
     base = folder(source)
@@ -166,4 +204,4 @@ def _clean_by_source_log(stream: StreamSpec, roots: Roots, state: SourceState, *
     done_through = state.last_commit if blocked is None else blocked - 1
     if done_through > through:
         marks.write_bytes(mark_name, json.dumps({"through_batch": done_through}).encode("utf-8"))
-    return report
+    return report, max(done_through, through)

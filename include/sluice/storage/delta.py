@@ -46,10 +46,16 @@ def commit_actions(path: str, version: int) -> list[dict[str, Any]]:
 
 def table_version(path: str) -> int | None:
     """The table's current version, or None when there is no Delta table at ``path``."""
+    table = open_if_table(path)
+    return None if table is None else table.version()
+
+
+def open_if_table(path: str) -> Any | None:
+    """:func:`open_table`, or None when there is no Delta table at ``path``."""
     from deltalake.exceptions import TableNotFoundError
 
     try:
-        return open_table(path).version()
+        return open_table(path)
     except TableNotFoundError:
         return None
 
@@ -218,22 +224,20 @@ def commit_metadata(base: dict[str, Any], *, stream: str, query_id: str, batch_i
             CommitInfo.ROUTE: route, **extra}
 
 
-def batch_commits(path: str, *, query_id: str, batch_ids: Collection[int], since_version: int | None
-                  ) -> list[BatchCommit]:
+def batch_commits(path: str, *, query_id: str, batch_ids: Collection[int], since_version: int | None,
+                  table: Any = None) -> list[BatchCommit]:
     """The commits that query ``query_id`` made for ``batch_ids``.
 
     Most are after ``since_version`` (the table's version when the run started). A batch that a crashed run
     committed and this run replayed is older, possibly behind maintenance commits: the search goes back until it
-    passes a commit older than the oldest wanted batch, or reaches the table's first version.
+    passes a commit older than the oldest wanted batch, or reaches the table's first version. ``table``: the table
+    at ``path`` already loaded (a load replays its newest log checkpoint, which grows with the table's history).
     """
-    from deltalake.exceptions import TableNotFoundError
-
     wanted = set(batch_ids)
     if not wanted:
         return []
-    try:
-        table = open_table(path)
-    except TableNotFoundError:
+    table = table if table is not None else open_if_table(path)
+    if table is None:
         return []
     oldest = min(wanted)
     limit: int | None = max(table.version() - (-1 if since_version is None else since_version), 0) + 2

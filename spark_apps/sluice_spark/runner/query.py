@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from enum import Enum
+from typing import Any
 
 from pyspark.sql.streaming import StreamingQuery
 
@@ -14,7 +15,7 @@ from sluice.constants import CommitInfo, RunStatus
 from sluice.errors import SluiceError
 from sluice.kinds import sink_table_format
 from sluice.kinds.credentials import scrub_secrets
-from sluice.storage.delta import batch_commits, table_version
+from sluice.storage.delta import batch_commits, open_if_table
 from sluice.storage.lock import HeldLock
 from sluice.summary import StreamRunSummary
 from sluice.times import iso_utc
@@ -135,6 +136,10 @@ def sent_rows(prepared: PreparedStream, batches: dict[int, int]) -> int:
     return sum(rows.values())
 
 
+def _version(table: Any) -> int | None:
+    return None if table is None else int(table.version())
+
+
 def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: float) -> StreamRunSummary:
     """Fill the summary once the query has ended; reconcile rows read with rows committed."""
     summary = prepared.summary
@@ -149,13 +154,16 @@ def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: floa
     summary.rescued_rows = rescued_count(query.recentProgress, prepared.spec)
     summary.added_columns = dict(prepared.added_columns)
     data, dead = sink_and_dead_letter(prepared.targets)
-    summary.delta_version_after = None if data is None else table_version(data.path)
-    summary.dead_letter_version_after = table_version(dead.path)
+    # Each table loaded once for its version and its commits: a load costs more as the table's history grows.
+    tables = {target.path: open_if_table(target.path) for target in (data, dead) if target is not None}
+    summary.delta_version_after = None if data is None else _version(tables[data.path])
+    summary.dead_letter_version_after = _version(tables[dead.path])
     if prepared.roots is not None:
         summary.snapshot_id_after = sink_snapshot_id(prepared.spec, prepared.roots)
 
     def committed(target: TableTarget, since: int | None) -> int:
-        commits = batch_commits(target.path, query_id=prepared.query_id, batch_ids=input_rows, since_version=since)
+        commits = batch_commits(target.path, query_id=prepared.query_id, batch_ids=input_rows, since_version=since,
+                                table=tables[target.path])
         if target.route == GOOD_ROUTE:
             changes = [commit.changes for commit in commits if commit.changes]
             if changes:
