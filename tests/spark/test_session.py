@@ -95,3 +95,37 @@ def test_the_sessions_slowest_class_loads_ahead_only_where_the_jvm_runs_already(
     assert connected == [None] and SparkContext._jvm is not None
     assert not thread.is_alive()
     assert "mllib's SQL functions ready" in caplog.text, caplog.text
+
+
+def test_each_spark_function_is_looked_up_in_the_jvm_once(spark: Any, monkeypatch: pytest.MonkeyPatch,
+                                                           tmp_path: Any) -> None:
+    """PySpark finds a SQL function (``F.when``, ``F.lit``...) in the JVM through two reflection round trips before
+    each call; Sluice's sessions keep what they found. The bundled stream's frame built a second time looks up no
+    function again, and is the same frame."""
+    from py4j.clientserver import ClientServerConnection
+
+    from sluice.catalog import DEFAULT_CATALOG, load_catalog
+    from sluice.paths import Roots
+    from sluice_spark.runner import build_routed_frame
+
+    stream = load_catalog(DEFAULT_CATALOG).get("events_bronze")
+    roots = Roots(landing=str(tmp_path / "landing"), lake=str(tmp_path / "lake"),
+                  checkpoints=str(tmp_path / "checkpoints"))
+    lookups: list[str] = []
+    send = ClientServerConnection.send_command
+    this_thread = threading.get_ident()
+
+    def counted(connection: Any, command: str) -> Any:
+        # Py4J's reflection command, its member lookup, then the class: r, m, org.apache.spark.sql.functions.
+        if threading.get_ident() == this_thread and command.startswith("r\nm\norg.apache.spark.sql.functions\n"):
+            lookups.append(command.split("\n")[3])
+        return send(connection, command)
+
+    monkeypatch.setattr(ClientServerConnection, "send_command", counted)
+    first, columns = build_routed_frame(spark, stream, roots)
+    looked_up = list(lookups)
+    lookups.clear()
+    again, columns_again = build_routed_frame(spark, stream, roots)
+    assert looked_up and lookups == [], lookups  # the first build found them (else the count above counts nothing)
+    assert len(looked_up) == len(set(looked_up)), looked_up
+    assert (again.schema, columns_again) == (first.schema, columns)
