@@ -44,6 +44,7 @@ from contextvars import ContextVar
 from functools import lru_cache, reduce
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
@@ -176,10 +177,17 @@ def _header_of(uri: str, version: tuple[Any, Any], options: tuple[tuple[str, str
 
 def header_text(options: tuple[tuple[str, str], ...]) -> Any:
     """A pandas UDF: a file (its ``_metadata.file_path``) -> its header's text, each file read once per Python
-    worker. pandas is imported here, for the streams that need it (:mod:`sluice_spark.drift.csv_header`)."""
-    from sluice_spark.drift.csv_header import header_udf
+    worker."""
 
-    return header_udf(options, _header_of)
+    @F.pandas_udf("string")  # type: ignore[call-overload]
+    def header(files: pd.Series, modified: pd.Series, sizes: pd.Series) -> pd.Series:
+        # A batch of rows holds a few files (each at one version): each is looked up once.
+        versions = pd.DataFrame({"file": files, "modified": modified, "size": sizes}).drop_duplicates("file")
+        found = {row.file: _header_of(row.file, (row.modified, row.size), options)
+                 for row in versions.itertuples(index=False)}
+        return files.map(found)
+
+    return header
 
 
 # The escapes Spark's CSVExprUtils.toChar reads in a separator.
