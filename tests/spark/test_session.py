@@ -100,32 +100,20 @@ def test_the_sessions_slowest_class_loads_ahead_only_where_the_jvm_runs_already(
 def test_each_spark_function_is_looked_up_in_the_jvm_once(spark: Any, monkeypatch: pytest.MonkeyPatch,
                                                            tmp_path: Any) -> None:
     """PySpark finds a SQL function (``F.when``, ``F.lit``...) in the JVM through two reflection round trips before
-    each call; Sluice's sessions keep what they found. The bundled stream's frame built a second time looks up no
-    function again, and is the same frame."""
-    from py4j.clientserver import ClientServerConnection
-
+    each call; Sluice's sessions keep what they found. The bundled stream's frame built a second time looks up only
+    what PySpark looks up on another path (a literal's ``lit`` and a name's ``col``, for the Columns it makes of
+    plain Python values), and is the same frame."""
     from sluice.catalog import DEFAULT_CATALOG, load_catalog
     from sluice.paths import Roots
     from sluice_spark.runner import build_routed_frame
+    from tests.helpers import py4j_commands
 
     stream = load_catalog(DEFAULT_CATALOG).get("events_bronze")
     roots = Roots(landing=str(tmp_path / "landing"), lake=str(tmp_path / "lake"),
                   checkpoints=str(tmp_path / "checkpoints"))
-    lookups: list[str] = []
-    send = ClientServerConnection.send_command
-    this_thread = threading.get_ident()
-
-    def counted(connection: Any, command: str) -> Any:
-        # Py4J's reflection command, its member lookup, then the class: r, m, org.apache.spark.sql.functions.
-        if threading.get_ident() == this_thread and command.startswith("r\nm\norg.apache.spark.sql.functions\n"):
-            lookups.append(command.split("\n")[3])
-        return send(connection, command)
-
-    monkeypatch.setattr(ClientServerConnection, "send_command", counted)
     first, columns = build_routed_frame(spark, stream, roots)
-    looked_up = list(lookups)
-    lookups.clear()
+    # Py4J's reflection command, its member lookup, the class, then the member's name.
+    lookups = py4j_commands(monkeypatch, "r\nm\norg.apache.spark.sql.functions\n")
     again, columns_again = build_routed_frame(spark, stream, roots)
-    assert looked_up and lookups == [], lookups  # the first build found them (else the count above counts nothing)
-    assert len(looked_up) == len(set(looked_up)), looked_up
+    assert {command.split("\n")[3] for command in lookups} <= {"lit", "col"}, lookups
     assert (again.schema, columns_again) == (first.schema, columns)
