@@ -32,7 +32,10 @@ reports in the run log) and of the DAG run (its task instances) are printed. The
 Goals: bare / spark <= 1.15, a DAG run (each way) / bare <= 1.15 and warm / spark <= 0.25. The last line is the
 result as JSON.
 
-    python bench/bench_run_cost.py [--rounds 3] [--no-scheduler] [--no-warm]
+    python bench/bench_run_cost.py [--rounds 3] [--no-scheduler] [--no-warm] [--sides bare,spark_same_jvm]
+
+``--sides`` runs only the sides it names (for a quick look at one ratio, e.g. ``bare,spark_same_jvm``); the ratios
+of the sides left out are not printed, and the default is every side.
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ NO_SCHEDULE = "0 0 29 2 *"
 SCHEDULER_IDLE_SLEEP_TIME = "0.5"
 # A DAG run is timed two ways: `airflow dags test` (which parses the DAG folder first) and a running scheduler.
 # `dags test`'s own start-up is Airflow's: its ratio is printed without a goal (null).
+SIDES = ("spark", "spark_same_jvm", "bare", "bare_executors", "dag", "scheduler", "scheduler_inline", "warm")
 GOALS: dict[str, float | None] = {
     "bare_vs_spark": 1.15, "bare_vs_spark_same_jvm": 1.15, "dag_vs_bare": None, "scheduler_vs_bare": 1.15,
     "scheduler_inline_vs_bare": 1.15, "warm_vs_spark": 0.10}
@@ -104,7 +108,7 @@ def free_port() -> int:
 class World:
     """The files, a catalog with the bundled stream (never scheduled), one data root per side, an Airflow home."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *, airflow: bool = True) -> None:
         self.folder = folder
         self.landing = folder / "landing"
         producer = DemoProducer(self.landing, seed=7, malformed_rate=0.01)
@@ -149,7 +153,7 @@ class World:
         # `airflow dags test` gets a metadata database of its own: in the running scheduler's, the scheduler would
         # queue the test run's tasks too, and race the command that runs them in its own process.
         self.dags_test_home = folder / "airflow-dags-test"
-        for home in (self.home, self.dags_test_home):
+        for home in (self.home, self.dags_test_home) if airflow else ():
             subprocess.run([str(BIN / "airflow"), "db", "migrate"], env={**self.env, "AIRFLOW_HOME": str(home)},
                            check=True, capture_output=True)
 
@@ -309,17 +313,33 @@ def task_seconds(home: Path, dag_id: str = DAG_ID, run_id_prefix: str = "manual_
     return {task: round(float(seconds or 0), 2) for task, seconds in rows}
 
 
+def _sides(text: str) -> list[str]:
+    """``--sides``: known side names, comma-separated."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in SIDES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"--sides takes some of {', '.join(SIDES)}, not {text!r}")
+    return names
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-scheduler", action="store_true", help="leave out the side through a running scheduler")
     parser.add_argument("--no-warm", action="store_true", help="leave out the side through a warm server")
+    parser.add_argument("--sides", type=_sides, default=None,
+                        help=f"run only these sides, comma-separated (of {', '.join(SIDES)}); default: all")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="sluice-bench-cost-"))
     scheduler: Scheduler | None = None
     warm: Warm | None = None
     try:
-        world = World(folder)
+        sides = [side for side in SIDES if side in (args.sides or SIDES)]
+        if args.no_scheduler:
+            sides = [side for side in sides if not side.startswith("scheduler")]
+        if args.no_warm:
+            sides = [side for side in sides if side != "warm"]
+        world = World(folder, airflow=any(side == "dag" or side.startswith("scheduler") for side in sides))
         schema = ", ".join(f"{name} {kind.removesuffix(' not null')}" for name, kind in EVENT_SCHEMA.items())
         print(f"{FILES} files, {FILES * LINES} lines, {world.bytes / 2**20:.1f} MiB of JSON; Python "
               f"{sys.version.split()[0]}, {os.cpu_count()} cores")
@@ -363,63 +383,74 @@ def main() -> None:
         refusal = archive_refusal()
         print(f"driver JVM options of Sluice's runs: {' '.join(java_options) or 'none'}"
               + (f" (no class archive: {refusal})" if refusal else ""))
-        sides = ["spark", "spark_same_jvm", "bare", "bare_executors", "dag"]
-        if not args.no_scheduler:
+        if any(side.startswith("scheduler") for side in sides):
             scheduler = Scheduler(world)
-            sides += ["scheduler", "scheduler_inline"]
-        if not args.no_warm:
+        if "warm" in sides:
             warm = Warm(world)
-            sides.append("warm")
         best = best_of_rounds(sides, args.rounds, run)
 
-        summary = summary_of(outputs["bare"])
-        stream = summary["streams"][0]
-        assert stream["status"] == "succeeded", stream
-        phases = summary.get("phases_seconds", {})
-        print(f"\nbare run ({stream.get('write_path') or 'executors'} write path): {stream['input_rows']} rows in, "
-              f"{stream['output_rows']} written, "
-              f"{stream['dead_letter_rows']} dead-lettered, {stream['batches']} batch(es)")
-        print("  inside the application (s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
-              + f"; outside it (JVM start and stop, Python start): {best['bare'] - sum(phases.values()):.2f}")
-        from sluice.storage import runlog
+        phases: dict[str, float] = {}
+        stream: dict[str, Any] = {}
+        if "bare" in best:
+            summary = summary_of(outputs["bare"])
+            stream = summary["streams"][0]
+            assert stream["status"] == "succeeded", stream
+            phases = summary.get("phases_seconds", {})
+            print(f"\nbare run ({stream.get('write_path') or 'executors'} write path): {stream['input_rows']} rows "
+                  f"in, {stream['output_rows']} written, "
+                  f"{stream['dead_letter_rows']} dead-lettered, {stream['batches']} batch(es)")
+            print("  inside the application (s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
+                  + f"; outside it (JVM start and stop, Python start): {best['bare'] - sum(phases.values()):.2f}")
+            from sluice.storage import runlog
 
-        batches = runlog.batches(str(folder / "bare" / "lake"), STREAM)
-        for batch in batches:
-            print(f"  batch {batch['batch_id']}: {batch['duration_ms']} ms, Spark's phases (ms) {batch['phases_ms']}")
-        print(f"`dags test` run's tasks (s): {task_seconds(world.dags_test_home)}")
+            batches = runlog.batches(str(folder / "bare" / "lake"), STREAM)
+            for batch in batches:
+                print(f"  batch {batch['batch_id']}: {batch['duration_ms']} ms, Spark's phases (ms) "
+                      f"{batch['phases_ms']}")
+        if "dag" in best:
+            print(f"`dags test` run's tasks (s): {task_seconds(world.dags_test_home)}")
         if scheduler is not None:
             print(f"scheduled DAG run's tasks (s): {task_seconds(world.home)}")
             print(f"inline-gate DAG run's tasks (s): {task_seconds(world.home, f'ingest_{INLINE_STREAM}')}")
 
-        ratios = {"bare_vs_spark": best["bare"] / best["spark"],
-                  "bare_vs_spark_same_jvm": best["bare"] / best["spark_same_jvm"],
-                  "dag_vs_bare": best["dag"] / best["bare"]}
-        if "scheduler" in best:
-            ratios["scheduler_vs_bare"] = best["scheduler"] / best["bare"]
-            ratios["scheduler_inline_vs_bare"] = best["scheduler_inline"] / best["bare"]
+        # Each ratio whose two sides ran.
+        pairs = {"bare_vs_spark": ("bare", "spark"), "bare_vs_spark_same_jvm": ("bare", "spark_same_jvm"),
+                 "dag_vs_bare": ("dag", "bare"), "scheduler_vs_bare": ("scheduler", "bare"),
+                 "scheduler_inline_vs_bare": ("scheduler_inline", "bare"), "warm_vs_spark": ("warm", "spark")}
+        ratios = {key: best[side] / best[base] for key, (side, base) in pairs.items() if side in best and base in best}
         if "warm" in best:
-            ratios["warm_vs_spark"] = best["warm"] / best["spark"]
             warm_phases = summary_of(outputs["warm"]).get("phases_seconds", {})
             print("warm run, inside the server (s): " + ", ".join(f"{k} {v:.2f}" for k, v in warm_phases.items())
                   + f"; outside it (the client's start, the connection): "
                     f"{best['warm'] - sum(warm_phases.values()):.2f}")
+
+        def floor(side: str) -> str:
+            return f", {best[side] / best['spark']:.2f}x the floor" if "spark" in best else ""
+
         print()
-        print(f"plain Spark floor  {best['spark']:6.2f} s")
-        print(f"plain Spark, Sluice's JVM options {best['spark_same_jvm']:6.2f} s   (Sluice, bare: "
-              f"{ratios['bare_vs_spark_same_jvm']:.2f}x that, goal <= {GOALS['bare_vs_spark_same_jvm']})")
-        print(f"Sluice, bare       {best['bare']:6.2f} s   {ratios['bare_vs_spark']:.2f}x the floor "
-              f"(goal <= {GOALS['bare_vs_spark']})")
-        print(f"Sluice, bare, executors' write path {best['bare_executors']:6.2f} s   "
-              f"{best['bare_executors'] / best['spark']:.2f}x the floor")
-        print(f"Sluice, dags test  {best['dag']:6.2f} s   {ratios['dag_vs_bare']:.2f}x bare (no goal: Airflow's "
-              "own start-up)")
-        if "scheduler" in best:
+        if "spark" in best:
+            print(f"plain Spark floor  {best['spark']:6.2f} s")
+        if "spark_same_jvm" in best:
+            print(f"plain Spark, Sluice's JVM options {best['spark_same_jvm']:6.2f} s"
+                  + (f"   (Sluice, bare: {ratios['bare_vs_spark_same_jvm']:.2f}x that, goal <= "
+                     f"{GOALS['bare_vs_spark_same_jvm']})" if "bare_vs_spark_same_jvm" in ratios else ""))
+        if "bare" in best:
+            print(f"Sluice, bare       {best['bare']:6.2f} s"
+                  + (f"   {ratios['bare_vs_spark']:.2f}x the floor (goal <= {GOALS['bare_vs_spark']})"
+                     if "bare_vs_spark" in ratios else ""))
+        if "bare_executors" in best:
+            print(f"Sluice, bare, executors' write path {best['bare_executors']:6.2f} s " + floor("bare_executors"))
+        if "dag_vs_bare" in ratios:
+            print(f"Sluice, dags test  {best['dag']:6.2f} s   {ratios['dag_vs_bare']:.2f}x bare (no goal: Airflow's "
+                  "own start-up)")
+        if "scheduler_vs_bare" in ratios:
             print(f"Sluice, scheduler  {best['scheduler']:6.2f} s   {ratios['scheduler_vs_bare']:.2f}x bare "
-                  f"(goal <= {GOALS['scheduler_vs_bare']}), {best['scheduler'] / best['spark']:.2f}x the floor")
+                  f"(goal <= {GOALS['scheduler_vs_bare']})" + floor("scheduler"))
+        if "scheduler_inline_vs_bare" in ratios:
             print(f"Sluice, scheduler, inline gate {best['scheduler_inline']:6.2f} s   "
-                  f"{ratios['scheduler_inline_vs_bare']:.2f}x bare (goal <= {GOALS['scheduler_inline_vs_bare']}), "
-                  f"{best['scheduler_inline'] / best['spark']:.2f}x the floor")
-        if "warm" in best:
+                  f"{ratios['scheduler_inline_vs_bare']:.2f}x bare (goal <= {GOALS['scheduler_inline_vs_bare']})"
+                  + floor("scheduler_inline"))
+        if "warm_vs_spark" in ratios:
             print(f"Sluice, warm       {best['warm']:6.2f} s   {ratios['warm_vs_spark']:.2f}x the floor "
                   f"(goal <= {GOALS['warm_vs_spark']})")
         print(json.dumps({
@@ -428,7 +459,7 @@ def main() -> None:
             "seconds": {side: round(value, 2) for side, value in best.items()},
             "java_options": java_options,
             "phases_seconds": phases,
-            "rows": stream["input_rows"],
+            "rows": stream.get("input_rows"),
             "write_path": stream.get("write_path"),
         }))
     finally:

@@ -201,3 +201,25 @@ def free_port(host: str = "127.0.0.1") -> int:
         _GIVEN_PORTS.add(port)
         return port
     raise AssertionError(f"no free port below {low} on {host}")
+
+
+def py4j_commands(monkeypatch: pytest.MonkeyPatch, prefix: str) -> list[str]:
+    """The Py4J commands starting with ``prefix`` that the calling thread sends from now on (until ``monkeypatch``
+    is undone), each split into its lines: ``c`` calls a method (object, then method name), ``r`` looks a class's
+    member up by reflection. Py4J's finalizer thread frees Java objects through the same connections: its commands
+    are left out."""
+    import threading
+
+    from py4j.clientserver import ClientServerConnection
+
+    sent: list[str] = []
+    send = ClientServerConnection.send_command
+    this_thread = threading.get_ident()
+
+    def counted(connection: Any, command: str) -> Any:
+        if threading.get_ident() == this_thread and command.startswith(prefix):
+            sent.append(command)
+        return send(connection, command)
+
+    monkeypatch.setattr(ClientServerConnection, "send_command", counted)
+    return sent

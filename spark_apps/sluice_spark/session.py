@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from py4j.java_gateway import JavaMember
 from pyspark.sql import DataFrame, SparkSession
 
 from sluice.constants import DeltaEngine
@@ -77,6 +78,7 @@ def s3a_settings(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 def configure_sluice(builder: SparkSession.Builder) -> SparkSession.Builder:
     """Settings every Sluice application runs with."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    remember_jvm_functions()
     partitions = os.environ.get("SLUICE_SHUFFLE_PARTITIONS", "4")
     for key, value in s3a_settings().items():
         builder = builder.config(key, value)
@@ -100,6 +102,36 @@ def configure_sluice(builder: SparkSession.Builder) -> SparkSession.Builder:
         # and transforms quote their SQL all the same; SLUICE_DATAFRAME_DEBUGGING=true turns it back on.
         .config(DATAFRAME_DEBUGGING, os.environ.get("SLUICE_DATAFRAME_DEBUGGING", "false"))
     )
+
+
+def remember_jvm_functions() -> None:
+    """Look each of Spark's SQL functions up in the JVM once per process, not at every call.
+
+    PySpark's classic functions (``F.col``, ``F.when``, ``F.lit``...) find the JVM's ``functions.<name>`` through
+    two reflection round trips to the JVM before the call itself (``_get_jvm_function``): three round trips where one
+    does. Building a stream's quality split, drift walk and rules calls them about 400 times. The static method a
+    name finds never changes while the JVM runs, so the lookup is kept, per JVM gateway: a SparkContext on another
+    gateway looks its functions up again. A PySpark without that function (another version) is left as it is."""
+    from pyspark.sql.functions import builtin
+
+    lookup = getattr(builtin, "_get_jvm_function", None)
+    if lookup is None or getattr(lookup, "_sluice_remembers", False):
+        return
+    found: dict[tuple[int, str], tuple[Any, Any]] = {}
+
+    def remembered(name: str, sc: Any) -> Any:
+        jvm = sc._jvm
+        key = (id(jvm), name)
+        hit = found.get(key)
+        if hit is not None and hit[0] is jvm:  # the same gateway's view (an id may be reused once it is gone)
+            return hit[1]
+        function = lookup(name, sc)
+        if isinstance(function, JavaMember):  # a static method; anything else is looked up every time
+            found[key] = (jvm, function)
+        return function
+
+    remembered._sluice_remembers = True  # type: ignore[attr-defined]
+    builtin._get_jvm_function = remembered
 
 
 def refuse_script_transforms(frame: DataFrame, *, stream: str) -> None:

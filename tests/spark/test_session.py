@@ -95,3 +95,35 @@ def test_the_sessions_slowest_class_loads_ahead_only_where_the_jvm_runs_already(
     assert connected == [None] and SparkContext._jvm is not None
     assert not thread.is_alive()
     assert "mllib's SQL functions ready" in caplog.text, caplog.text
+
+
+def test_each_spark_function_is_looked_up_in_the_jvm_once(spark: Any, monkeypatch: pytest.MonkeyPatch,
+                                                           tmp_path: Any) -> None:
+    """PySpark finds a SQL function (``F.when``, ``F.lit``...) in the JVM through two reflection round trips before
+    each call; Sluice's sessions keep what they found. The bundled stream's frame built a second time calls hundreds
+    of them but looks up only a few (those PySpark finds on other paths: a literal's, a name's, an operator's), and is
+    the same frame."""
+    from pyspark.sql.functions import builtin
+
+    from sluice.catalog import DEFAULT_CATALOG, load_catalog
+    from sluice.paths import Roots
+    from sluice_spark.runner import build_routed_frame
+    from tests.helpers import py4j_commands
+
+    stream = load_catalog(DEFAULT_CATALOG).get("events_bronze")
+    roots = Roots(landing=str(tmp_path / "landing"), lake=str(tmp_path / "lake"),
+                  checkpoints=str(tmp_path / "checkpoints"))
+    first, columns = build_routed_frame(spark, stream, roots)
+    called: list[str] = []
+    find = builtin._get_jvm_function
+
+    def counted(name: str, sc: Any) -> Any:
+        called.append(name)
+        return find(name, sc)
+
+    monkeypatch.setattr(builtin, "_get_jvm_function", counted)
+    # Py4J's reflection command, its member lookup, the class, then the member's name.
+    lookups = py4j_commands(monkeypatch, "r\nm\norg.apache.spark.sql.functions\n")
+    again, columns_again = build_routed_frame(spark, stream, roots)
+    assert len(called) > 100 and len(lookups) < len(called) / 10, (len(called), lookups)
+    assert (again.schema, columns_again) == (first.schema, columns)

@@ -16,9 +16,10 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from sluice.errors import SluiceError
-from sluice.model.sql import SqlTransform, spark_select
+from sluice.model.sql import SqlTransform
 from sluice.model.stream import StreamSpec
 from sluice.model.transforms import TRANSFORMS
+from sluice.model.types import quote
 
 Transform = Callable[[DataFrame], DataFrame]
 
@@ -45,14 +46,37 @@ def get_transform(name: str) -> Transform:
     return implementation
 
 
+def carried_columns(columns: list[str], stream: StreamSpec) -> list[str]:
+    """The columns of a frame of ``columns`` that ride along a stream's SQL transform unchanged, after its select
+    items: Sluice's own, which the transform neither selects nor could (the dead-letter flags, the rescued data)."""
+    assert isinstance(stream.transform, SqlTransform)
+    produced = {name.casefold() for name in stream.transform.names}
+    declared = {name.casefold() for name in stream.source.schema.names}
+    return [name for name in columns if name.casefold() not in produced | declared]
+
+
+def select_list(transform: SqlTransform, columns: list[str], carried: list[str]) -> list[str]:
+    """A SQL transform's select items over a frame of ``columns``: the user's, each star written out as the frame's
+    columns but those it excepts and Sluice's own (``carried``, which ride along unchanged after the user's)."""
+    hidden = {name.casefold() for name in carried}
+    items: list[str] = []
+    for projection in transform.projections:
+        if projection.name is None:
+            excluded = hidden | {name.casefold() for name in projection.excluded}
+            items += [quote(name) for name in columns if name.casefold() not in excluded]
+        else:
+            items.append(projection.text)
+    return [*items, *(quote(name) for name in carried)]
+
+
 def apply_transform(frame: DataFrame, stream: StreamSpec) -> DataFrame:
     """The stream's transform over its parsed frame (good rows and flagged dead letters alike)."""
     transform = stream.transform
     if isinstance(transform, SqlTransform):
-        produced = {name.casefold() for name in transform.names}
-        declared = {name.casefold() for name in stream.source.schema.names}
-        carried = [name for name in frame.columns if name.casefold() not in produced | declared]
-        return frame.sparkSession.sql(spark_select(transform, carried), source=frame)
+        carried = carried_columns(frame.columns, stream)
+        # The select list over the frame, as `SELECT ... FROM source AS <alias>` reads it: without the temporary view
+        # that `spark.sql(..., source=frame)` would create and drop, a command Spark executes and describes.
+        return frame.alias(transform.alias).selectExpr(*select_list(transform, frame.columns, carried))
     before = set(frame.columns)
     transformed = get_transform(transform)(frame)
     lost = sorted(before - set(transformed.columns))
