@@ -137,3 +137,19 @@ def test_route_refuses_a_frame_that_does_not_fit_its_stream(spark: Any) -> None:
         route(frame, stream(), dimensions=[(object(), frame)])  # type: ignore[list-item]
     with pytest.raises(CatalogError, match=r"^stream 'events': patterns.join: "):
         route(frame, stream(), joined=frame)
+
+
+def test_the_dead_letter_reason_parses_a_corrupt_record_once_and_compiles_with_the_rules(spark: Any) -> None:
+    """``from_json`` is not compiled to Java code: the re-parse of a corrupt record is planned once, in a step of its
+    own, and the reason, the transform's columns and the rules' flags stay in whole-stage codegen (issue 41)."""
+    from sluice_spark.steps.route import route
+    from sluice_spark.targets import REASON_COLUMN
+
+    plan = route(spark.createDataFrame(ROWS, SCHEMA), stream()).frame._jdf.queryExecution().executedPlan().toString()
+    assert plan.count("from_json(") == 1, plan
+    nodes = [line.lstrip(" +-:") for line in plan.splitlines()]
+    [reparse] = [node for node in nodes if "from_json(" in node]
+    assert REASON_COLUMN not in reparse and "doubled" not in reparse, reparse
+    for made in (f" AS {REASON_COLUMN}#", " AS doubled#"):  # in a whole-stage codegen stage
+        steps = [node for node in nodes if made in node]
+        assert steps and all(node.startswith("*(") for node in steps), steps

@@ -28,7 +28,7 @@ from sluice.errors import CatalogError
 from sluice.model.expectations import QUARANTINE_REASON, NullResult, Violation
 from sluice.model.stream import StreamSpec
 from sluice.model.types import dotted, quote
-from sluice_spark.drift.fields import reparse_as_text
+from sluice_spark.drift.fields import reads_by_header, reparse_as_text
 from sluice_spark.drift.parquet import UNREADABLE_PARQUET
 from sluice_spark.targets import (
     CSV_FIELDS_COLUMN,
@@ -55,11 +55,11 @@ def broke_metric(rule: str) -> str:
     return f"broke_{rule}"
 
 
-def dead_letter_reason(stream: StreamSpec) -> Column:
-    """Why a parsed record is rejected, or NULL when it is good."""
+def dead_letter_reason(stream: StreamSpec, reparsed: Column | None) -> Column:
+    """Why a parsed record is rejected, or NULL when it is good. ``reparsed`` is the corrupt record parsed again
+    with every declared field as text (:func:`with_reparsed`), or None for a source that keeps no text."""
     schema = stream.source.read_schema
     kind = stream.source.format.value.upper()
-    reparsed = reparse_as_text(stream.source)
     cast_failures: list[Column] = []
     if reparsed is not None:
         malformed = F.lit(f"malformed {kind} record")
@@ -99,6 +99,26 @@ def dead_letter_reason(stream: StreamSpec) -> Column:
     return F.coalesce(corrupt, *missing) if missing else corrupt
 
 
+def with_reparsed(frame: DataFrame, stream: StreamSpec) -> tuple[DataFrame, Column | None]:
+    """``frame`` with the corrupt record parsed again as text (:func:`reparse_as_text`) in a step of its own, and the
+    column that holds it (None for a source that keeps no text).
+
+    ``from_json`` is not compiled to Java code (Spark's ``CodegenFallback``): written into the reason, once per
+    declared field, it kept the reason's whole step out of whole-stage codegen, and with it what the optimizer folded
+    into that step (a transform's columns, the rules' flags). Named here, computed for a corrupt record only, the
+    parse is a small step of its own, and the reason, which reads its fields, compiles with the rest: the optimizer
+    does not fold this step into the reason's, which would copy the parse once per field (``CollapseProject``).
+    A CSV record read by its header has its fields as text in a column already."""
+    reparsed = reparse_as_text(stream.source)
+    if reparsed is None or reads_by_header(stream.source):
+        return frame, reparsed
+    staged = frame.withColumn(_REPARSED, F.when(F.col(CORRUPT_COLUMN).isNotNull(), reparsed))
+    return staged, F.col(_REPARSED)
+
+
+_REPARSED = "_sluice_reparsed"
+
+
 def _lacks(parent: Column, rest: tuple[str, ...]) -> Column:
     """True when ``parent`` is there and lacks the ``not null`` field at ``rest`` (in any of its elements, across an
     array): Spark's and Delta's meaning of a NOT NULL field in a nullable struct."""
@@ -117,7 +137,8 @@ def flag_dead_letters(frame: DataFrame, stream: StreamSpec) -> DataFrame:
     Both are NULL for good records, which costs next to nothing to carry; the raw record is taken before any
     transform can rewrite the fields it is rebuilt from.
     """
-    reason = dead_letter_reason(stream)
+    staged, reparsed = with_reparsed(frame, stream)
+    reason = dead_letter_reason(stream, reparsed)
     policy = stream.source.schema_evolution
     if policy is SchemaEvolution.FAIL_ON_NEW_COLUMNS:
         # A row with fields the schema does not declare stops its batch (``fail_on_new_columns``); it rides with the
@@ -125,7 +146,7 @@ def flag_dead_letters(frame: DataFrame, stream: StreamSpec) -> DataFrame:
         new_fields = F.concat(F.lit("new field(s) not in the declared schema: "),
                               F.array_join(F.col(NEW_FIELDS_COLUMN), ", "))
         reason = F.coalesce(reason, F.when(F.col(NEW_FIELDS_COLUMN).isNotNull(), new_fields))
-    flagged = frame.withColumn(REASON_COLUMN, reason)
+    flagged = staged.withColumn(REASON_COLUMN, reason).drop(_REPARSED)
     flagged = flagged.withColumns({RAW_COLUMN: F.when(F.col(REASON_COLUMN).isNotNull(), _raw_record(stream)),
                                    **({RECORD_COLUMN: _record_fields(stream)} if stream.expectations else {})})
     flagged = flagged.drop(CSV_FIELDS_COLUMN)
