@@ -117,6 +117,9 @@ class World:
         self.bytes = sum(path.stat().st_size for path in self.landing.rglob("*.json"))
         catalog = yaml.safe_load(DEFAULT_CATALOG.read_text(encoding="utf-8"))
         stream = next(entry for entry in catalog["streams"] if entry["name"] == STREAM)
+        # The rs engine, as the docstring says: the bundled `auto` is the JVM's writer where delta-spark's jars load,
+        # and whether they load depends on the side's spark-submit (the operators pass them, a bare submit does not).
+        stream = {**stream, "sink": {**stream["sink"], "engine": "rs"}}
         self.catalog = folder / "catalog.yaml"
         inline = {**stream, "name": INLINE_STREAM, "health_gate": "inline", "checkpoint": "bronze/inline",
                   "sink": {**stream["sink"], "path": "bronze/inline"},
