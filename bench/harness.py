@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -15,14 +16,18 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from sluice.operations.jars import spark_conf
+from sluice.operations.loopback import driver_conf, driver_env
 from sluice_spark.session import configure_sluice, register_data_sources
 
 
 def local_spark() -> SparkSession:
-    """A local session with the jars `make venv` resolved and their Delta settings, as Sluice's runs have them."""
-    builder = configure_sluice(SparkSession.builder).master("local[2]").config("spark.ui.enabled", "false")
-    for key, value in spark_conf().items():
+    """A local session with the jars `make venv` resolved and their Delta settings, as Sluice's runs have them, and
+    on loopback only, as the operators start a local driver (:mod:`sluice.operations.loopback`)."""
+    master = "local[2]"
+    builder = configure_sluice(SparkSession.builder).master(master).config("spark.ui.enabled", "false")
+    for key, value in {**spark_conf(), **driver_conf(master)}.items():
         builder = builder.config(key, value)
+    os.environ.update(driver_env(master))  # read by the JVM that getOrCreate launches
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register_data_sources(spark)
