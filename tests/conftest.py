@@ -50,21 +50,23 @@ def spark() -> Iterator[object]:
 
     from sluice.operations.jars import spark_conf
     from sluice.operations.jvm import driver_java_options, submit_env
+    from sluice.operations.loopback import driver_conf, driver_env
     from sluice_spark.session import configure_sluice, register_data_sources
 
-    # The class archive for the session's driver, as the operators give it: in the environment of the spark-submit
-    # that pyspark starts, so that the machine's own extraJavaOptions stay.
+    # The class archive for the session's driver and its addresses (loopback only), as the operators give them: in
+    # the environment of the spark-submit that pyspark starts, so that the machine's own extraJavaOptions stay.
+    master = "local[2]"
     with pytest.MonkeyPatch.context() as patch:
-        for name, value in submit_env(driver_java_options(small=False)).items():
+        for name, value in {**submit_env(driver_java_options(small=False)), **driver_env(master)}.items():
             patch.setenv(name, value)
         builder = configure_sluice(SparkSession.builder)
         # The jars `make venv` resolved and their Delta settings, as every Sluice application gets them: delta-spark,
         # the Kafka connector and s3a. Tests of the rs engine name it; `auto` is the JVM's writer here.
-        for key, value in spark_conf().items():
+        for key, value in {**spark_conf(), **driver_conf(master)}.items():
             builder = builder.config(key, value)
         session = (
             builder
-            .master("local[2]")
+            .master(master)
             .appName("sluice-tests")
             .config("spark.ui.enabled", "false")
             .config("spark.sql.shuffle.partitions", "2")
