@@ -14,6 +14,7 @@ import argparse
 import json
 import logging
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -54,11 +55,10 @@ def emit(summary: RunSummary, summary_file: str | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     clock = PhaseClock()
-    from sluice_spark.session import configure_sluice, preload_session_classes
+    from sluice_spark.session import activate, configure_sluice, preload_session_classes
 
     preload_session_classes()  # the session's slowest class, on the other core while the catalog loads
     from sluice.catalog import load_catalog
-    from sluice_spark.runner import run_or_refuse
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)  # a line per connection, a preload's among them
@@ -74,7 +74,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sluice: {exc}", file=sys.stderr)
         return 2
     clock.lap("catalog")
-    spark = configure_sluice(SparkSession.builder.appName(f"sluice:{','.join(args.streams)}")).getOrCreate()
+    # The SparkContext starts on a thread while the runner's modules import (pyspark's functions, delta-rs, pyarrow:
+    # half a second of Python): the JVM builds it on the other core. Only once the catalog is checked, so that a
+    # refused run starts no application.
+    builder = configure_sluice(SparkSession.builder.appName(f"sluice:{','.join(args.streams)}"))
+    with ThreadPoolExecutor(1, thread_name_prefix="sluice-session") as pool:
+        starting = pool.submit(builder.getOrCreate)
+        from sluice_spark.runner import run_or_refuse
+        spark = starting.result()
+    activate(spark)  # the JVM keeps its active session per thread: the one that built it was the pool's
     clock.lap("session")
     try:
         engine = DeltaEngine(args.engine) if args.engine else None
