@@ -9,6 +9,7 @@ range appends them again, and silver equals the oracle: the rows of the landing 
 from __future__ import annotations
 
 import datetime as dt
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from sluice.errors import BackfillError
 from sluice.operations.backfill import parse_request, plan_backfill
 from sluice_spark.runner import run_streams
 from tests.helpers import expected_events, roots_in, write_catalog
+from tests.spark.test_crash_recovery import BACKFILL_RUNNER, kill_application, submit, wait_for
 from tests.spark.test_iceberg import iceberg_table
 from tests.spark.test_iceberg_source import silver_rows, streams
 
@@ -92,3 +94,56 @@ def test_a_lost_snapshot_is_backfilled_by_sequence_and_by_commit_time(spark: Any
             plan_backfill(parse_request({"stream": "silver", **params}, catalog, run_id="r"),
                           catalog.get("silver"), roots)
         assert caught.value.field == field
+
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", [
+    "between_commits:1",  # batch 1 in silver, not in the dead-letter table nor the checkpoint
+    "after_commit:1",  # batch 1 in both tables, the checkpoint's commits/1 not written
+])
+def test_a_backfill_killed_at_a_crash_point_then_retried_gives_the_oracles_table(spark: Any, tmp_path: Path,
+                                                                                 fault: str) -> None:
+    """Silver lost the rows of two bronze snapshots; a backfill of their sequence range, one snapshot a batch, is
+    SIGKILLed at the crash point of its second batch. The retry (same run id: the frozen plan, the same checkpoint
+    and query id) replays that batch, silver skips it, and silver equals the oracle, each row once. The retry runs in
+    the session, through the backfill's own code."""
+    from deltalake import DeltaTable
+
+    from sluice.storage.tableformat import DeltaTableFormat
+    from sluice_spark.backfill import run_backfill
+
+    catalog_path = write_catalog(tmp_path, *streams())
+    catalog, roots = load_catalog(catalog_path), roots_in(tmp_path)
+    producer = DemoProducer(roots.landing, seed=89, malformed_rate=0.08)
+    files = [producer.events_file(lines=20, now=NOW + dt.timedelta(minutes=index)).files[0] for index in range(3)]
+    for stream in ("events", "silver"):
+        assert run_streams(spark, catalog, [stream], roots).streams[0].status == "succeeded"
+    landing = Path(roots.landing) / "events"
+    oracle = expected_events(landing)[0]
+    assert silver_rows(roots) == oracle
+    sequences = sorted(s.sequence_number for s in iceberg_table(catalog, roots).table().snapshots())
+    assert len(sequences) == 3, "one bronze snapshot per landing file"
+    silver = f"{roots.lake}/silver/events"
+    DeltaTable(silver).delete(f"{SOURCE_FILE_COLUMN} LIKE '%{files[1].name}' OR "
+                              f"{SOURCE_FILE_COLUMN} LIKE '%{files[2].name}'")
+    assert len(silver_rows(roots)) == len(oracle) - len(expected_events(landing, files=files[1:])[0])
+    params = {"start_version": sequences[1], "end_version": sequences[2], "max_files_per_trigger": 1}
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    point = fault.split(":")[0]
+    crashed = submit(catalog_path, roots, ("SLUICE_FAULT_POINT", fault), ("SLUICE_FAULT_DIR", str(faults)),
+                     run_id="retried", log=faults / "crashed.log", stream="silver", runner=BACKFILL_RUNNER,
+                     params=[f"--{name.replace('_', '-')}={value}" for name, value in params.items()])
+    wait_for(faults / f"{point}.reached", crashed, faults / "crashed.log")
+    kill_application(crashed, faults / f"{point}.reached")
+    assert crashed.returncode == -signal.SIGKILL
+    assert silver_rows(roots) == oracle, "the killed run committed both batches to silver"
+
+    retried = run_backfill(spark, catalog, parse_request({"stream": "silver", **params}, catalog, run_id="retried"),
+                           roots)
+
+    assert retried.ok, retried.error
+    assert retried.replayed_batches == [1]
+    assert silver_rows(roots) == oracle  # the replayed batch once, not twice
+    assert DeltaTableFormat(silver).recorded_batch(retried.query_id) == 1
