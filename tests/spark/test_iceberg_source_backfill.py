@@ -9,6 +9,7 @@ range appends them again, and silver equals the oracle: the rows of the landing 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import signal
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,16 @@ pytestmark = pytest.mark.spark
 NOW = dt.datetime(2026, 11, 28, 9, 0, tzinfo=dt.timezone.utc)
 
 
+def appending_snapshot(bronze: Any, path: Path) -> Any:
+    """The bronze snapshot that appended the landing file's rows, read by pyiceberg (a run reads files of one
+    minute's mtime in no set order)."""
+    for snapshot in sorted(bronze.snapshots(), key=lambda s: s.sequence_number):
+        held = bronze.scan(snapshot_id=snapshot.snapshot_id, selected_fields=(SOURCE_FILE_COLUMN,)).to_arrow()
+        if any(value.endswith(path.name) for value in held.column(SOURCE_FILE_COLUMN).to_pylist()):
+            return snapshot
+    raise AssertionError(path)
+
+
 def test_a_lost_snapshot_is_backfilled_by_sequence_and_by_commit_time(spark: Any, tmp_path: Path) -> None:
     from deltalake import DeltaTable
 
@@ -46,14 +57,7 @@ def test_a_lost_snapshot_is_backfilled_by_sequence_and_by_commit_time(spark: Any
     oracle = expected_events(landing)[0]
     assert silver_rows(roots) == oracle
     bronze = iceberg_table(catalog, roots).table()
-
-    def snapshot_of(path: Path) -> Any:
-        """The bronze snapshot that appended the file's rows, read by pyiceberg."""
-        for snapshot in sorted(bronze.snapshots(), key=lambda s: s.sequence_number):
-            held = bronze.scan(snapshot_id=snapshot.snapshot_id, selected_fields=(SOURCE_FILE_COLUMN,)).to_arrow()
-            if any(value.endswith(path.name) for value in held.column(SOURCE_FILE_COLUMN).to_pylist()):
-                return snapshot
-        raise AssertionError(path)
+    snapshot_of = functools.partial(appending_snapshot, bronze)
 
     def lose(path: Path) -> None:
         silver = DeltaTable(f"{roots.lake}/silver/events")
@@ -122,13 +126,14 @@ def test_a_backfill_killed_at_a_crash_point_then_retried_gives_the_oracles_table
     landing = Path(roots.landing) / "events"
     oracle = expected_events(landing)[0]
     assert silver_rows(roots) == oracle
-    sequences = sorted(s.sequence_number for s in iceberg_table(catalog, roots).table().snapshots())
-    assert len(sequences) == 3, "one bronze snapshot per landing file"
+    bronze = iceberg_table(catalog, roots).table()
+    assert len(bronze.snapshots()) == 3, "one bronze snapshot per landing file"
+    lost = sorted(files, key=lambda path: appending_snapshot(bronze, path).sequence_number)[1:]  # the newest two
     silver = f"{roots.lake}/silver/events"
-    DeltaTable(silver).delete(f"{SOURCE_FILE_COLUMN} LIKE '%{files[1].name}' OR "
-                              f"{SOURCE_FILE_COLUMN} LIKE '%{files[2].name}'")
-    assert len(silver_rows(roots)) == len(oracle) - len(expected_events(landing, files=files[1:])[0])
-    params = {"start_version": sequences[1], "end_version": sequences[2], "max_files_per_trigger": 1}
+    DeltaTable(silver).delete(" OR ".join(f"{SOURCE_FILE_COLUMN} LIKE '%{path.name}'" for path in lost))
+    assert len(silver_rows(roots)) == len(oracle) - len(expected_events(landing, files=lost)[0])
+    params = {"start_version": appending_snapshot(bronze, lost[0]).sequence_number,
+              "end_version": appending_snapshot(bronze, lost[1]).sequence_number, "max_files_per_trigger": 1}
     faults = tmp_path / "faults"
     faults.mkdir()
     point = fault.split(":")[0]
