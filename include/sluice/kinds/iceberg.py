@@ -104,7 +104,7 @@ class IcebergSink(SinkSpec):
         partition spec (how the runner, health and maintenance reach it)."""
         assert spec.table is not None
         return dataclasses.replace(self, identifier=spec.table, mode=SinkMode.APPEND, keys=(), sequence_by=None,
-                                   partition_transforms=spec.partition_by or None)
+                                   partition_transforms=spec.partition_by or (() if spec.unpartition else None))
 
     def catalog_properties(self, roots: Roots) -> dict[str, str]:
         """The pyiceberg properties of the sink's catalog in these roots."""
