@@ -58,6 +58,7 @@ from sluice.storage.lock import HeldLock
 from sluice.storage.object_lock import waiting_lock
 from sluice.storage.store import Folder, LocalFolder, folder
 from sluice.times import iso_utc
+from sluice_spark import faults
 from sluice_spark.kinds.iceberg import ensure_iceberg_table
 from sluice_spark.rs.iceberg_source import ENDING_SEQUENCE, STARTING_SEQUENCE
 from sluice_spark.runner import (
@@ -331,6 +332,8 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
                 CommitInfo.BACKFILL_RANGE: _range_text(request, plan),
                 CommitInfo.BACKFILL_REASON: request.reason or ""}
 
+    iceberg_replayed: list[int] = []
+
     def count(batch: DataFrame, batch_id: int) -> bool:
         counts = {(row[0], bool(row[1])): int(row[2]) for row in
                   batch.groupBy(ROUTE_COLUMN, IN_RANGE_COLUMN).count().collect()}
@@ -350,10 +353,15 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
         good = batch.where((F.col(ROUTE_COLUMN) == GOOD_ROUTE) & F.col(IN_RANGE_COLUMN)).select(*data_columns)
         rows = good.toArrow()
         properties = {**metadata, CommitInfo.BACKFILL_BATCH: batch_id}
+        faults.reach("before_commit", batch_id)
         if plan.sink_filter is not None:
-            iceberg.replace_batch(rows, plan.sink_filter, query_id=query_id, batch_id=batch_id, metadata=properties)
+            committed = iceberg.replace_batch(rows, plan.sink_filter, query_id=query_id, batch_id=batch_id,
+                                              metadata=properties)
         else:
-            iceberg.commit_batch(rows, query_id=query_id, batch_id=batch_id, metadata=properties)
+            committed = iceberg.commit_batch(rows, query_id=query_id, batch_id=batch_id, metadata=properties)
+        if not committed:  # a retry's replay of a batch the table took before the crash
+            iceberg_replayed.append(batch_id)
+        faults.reach("between_commits", batch_id)
 
     # The good rows outside the range are read and counted, never written; dead letters are kept whatever their time.
     good = [replace(target, flag=IN_RANGE_COLUMN) if target.route == GOOD_ROUTE else target for target in targets]
@@ -373,7 +381,7 @@ def _run_query(spark: SparkSession, stream: StreamSpec, roots: Roots, request: B
             query.stop()
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
-    summary.replayed_batches = list(router.replayed)
+    summary.replayed_batches = sorted({*router.replayed, *iceberg_replayed})
     summary.expectations, summary.rows_dropped = expectation_counts(query.recentProgress, stream)
     summary.input_rows += summary.rows_dropped
     error = query.exception()

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,16 +40,19 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 PROJECT = Path(__file__).resolve().parents[2]
 RUNNER = PROJECT / "spark_apps" / "stream_runner.py"
+BACKFILL_RUNNER = PROJECT / "spark_apps" / "backfill_runner.py"
 NOW = dt.datetime(2026, 11, 22, 8, 0, tzinfo=dt.timezone.utc)
 
 
 def submit(catalog: Path, roots: Roots, *extra_env: tuple[str, str], summary: Path | None = None,
-           run_id: str | None = None, log: Path | None = None, stream: str = "events") -> subprocess.Popen:
-    """spark-submit the runner. A run the test waits on without reading its output (until a crash point) writes it
-    to ``log``: a pipe nobody drains would block the run once its buffer is full."""
+           run_id: str | None = None, log: Path | None = None, stream: str = "events", runner: Path = RUNNER,
+           params: Sequence[str] = ()) -> subprocess.Popen:
+    """spark-submit the runner (or another job's entry point, ``backfill_runner.py`` with its ``params``). A run the
+    test waits on without reading its output (until a crash point) writes it to ``log``: a pipe nobody drains would
+    block the run once its buffer is full."""
     env = {**os.environ, **driver_options_env(catalog, [stream], roots), "PYSPARK_PYTHON": sys.executable,
            "PYSPARK_DRIVER_PYTHON": sys.executable, **dict(extra_env)}
-    command = spark_submit(str(RUNNER), "--catalog", str(catalog), "--stream", stream, *roots.as_args())
+    command = spark_submit(str(runner), "--catalog", str(catalog), "--stream", stream, *roots.as_args(), *params)
     if summary is not None:
         command += ["--summary-file", str(summary)]
     if run_id is not None:

@@ -21,6 +21,7 @@ from sluice.constants import INGEST_TIME_COLUMN, CommitInfo, FaultCode
 from sluice.kinds.iceberg import IcebergSink
 from sluice.operations.health import check_stream
 from sluice.operations.maintenance import maintain
+from sluice.operations.streams_view import detail, overview
 from sluice.paths import Roots
 from sluice.storage.delta import read_table
 from sluice.storage.iceberg import IcebergTableFormat
@@ -77,8 +78,17 @@ def assert_tables_equal_the_oracle(catalog: Any, roots: Roots, query_id: str, ba
                    for s in table.table().snapshots())
 
 
+def clicks_reader() -> dict[str, Any]:
+    """A stream reading the first fan-out table by snapshot (``source.type: iceberg``), never run here."""
+    return {"name": "clicks", "transform": "identity", "checkpoint": "silver/clicks", "schedule": "*/5 * * * *",
+            "source": {"type": "iceberg", "table": "bronze.clicks", "schema_evolution": "none",
+                       "schema": {"event_id": "string not null", "user_id": "string not null",
+                                  "amount": "decimal(12,2)"}},
+            "sink": {"path": "silver/clicks", "engine": "rs"}}
+
+
 def test_fan_out_tables_equal_the_oracle_once_per_batch_and_a_replay_is_skipped(spark: Any, tmp_path: Path) -> None:
-    catalog = load_catalog(write_catalog(tmp_path, fanned_events()))
+    catalog = load_catalog(write_catalog(tmp_path, fanned_events(), clicks_reader()))
     roots = roots_in(tmp_path)
     producer = DemoProducer(roots.landing, seed=83, malformed_rate=0.08)
     for index in range(3):
@@ -112,6 +122,21 @@ def test_fan_out_tables_equal_the_oracle_once_per_batch_and_a_replay_is_skipped(
     report = check_stream(catalog.get("events"), roots)
     ahead = [f.message for f in report.findings if f.code == FaultCode.SINK_AHEAD_OF_CHECKPOINT]
     assert [message.split(" table holds")[0] for message in ahead] == [
+        "the sink", "the dead_letter", "the fan_out[0]", "the fan_out[1]"]
+
+    # A stream reading a fan-out table has its lag from that table's snapshots: every append of the clicks waits.
+    waiting = overview(catalog, roots, ["clicks"])[0]
+    click_appends = [c for c in clicks.commits() if c.operation == "append"]
+    assert (waiting["versions"], waiting["records"]) == (len(click_appends), len(oracle(roots)[1]))
+
+    # The Streams page shows the sink's snapshots, as it shows a Delta sink's versions and not its fan-out tables';
+    # its checkpoint report names each fan-out table ahead of the checkpoint, as the gate does.
+    page = detail(catalog.get("events"), roots)
+    assert [row["snapshot_id"] for row in page["versions"]] == [
+        commit.snapshot_id for commit in reversed(iceberg_table(catalog, roots).commits())]
+    assert page["health"]["status"] == "FAIL" and "SINK_AHEAD_OF_CHECKPOINT" in page["health"]["codes"]
+    assert [finding["message"].split(" table holds")[0] for finding in page["health"]["findings"]
+            if finding["code"] == "SINK_AHEAD_OF_CHECKPOINT"] == [
         "the sink", "the dead_letter", "the fan_out[0]", "the fan_out[1]"]
 
 

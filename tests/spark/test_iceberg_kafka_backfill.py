@@ -9,6 +9,8 @@ read back from the table by pyiceberg, never by the code under test.
 from __future__ import annotations
 
 import json
+import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,8 +21,9 @@ from sluice.constants import SOURCE_FILE_COLUMN
 from sluice.kinds.iceberg import IcebergSink
 from sluice.paths import Roots
 from sluice.storage.iceberg import IcebergTableFormat
-from tests.helpers import roots_in, table_rows
+from tests.helpers import roots_in, table_rows, write_catalog
 from tests.kafka_data import kafka_stream, new_topic
+from tests.spark.test_crash_recovery import BACKFILL_RUNNER, kill_application, submit, wait_for
 from tests.spark.test_kafka_range_backfill import backfill, good_rows, produce_at_known_times, replace_a_time_range
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
@@ -101,3 +104,55 @@ def test_a_time_range_is_resolved_to_each_partitions_offsets(spark: Any, world: 
     topic, records, catalog, roots = world
     replace_a_time_range(spark, world)
     assert bronze(catalog, roots) == good_rows(topic, records)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("mode", "fault"), [
+    ("append", "between_commits:1"),  # batch 1 in the Iceberg table, not in the dead-letter table nor the checkpoint
+    ("replace", "between_commits:0"),  # the range overwritten in the Iceberg table, its dead letters not yet
+])
+def test_a_backfill_killed_at_a_crash_point_then_retried_gives_the_oracles_table(
+        spark: Any, kafka: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, fault: str) -> None:
+    """The backfill's own application is SIGKILLed at the crash point; its retry (same run id: the frozen plan, the
+    same checkpoint and query id) replays the batch, the Iceberg table skips it, and the tables equal the oracle,
+    each row once. The retry runs in the session, through the backfill's own code."""
+    from pyiceberg.expressions import StartsWith
+
+    from sluice.catalog import load_catalog
+    from sluice_spark.runner import run_streams
+
+    topic = new_topic(kafka, partitions=2)
+    records = produce_at_known_times(kafka, topic)
+    connection = (env_name("sluice_kafka"), json.dumps(kafka.spark_options()))
+    monkeypatch.setenv(*connection)
+    stream = kafka_stream(options={"subscribe": topic, "startingOffsets": "earliest", "maxOffsetsPerTrigger": 5})
+    stream["sink"] = {"format": "iceberg", "table": "bronze.clicks", "engine": "rs"}
+    catalog_path = write_catalog(tmp_path, stream)
+    catalog, roots = load_catalog(catalog_path), roots_in(tmp_path)
+    assert run_streams(spark, catalog, ["clicks"], roots).streams[0].status == "succeeded"
+    oracle, dead = good_rows(topic, records), [(f"kafka://{topic}/0/6",)]
+    table = iceberg(catalog, roots)
+    if mode == "append":  # partition 0's rows lost; read back in two batches of five offsets
+        table.table().delete(StartsWith(SOURCE_FILE_COLUMN, f"kafka://{topic}/0/"))
+        offsets = {"0": [0, 7]}
+    else:
+        offsets = {"0": [2, 7], "1": [0, 3]}
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    point = fault.split(":")[0]
+    crashed = submit(catalog_path, roots, connection, ("SLUICE_FAULT_POINT", fault), ("SLUICE_FAULT_DIR", str(faults)),
+                     run_id="retried", log=faults / "crashed.log", stream="clicks", runner=BACKFILL_RUNNER,
+                     params=["--offsets", json.dumps(offsets), "--mode", mode])
+    wait_for(faults / f"{point}.reached", crashed, faults / "crashed.log")
+    kill_application(crashed, faults / f"{point}.reached")
+    assert crashed.returncode == -signal.SIGKILL
+    batch = int(fault.split(":")[1])
+    killed = table.commits()[-1]
+    assert (killed.operation, killed.batch_id) == ("append" if mode == "append" else "overwrite", batch)
+
+    retried = backfill(spark, catalog, roots, "retried", offsets=offsets, mode=mode)
+
+    assert retried.query_id == killed.query_id and retried.replayed_batches == [batch]
+    assert bronze(catalog, roots) == oracle and dead_letters(catalog, roots) == dead
+    backfilled = [commit for commit in table.commits() if commit.query_id == retried.query_id]
+    assert sum(commit.rows or 0 for commit in backfilled) == (7 if mode == "append" else 9), "each row once"

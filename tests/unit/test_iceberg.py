@@ -62,7 +62,7 @@ def test_partition_transforms_are_parsed_and_refused_by_name() -> None:
         "day(event_time)", "bucket(16, user_id)", "truncate(4, event_type)", "event_date", "identity(event_id)"])))
     sink = catalog.get("to_iceberg").sink
     assert isinstance(sink, IcebergSink)
-    assert [parse_partition(text) for text in sink.partition_transforms] == [
+    assert [parse_partition(text) for text in sink.partition_transforms or ()] == [
         PartitionTransform("day", "event_time"), PartitionTransform("bucket", "user_id", 16),
         PartitionTransform("truncate", "event_type", 4), PartitionTransform("identity", "event_date"),
         PartitionTransform("identity", "event_id")]
@@ -74,6 +74,11 @@ def test_partition_transforms_are_parsed_and_refused_by_name() -> None:
     merged = parse_catalog(catalog_with(iceberg_stream(partition_by=["day(event_time)"], mode="merge",
                                                        keys=["event_id"]))).get("to_iceberg").sink
     assert isinstance(merged, IcebergSink) and merged.partition_transforms == ("day(event_time)",)
+    # An empty list declares an unpartitioned table; none declares nothing (an existing table keeps its spec).
+    unpartitioned, undeclared = (parse_catalog(catalog_with(stream)).get("to_iceberg").sink for stream in
+                                 (iceberg_stream(partition_by=[]), iceberg_stream()))
+    assert isinstance(unpartitioned, IcebergSink) and isinstance(undeclared, IcebergSink)
+    assert (unpartitioned.partition_transforms, undeclared.partition_transforms) == ((), None)
 
 
 def test_two_streams_cannot_write_one_iceberg_table() -> None:
@@ -457,10 +462,9 @@ def test_files_written_by_separate_tasks_commit_as_one_append_once(tmp_path: Pat
 def test_a_changed_partition_spec_evolves_the_table_and_every_row_stays(tmp_path: Path) -> None:
     """``partition_by`` changed on an existing table: one spec update; the files written before keep their spec,
     the later ones take the new one; scans, a filter on the old spec's column and a replace see every row as the
-    oracle has it. The same spec again, or none, changes nothing."""
+    oracle has it. The same spec again, or none (None), changes nothing."""
     import datetime as dt
 
-    from sluice.model.predicates import RowFilter
 
     def batch(ids: range) -> pa.Table:
         return pa.table({"id": pa.array(list(ids), pa.int64()), "tag": ["live"] * len(ids),
@@ -473,20 +477,69 @@ def test_a_changed_partition_spec_evolves_the_table_and_every_row_stays(tmp_path
     table.ensure(batch(range(1)).schema, ["bucket(2, id)", "identity(tag)"])
     assert sorted(table.partitioning) == ["bucket(2, id)", "tag"]
     specs = len(table.table().specs())
-    for same in (["tag", "bucket(2, id)"], []):
+    for same in (["tag", "bucket(2, id)"], None):
         table.ensure(batch(range(1)).schema, same)
         assert len(table.table().specs()) == specs and sorted(table.partitioning) == ["bucket(2, id)", "tag"]
     table.commit_batch(batch(range(12, 20)), query_id="q", batch_id=1, metadata={})
     files = table.table().inspect.data_files()
     spec_of = dict(zip(files.column("file_path").to_pylist(), files.column("spec_id").to_pylist(), strict=True))
     assert len(set(spec_of.values())) == 2
-    rows = lambda: sorted((r["id"], r["tag"]) for r in table.table().scan().to_arrow().to_pylist())  # noqa: E731
-    assert rows() == [(i, "live") for i in range(20)]
-    one_day = table.table().scan(row_filter="day = '2026-11-21'").to_arrow().column("id").to_pylist()
-    assert sorted(one_day) == [i for i in range(20) if i % 3 == 1]
-    again = batch(range(0, 20, 2)).set_column(1, "tag", pa.array(["backfill"] * 10))
-    assert table.replace_batch(again, RowFilter(file_column="_source_file", files=("f0.json",)), query_id="b",
-                               batch_id=0, metadata={})
-    assert rows() == [(i, "backfill" if i % 2 == 0 else "live") for i in range(20)]
+    assert_every_row_stays(table, batch, 20)
     with pytest.raises(SluiceError, match="hour"):
         table.ensure(batch(range(1)).schema, ["hour(day)"])
+
+
+def test_a_removed_partition_field_then_an_empty_spec_unpartition_the_table_and_every_row_stays(
+        tmp_path: Path) -> None:
+    """``partition_by`` with a field fewer removes that field; ``[]`` unpartitions the table; each is one spec
+    update, and none (None) changes nothing. The files written before keep their spec, the later ones are written
+    unpartitioned (no partition value, one file a batch); scans, a filter on a removed field's column and a replace
+    see every row as the oracle (the rows committed) has it."""
+    import datetime as dt
+
+
+    def batch(ids: range) -> pa.Table:
+        return pa.table({"id": pa.array(list(ids), pa.int64()), "tag": ["live"] * len(ids),
+                         "day": pa.array([dt.date(2026, 11, 20 + i % 3) for i in ids], pa.date32()),
+                         "_source_file": [f"f{i % 2}.json" for i in ids]})
+
+    schema = batch(range(1)).schema
+    table = IcebergTableFormat("db.unpartitioning", default_catalog_properties(str(tmp_path / "lake")))
+    table.ensure(schema, ["day(day)", "bucket(2, id)"])
+    table.commit_batch(batch(range(0, 12)), query_id="q", batch_id=0, metadata={})
+    current = lambda: table.table().spec().spec_id  # noqa: E731
+    first = current()
+    table.ensure(schema, ["bucket(2, id)"])
+    assert table.partitioning == ["bucket(2, id)"] and current() != first
+    table.commit_batch(batch(range(12, 20)), query_id="q", batch_id=1, metadata={})
+    second, updates = current(), len(table.table().metadata.metadata_log)
+    table.ensure(schema, [])
+    assert table.partitioning == [] and table.table().spec().is_unpartitioned() and current() not in (first, second)
+    updates += 1
+    assert len(table.table().metadata.metadata_log) == updates, "one metadata commit"
+    table.ensure(schema, None)
+    table.ensure(schema, [])
+    assert len(table.table().metadata.metadata_log) == updates, "nothing to change"
+    table.commit_batch(batch(range(20, 30)), query_id="q", batch_id=2, metadata={})
+
+    files = table.table().inspect.data_files()
+    spec_ids = files.column("spec_id").to_pylist()
+    assert spec_ids.count(current()) == 1, "the last batch: one file, in no partition"
+    assert spec_ids.count(first) >= 3 and spec_ids.count(second) >= 2, "every earlier file keeps its spec"
+    assert_every_row_stays(table, batch, 30)
+    assert table.table().spec().is_unpartitioned()
+
+
+def assert_every_row_stays(table: IcebergTableFormat, batch: Any, count: int) -> None:
+    """Rows ``0..count`` of ``batch`` (tag ``live``) committed across specs: a scan, a filter on the day column and a
+    replace of the even rows (file ``f0.json``) each see them as the oracle has them."""
+    from sluice.model.predicates import RowFilter
+
+    rows = lambda: sorted((r["id"], r["tag"]) for r in table.table().scan().to_arrow().to_pylist())  # noqa: E731
+    assert rows() == [(i, "live") for i in range(count)]
+    one_day = table.table().scan(row_filter="day = '2026-11-21'").to_arrow().column("id").to_pylist()
+    assert sorted(one_day) == [i for i in range(count) if i % 3 == 1]
+    again = batch(range(0, count, 2)).set_column(1, "tag", pa.array(["backfill"] * len(range(0, count, 2))))
+    assert table.replace_batch(again, RowFilter(file_column="_source_file", files=("f0.json",)), query_id="b",
+                               batch_id=0, metadata={})
+    assert rows() == [(i, "backfill" if i % 2 == 0 else "live") for i in range(count)]

@@ -50,6 +50,28 @@ def test_an_iceberg_sinks_fan_out_tables_are_iceberg_tables_of_its_catalog(tmp_p
         "bronze.events", "bronze.clicks", "lake.bronze.views"]
 
 
+def test_an_empty_partition_by_unpartitions_a_fan_out_table_and_none_keeps_its_spec(tmp_path: Path) -> None:
+    """``partition_by: []`` given unpartitions the fan-out table (one spec update, its rows kept); left out, the
+    table keeps the spec it has, as a sink's."""
+    import pyarrow as pa
+
+    plain = {key: value for key, value in CLICKS.items() if key != "partition_by"}
+    stream = parse_catalog(catalog_with(fanned({**plain, "partition_by": []}, {**plain, "table": "bronze.kept"}))
+                           ).get("events")
+    assert isinstance(stream.sink, IcebergSink)
+    emptied, kept = (stream.sink.fan_out_sink(spec) for spec in stream.patterns.fan_out)
+    assert (emptied.partition_transforms, kept.partition_transforms) == ((), None)
+    rows = pa.table({"event_id": ["a", "b"], "user_id": ["u1", "u2"], "amount": [1.0, 2.0]})
+    roots = roots_in(tmp_path)
+    for sink in (emptied, kept):
+        table = IcebergTableFormat(sink.identifier, sink.catalog_properties(roots))
+        table.ensure(rows.schema, ["bucket(4, user_id)"])
+        table.commit_batch(rows, query_id="q", batch_id=0, metadata={})
+        table.ensure(rows.schema, sink.partition_transforms)
+        assert table.partitioning == ([] if sink is emptied else ["bucket(4, user_id)"]), sink.identifier
+        assert sorted(table.table().scan().to_arrow().column("event_id").to_pylist()) == ["a", "b"]
+
+
 def test_an_iceberg_source_reading_a_fan_out_table_runs_on_its_writers_commits() -> None:
     silver = {"name": "clicks_silver", "transform": "identity", "sink": {"path": "silver/clicks"},
               "checkpoint": "silver/clicks",

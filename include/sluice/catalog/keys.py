@@ -134,7 +134,7 @@ BLOCKS: tuple[Block, ...] = (
         Key("where", Type.SQL, "the rows it takes: a Spark SQL condition", required=True),
         Key("columns", Type.NAMES, "the columns it keeps (default: all)"),
         Key("partition_by", Type.STRINGS, "its partition columns (an Iceberg table's: its partition spec, columns "
-            "and transforms as `sink.partition_by`)"),
+            "and transforms as `sink.partition_by`, `[]` unpartitioning it)"),
     )),
     Block("dead_letter", "dead_letter", "Where rows that cannot be read, or that a rule quarantines, go.", (
         Key("path", Type.FOLDER, "the table under the lake root",

@@ -186,8 +186,9 @@ def parse_fan_out(owner: Section, key: str) -> tuple[FanOutSpec, ...]:
                 raise section.error("partition_by", str(error)) from None
             if len(set(partitioned)) != len(partitioned):  # pyiceberg's writer takes one field per source column
                 raise section.error("partition_by", f"one transform per column, got {list(partition_by)!r}")
+        unpartition = table is not None and section.raw.get("partition_by") == []
         outputs.append(FanOutSpec(path=path, where=where, columns=section.names("columns"),
-                                  partition_by=partition_by, table=table))
+                                  partition_by=partition_by, table=table, unpartition=unpartition))
         section.done()
     return tuple(outputs)
 

@@ -73,8 +73,9 @@ class IcebergSink(SinkSpec):
     keys: tuple[str, ...] = ()
     sequence_by: str | None = None
     #: The table's partition spec (evolved when it changes): Iceberg transforms (``day(ts)``, ``bucket(16, id)``) or
-    #: columns.
-    partition_transforms: tuple[str, ...] = ()
+    #: columns; empty when the catalog gives ``partition_by: []`` (an existing table is unpartitioned), None when it
+    #: gives none (an existing table keeps its spec: never unpartitioned by omission).
+    partition_transforms: tuple[str, ...] | None = None
 
     @property
     def connection(self) -> str | None:
@@ -103,7 +104,7 @@ class IcebergSink(SinkSpec):
         partition spec (how the runner, health and maintenance reach it)."""
         assert spec.table is not None
         return dataclasses.replace(self, identifier=spec.table, mode=SinkMode.APPEND, keys=(), sequence_by=None,
-                                   partition_transforms=spec.partition_by)
+                                   partition_transforms=spec.partition_by or (() if spec.unpartition else None))
 
     def catalog_properties(self, roots: Roots) -> dict[str, str]:
         """The pyiceberg properties of the sink's catalog in these roots."""
@@ -268,7 +269,8 @@ _ICEBERG_SINK = Block(
             default=SinkMode.APPEND, choices=tuple(mode.value for mode in _MODES)),
         Key("keys", Type.NAMES, "the merge keys (mode merge)"),
         Key("partition_by", Type.STRINGS, "the table's partition spec (evolved when it changes): columns and Iceberg "
-            "transforms `year(c)`, `month(c)`, `day(c)`, `hour(c)`, `bucket(n, c)`, `truncate(n, c)`, `identity(c)`"),
+            "transforms `year(c)`, `month(c)`, `day(c)`, `hour(c)`, `bucket(n, c)`, `truncate(n, c)`, `identity(c)`; "
+            "`[]` unpartitions the table, left out keeps its spec"),
         Key("sequence_by", Type.STRING, "under merge, the column whose larger value wins between rows of one key "
             "in a batch"),
         Key("engine", Type.CHOICE, "the Delta engine of the dead-letter table", default=DeltaEngine.AUTO,
@@ -298,7 +300,8 @@ class IcebergSinkKind(SinkKind):
         if not all(isinstance(key, str) and key for key in keys) or len(set(keys)) != len(keys):
             raise section.error("keys", f"expected distinct column names, got {keys!r}")
         sequence_by = section.get("sequence_by", str)
-        partitioning = section.get("partition_by", list, [])
+        given = section.get("partition_by", list)
+        partitioning = [] if given is None else given
         try:
             columns = [parse_partition(text).column for text in partitioning]
         except ValueError as error:
@@ -314,7 +317,8 @@ class IcebergSinkKind(SinkKind):
         if sequence_by is not None and mode is not SinkMode.MERGE:
             raise section.error("sequence_by", f"sequence_by is for mode merge, not {mode.value}")
         return IcebergSink(identifier=identifier, catalog=catalog, mode=mode, keys=tuple(keys),
-                           sequence_by=sequence_by, engine=engine, partition_transforms=tuple(partitioning))
+                           sequence_by=sequence_by, engine=engine,
+                           partition_transforms=None if given is None else tuple(partitioning))
 
     def asset_uri(self, sink: SinkSpec) -> tuple[str, str]:
         """The table, under its catalog's name."""
@@ -339,7 +343,7 @@ class IcebergSinkKind(SinkKind):
         from sluice.errors import CatalogError
 
         assert isinstance(sink, IcebergSink)
-        partitioned = [(parse_partition(text).column, "sink.partition_by") for text in sink.partition_transforms]
+        partitioned = [(parse_partition(text).column, "sink.partition_by") for text in sink.partition_transforms or ()]
         for name, field in [*((key, "sink.keys") for key in sink.keys), (sink.sequence_by, "sink.sequence_by"),
                             *partitioned]:
             if name is not None and name not in columns:

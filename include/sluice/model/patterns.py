@@ -117,6 +117,9 @@ class FanOutSpec:
     columns: tuple[str, ...] = ()
     partition_by: tuple[str, ...] = ()
     table: str | None = None
+    #: An Iceberg fan-out table's ``partition_by: []``, given: its existing table is unpartitioned (left out, an
+    #: existing table keeps its spec).
+    unpartition: bool = False
 
 
 @dataclass(frozen=True)

@@ -89,18 +89,18 @@ class IcebergTableFormat(TableFormat):
     def exists(self) -> bool:
         return bool(self.catalog.table_exists(self.identifier))
 
-    def ensure(self, schema: Any, partition_by: Iterable[str] = (), *, description: str = "") -> bool:
+    def ensure(self, schema: Any, partition_by: Iterable[str] | None = None, *, description: str = "") -> bool:
         """Create the table (and its namespace) with ``schema``, every column optional (Spark's nullability of a
         computed column changes with the plan: a required column would refuse a later run's rows), partitioned by
         ``partition_by`` (Iceberg transforms, :func:`sluice.storage.iceberg_files.parse_partition`); an existing
         table gains the columns it lacks (optional too), a column of another type is refused (pyiceberg's own
         message, with the table named), and its partition spec becomes ``partition_by`` when that is given and
-        differs (:meth:`_evolve_spec`; none given keeps the table's)."""
+        differs (:meth:`_evolve_spec`): an empty ``partition_by`` unpartitions it, None keeps its spec."""
         import pyarrow as pa
 
         from sluice.storage.iceberg_files import parse_partition
 
-        fields = [parse_partition(text) for text in partition_by]
+        fields = [parse_partition(text) for text in partition_by or ()]
         namespace = self.identifier.rsplit(".", 1)[0]
         self.catalog.create_namespace_if_not_exists(namespace)
         optional = pa.schema([field.with_nullable(True) for field in schema])
@@ -124,7 +124,7 @@ class IcebergTableFormat(TableFormat):
                     update.union_by_name(optional)
             except Exception as error:
                 raise SluiceError(f"{self.name} cannot take the stream's columns: {error}") from error
-        if fields and sorted(field.text for field in fields) != sorted(self.partitioning):
+        if partition_by is not None and sorted(field.text for field in fields) != sorted(self.partitioning):
             self._evolve_spec(fields)
         return False
 
@@ -144,7 +144,8 @@ class IcebergTableFormat(TableFormat):
             for name, field in wanted.items():
                 if name not in held:
                     update.add_field(field.column, field.iceberg(), name)
-        log.info("%s: partition spec is now %s", self.name, ", ".join(field.text for field in fields))
+        log.info("%s: partition spec is now %s", self.name,
+                 ", ".join(field.text for field in fields) or "unpartitioned")
 
     def _check_partition(self, field: Any, schema: Any) -> None:
         """Refuse a transform of a column the rows lack or of a type it does not take (``hour`` of a date)."""

@@ -194,6 +194,7 @@ class BatchRouter:
                                                   replace=self.replace.get(target.route), staging=staging,
                                                   added=widened)
                 faults.reach("between_commits", batch_id)
+            faults.reach("after_commit", batch_id)
             if self.added is not None:
                 self.added.update(added)  # committed with its batch's rows
             if replayed:
