@@ -55,7 +55,8 @@ def test_read_files_are_archived_once_old_enough_and_unread_ones_stay(spark: Any
 
     first = run_streams(spark, catalog, ["events"], roots).streams[0]
     assert first.status == "succeeded"
-    assert first.cleaned == {"archived": 3, "deleted": 0, "waiting": 1, "held": 0, "changed": 0, "log_pruned": 0}
+    assert first.cleaned == {"archived": 3, "deleted": 0, "waiting": 1, "held": 0, "changed": 0, "log_pruned": 0,
+                              "folders_removed": 0}
     assert files_under(archive) == {str(path.relative_to(landing)) for path in old}, \
         "each read file is in the archive, at its path below the source folder"
     assert files_under(landing) == {str(recent.relative_to(landing))}, "read, but younger than after: kept"
@@ -86,7 +87,8 @@ def test_delete_removes_only_read_files_and_a_rewritten_file_is_left(spark: Any,
     [old] = age(land(producer, 1, 0), 2)
     [recent] = land(producer, 1, 5)
     summary = run_streams(spark, catalog, ["events"], roots).streams[0]
-    assert summary.cleaned == {"archived": 0, "deleted": 1, "waiting": 1, "held": 0, "changed": 0, "log_pruned": 0}
+    assert summary.cleaned == {"archived": 0, "deleted": 1, "waiting": 1, "held": 0, "changed": 0, "log_pruned": 0,
+                               "folders_removed": 0}
     assert not old.exists() and recent.exists()
 
     rewritten = recent.read_text() + recent.read_text().splitlines()[0] + "\n"

@@ -337,7 +337,7 @@ def test_a_notified_clean_lists_nothing_and_asks_only_for_the_files_it_cleans(wo
     offset = server.log_offset()
     again = clean_landing(stream, roots, now=time.time() + 3700)
     assert again.to_dict() == {"archived": 0, "deleted": 0, "waiting": 0, "held": 0, "changed": 0,
-                               "log_pruned": 0}
+                               "log_pruned": 0, "folders_removed": 0}
     assert not server.requests_since(offset), "every file of batch 0 is done: nothing to ask"
 
 

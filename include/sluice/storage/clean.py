@@ -57,10 +57,12 @@ class CleanReport:
     changed: int = 0
     # Entries of the file source log dropped because Spark drops them anyway (:func:`_prune_source_log`).
     log_pruned: int = 0
+    # Folders of a landing zone on a disk left empty, removed (:func:`_remove_empty_folders`).
+    folders_removed: int = 0
 
     def to_dict(self) -> dict[str, int]:
         return {"archived": self.archived, "deleted": self.deleted, "waiting": self.waiting, "held": self.held,
-                "changed": self.changed, "log_pruned": self.log_pruned}
+                "changed": self.changed, "log_pruned": self.log_pruned, "folders_removed": self.folders_removed}
 
 
 def backfill_held(stream: StreamSpec, roots: Roots) -> set[str]:
@@ -122,7 +124,34 @@ def clean_landing(stream: StreamSpec, roots: Roots, *, now: float | None = None,
         _take(base, relative, archive, report, after_each)
         left.discard(found.path)
     report.log_pruned = _prune_source_log(reader, state, state.last_commit, gone=lambda path: path not in left)
+    if local_root is not None:
+        report.folders_removed = _remove_empty_folders(local_root, older_than)
     return report
+
+
+def _remove_empty_folders(root: str, older_than: float) -> int:
+    """Remove the folders under ``root`` (never ``root`` itself) that are empty and have not changed since
+    ``older_than``, deepest first; how many. A landing zone on a disk is usually laid out by day or hour, and the
+    clean empties those folders one after another: left there, every run lists them all, and past Spark's
+    ``parallelPartitionDiscovery.threshold`` (32 paths) that listing becomes a Spark job of its own (0.2 s of a
+    one-file run after five weeks of day folders, measured). A folder that changed within ``after`` may be one a
+    producer has just made and is about to write into, so it stays; ``rmdir`` itself removes only an empty
+    folder. Hidden folders (``_temporary``, ``.staging``: Spark does not list them either) are a producer's own.
+    Object stores have no folders to remove."""
+    changed: dict[str, float] = {}  # each folder's time as found: removing a child changes its parent's
+    for path, folders, _ in os.walk(root):
+        folders[:] = [name for name in folders if not name.startswith(("_", "."))]
+        changed[path] = os.stat(path).st_mtime
+    removed = 0
+    for folder_path in sorted(changed, key=len, reverse=True):  # a folder after everything under it
+        if folder_path == root or changed[folder_path] >= older_than:
+            continue
+        try:
+            os.rmdir(folder_path)  # refused unless empty: a folder whose own folders stay stays too
+        except OSError:  # written into meanwhile, or removed by someone else
+            continue
+        removed += 1
+    return removed
 
 
 #: A pruned entry is this much older than Spark's horizon at least: a margin for how each side rounds a duration.
