@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 from pyspark.sql import functions as F
 
-from sluice.constants import SchemaEvolution
+from sluice.constants import RESCUED_COLUMN, SchemaEvolution
 from sluice.model.schema import parse_schema
 from sluice_spark.drift import fields
 from sluice_spark.drift.fields import JVM_DRIFT_ENV, parse_json_text
+from sluice_spark.targets import NEW_COLUMNS_COLUMN, NEW_FIELDS_COLUMN
 from tests.spark.test_drift import BROKEN, DRIFTED, FIRST
 from tests.spark.test_drift import SCHEMA as DRIFT_SCHEMA
 from tests.spark.test_drift_one_parse import CASES
@@ -32,6 +33,7 @@ CLEAN = [
     '{"id": "a", "amount": "n/a", "items": [{"sku": "s", "quantity": "two"}]}',  # misfits: Spark's parser flags them
     '{"id":"a","items":[{"sku":"s"},{"quantity":2}],"payload":{"commits":[{"sha":"x","message":"\\"k\\":"}]}}',
 ]
+MAP_KEY_TWICE = '{"id": "a", "payload": {"labels": {"bug": 1, "bug": 2}}}'
 # Records the check must catch: a new key at any depth, a key given twice at any depth, or text that is no object.
 DRIFTING = [
     '{"id": "a", "coupon": "X1"}',
@@ -45,7 +47,7 @@ DRIFTING = [
     '{"id": "a", "id": "b"}',
     '{"id": "a", "actor": {"id": 1, "id": 2}}',
     '{"id": "a", "note": {"x": 1, "x": 2}}',  # a key twice in a value the schema takes as text
-    '{"id": "a", "payload": {"labels": {"bug": 1, "bug": 2}}}',  # a key twice in a map
+    MAP_KEY_TWICE,
     '{"id": "a", "amount": NaN}',
     "{'id': 'a'}",
     '[{"id": "a"}]',
@@ -93,10 +95,18 @@ def test_the_jvm_check_gives_the_same_columns_as_the_column_expressions(
     assert fields._MAY_DRIFT in jvm_plan, "the JVM check is not in the plan: is sluice-drift.jar on the classpath " \
                                           "(python -m sluice jvm-classes)?"
     assert fields._MAY_DRIFT not in plan
-    for jvm_row, row in zip(with_jvm, without, strict=True):
-        assert jvm_row == row, CORPUS[row["n"]]
-    rescued = [row for row in without if row.get("_rescued_data") or row.get("_sluice_new_fields")]
-    assert len(rescued) >= 20, "the corpus holds drift to find"
+    differ = {CORPUS[row["n"]]: (jvm_row, row) for jvm_row, row in zip(with_jvm, without, strict=True)
+              if repr(jvm_row) != repr(row)}  # repr: NaN is no NaN's equal
+    # The one difference, on purpose: a key given twice in an object read as a map is a dead letter, as every other
+    # key given twice; the key count of the column expressions misses it (the typed map holds both entries).
+    twice = differ.pop(MAP_KEY_TWICE, None)
+    assert differ == {}
+    if schema is SCHEMA:
+        assert twice is not None
+        assert (twice[0]["_corrupt_record"], twice[1]["_corrupt_record"]) == (MAP_KEY_TWICE, None)
+    found = [row for row in without if any(row.get(name) for name in (RESCUED_COLUMN, NEW_FIELDS_COLUMN,
+                                                                       NEW_COLUMNS_COLUMN))]
+    assert len(found) >= 15, "the corpus holds drift to find"
 
 
 def test_the_check_passes_clean_records_and_catches_every_drifting_one(spark: Any) -> None:
