@@ -10,7 +10,10 @@ STAMP := $(VENV)/.sluice-installed
 # hadoop-aws, and the Kafka broker and the Iceberg REST catalog server of the tests. Resolved again only when the
 # project file changes.
 JARS_STAMP := $(VENV)/share/sluice/jars/.pom-sha256
-INSTALLED := $(STAMP) $(JARS_STAMP)
+# Sluice's own JVM classes (include/jvm/drift: the JSON drift check), compiled against pyspark's jars; built again only
+# when a source changes. Without a JDK the command says so and builds nothing: the check then runs slower.
+CLASSES_JAR := $(VENV)/share/sluice/jars/sluice/sluice-drift.jar
+INSTALLED := $(STAMP) $(JARS_STAMP) $(CLASSES_JAR)
 
 # The embedded default: Airflow home, data roots and Spark's Python, all inside the checkout.
 export AIRFLOW_HOME ?= $(CURDIR)/.airflow
@@ -55,6 +58,9 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml include/sluice/op
 $(JARS_STAMP): include/jvm/pom.xml $(STAMP)
 	@# Without Maven it says what needs the jars and writes no stamp, so that a later make (with Maven) resolves them.
 	$(BIN)/python -m sluice jars && { test ! -f $@ || touch $@; }
+
+$(CLASSES_JAR): $(wildcard include/jvm/drift/sluice/drift/*.java) $(STAMP)
+	$(BIN)/python -m sluice jvm-classes
 
 .PHONY: venv
 venv: $(INSTALLED)  ## create .venv, install the pinned runtime and development requirements and the JVM jars (done by every target on first use)

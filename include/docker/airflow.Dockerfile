@@ -14,7 +14,7 @@ USER root
 # procps gives Spark's launch scripts `ps`.
 RUN mkdir -p /usr/share/man/man1 \
     && apt-get update \
-    && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps maven \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps maven openjdk-17-jdk-headless \
     && apt-get autoremove -yqq --purge \
     && apt-get clean \
     && rm -rf /var/lib/apt/lists/* \
@@ -52,11 +52,13 @@ RUN pip install --no-cache-dir --no-deps -e /opt/sluice
 # submits gets them as spark.jars, and the executors fetch them from the driver. Maven is removed again below.
 ENV SLUICE_JARS_DIR=/opt/sluice/jars
 RUN python -m sluice jars --with object-stores && rm -rf /home/airflow/.m2
+# Sluice's own JVM classes (include/jvm/drift: the JSON drift check), compiled beside them; the JDK goes with Maven.
+RUN python -m sluice jvm-classes
 # Bytecode in the PySpark zip that Spark puts first on its Python processes' path (docs/performance/cost.md); without it, each
 # of those processes compiles PySpark as it starts.
 RUN python -m sluice pyspark-bytecode || echo "no bytecode in PySpark's zip: Spark's Python processes compile it"
 
-# Maven was for the jars only.
+# Maven and the JDK were for the jars only.
 USER root
-RUN apt-get purge -y maven && apt-get autoremove -yqq --purge && apt-get clean && rm -rf /var/lib/apt/lists/*
+RUN apt-get purge -y maven openjdk-17-jdk-headless && apt-get autoremove -yqq --purge && apt-get clean && rm -rf /var/lib/apt/lists/*
 USER airflow

@@ -11,6 +11,7 @@
     python -m sluice kafka-broker --folder DIR               a local Kafka broker (KRaft, 127.0.0.1) for tests, demos
     python -m sluice iceberg-rest --folder DIR               a local Iceberg REST catalog (127.0.0.1) for tests
     python -m sluice jars [--force]                          resolve the JVM jars (include/jvm/pom.xml) with Maven
+    python -m sluice jvm-classes                             compile Sluice's own JVM classes (include/jvm/drift)
     python -m sluice jvm-archive [--force]                   record the Spark driver's class archive (faster starts)
     python -m sluice pyspark-bytecode                        bytecode in the PySpark zip Spark's Python processes load
     python -m sluice catalog-schema [--write | --check]      the catalog's JSON Schema, generated from the code
@@ -30,7 +31,7 @@ COMMANDS = {"status": "sluice.cli.status", "health": "sluice.cli.health", "repai
             "demo": "sluice.cli.demo", "demo-producer": "sluice.cli.demo_producer",
             "warm": "sluice.cli.warm", "jars": "sluice.cli.jars", "kafka-broker": "sluice.cli.kafka_broker",
             "iceberg-rest": "sluice.cli.iceberg_rest",
-            "jvm-archive": "sluice.cli.jvm",
+            "jvm-archive": "sluice.cli.jvm", "jvm-classes": "sluice.cli.jvm_classes",
             "pyspark-bytecode": "sluice.cli.pyspark_bytecode", "catalog-schema": "sluice.cli.catalog_schema"}
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
+import zipfile
 from pathlib import Path
 
 import pytest
 
+from sluice.errors import SluiceError
 from sluice.operations import jars
 from tests.helpers import needs_jvm_jars
 
@@ -137,3 +139,23 @@ def test_a_broker_starts_whatever_its_cluster_id_looks_like(tmp_path: Path, monk
     broker = kafka_broker.LocalKafkaBroker(tmp_path / "broker")
     with broker.running() as address:
         kafka_broker.create_topic(address, "t", 1)
+
+
+def test_sluices_own_classes_compile_into_the_jar_every_application_gets(monkeypatch: pytest.MonkeyPatch,
+                                                                         tmp_path: Path) -> None:
+    monkeypatch.setenv(jars.JARS_ENV, str(tmp_path))
+    jar = jars.compile_classes(tmp_path, spark_jars_dir=pyspark_jars())
+    with zipfile.ZipFile(jar) as archive:
+        assert "sluice/drift/MayDrift.class" in archive.namelist()
+    assert jars.spark_conf()["spark.jars"] == str(jar), "the applications get Sluice's classes"
+    assert jars.spark_jars() == [], "Sluice's classes are not Maven's jars: the connectors' checks skip without them"
+    assert sorted(path.name for path in (tmp_path / jars.SLUICE_SET).iterdir()) == [jars.SLUICE_JAR], "nothing left"
+
+
+def test_a_java_source_that_does_not_compile_is_refused_with_javacs_lines(tmp_path: Path) -> None:
+    sources = tmp_path / "src"
+    sources.mkdir()
+    (sources / "Broken.java").write_text("class Broken { int x = ; }\n", encoding="utf-8")
+    with pytest.raises(SluiceError, match=r"javac could not build sluice-drift.jar(.|\n)*Broken.java"):
+        jars.compile_classes(tmp_path / "home", spark_jars_dir=pyspark_jars(), sources=sources)
+    assert not (tmp_path / "home" / jars.SLUICE_SET / jars.SLUICE_JAR).exists()

@@ -11,6 +11,10 @@ Three sets, one Maven profile each:
 - ``iceberg-rest``: Apache Iceberg's REST catalog server (:mod:`sluice.cli.iceberg_rest`) for the tests; never on
   Spark's classpath.
 
+Beside them, Sluice's own JVM classes (``include/jvm/drift``: the JSON drift check of :mod:`sluice_spark.drift.fields`)
+are compiled by ``python -m sluice jvm-classes`` against pyspark's jars into :data:`SLUICE_SET`, which every Spark
+application gets with the ``spark`` set; without it the drift check runs as column expressions, only slower.
+
 ``python -m sluice jars`` (run by ``make venv``) resolves both with ``mvn`` into :func:`jars_home`; the machine's Maven
 settings (mirrors, proxies, the local repository) apply, and Maven checks every artifact's checksum. Nothing is
 resolved when a Spark application starts (no Ivy). Without Maven the command says what needs the jars and leaves the
@@ -34,6 +38,9 @@ JARS_ENV = "SLUICE_JARS_DIR"
 SPARK_SET = "spark"
 BROKER_SET = "kafka-broker"
 REST_SET = "iceberg-rest"
+SLUICE_SET = "sluice"
+SLUICE_SOURCES = Path(__file__).resolve().parents[2] / "jvm" / "drift"
+SLUICE_JAR = "sluice-drift.jar"
 POM = Path(__file__).resolve().parents[2] / "jvm" / "pom.xml"
 _STAMP = ".pom-sha256"
 # A jar's file name is <artifactId>-<version>[-<classifier>].jar, and versions start with a digit.
@@ -57,8 +64,32 @@ def jar_paths(artifact_set: str = SPARK_SET, home: Path | None = None) -> list[s
 
 
 def spark_jars() -> list[str]:
-    """The jars every Sluice Spark application gets (``spark.jars``)."""
+    """The jars every Sluice Spark application gets (``spark.jars``) that Maven resolved: the ``spark`` set."""
     return jar_paths(SPARK_SET)
+
+
+def compile_classes(home: Path, *, spark_jars_dir: Path, javac: str = "javac",
+                    sources: Path = SLUICE_SOURCES) -> Path:
+    """Compile Sluice's own JVM classes (``sources``) against pyspark's jars into one jar under ``home``'s
+    :data:`SLUICE_SET` folder, replacing it whole; returns its path. Raises :class:`SluiceError` with javac's last
+    lines when it fails."""
+    files = sorted(str(path) for path in sources.rglob("*.java"))
+    if not files:
+        raise SluiceError(f"no Java sources under {sources}")
+    folder = home / SLUICE_SET
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".compiling-", dir=folder) as staging:
+        classes = Path(staging) / "classes"
+        steps = [[javac, "--release", "17", "-nowarn", "-cp", str(spark_jars_dir / "*"), "-d", str(classes), *files],
+                 [str(Path(javac).with_name("jar")) if os.sep in javac else "jar", "--create",
+                  "--file", str(Path(staging) / SLUICE_JAR), "-C", str(classes), "."]]
+        for command in steps:
+            result = subprocess.run(command, capture_output=True, text=True, check=False)
+            if result.returncode != 0:
+                tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
+                raise SluiceError(f"{command[0]} could not build {SLUICE_JAR} from {sources}:\n{tail}")
+        os.replace(Path(staging) / SLUICE_JAR, folder / SLUICE_JAR)
+    return folder / SLUICE_JAR
 
 
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
@@ -66,11 +97,11 @@ DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 
 
 def spark_conf(conf: dict[str, str] | None = None, jars: list[str] | None = None) -> dict[str, str]:
-    """``conf`` with the resolved jars added to ``spark.jars`` and, when delta-spark is among them, the session
-    extension and catalog delta-spark 4 asks for before any Delta operation. What ``conf`` sets already stays: an
-    extension of its own is kept beside Delta's, a catalog of its own wins."""
+    """``conf`` with the resolved jars and Sluice's own classes added to ``spark.jars`` and, when delta-spark is among
+    them, the session extension and catalog delta-spark 4 asks for before any Delta operation. What ``conf`` sets
+    already stays: an extension of its own is kept beside Delta's, a catalog of its own wins."""
     conf = dict(conf or {})
-    jars = spark_jars() if jars is None else jars
+    jars = [*spark_jars(), *jar_paths(SLUICE_SET)] if jars is None else jars
     merged = join_jars(jars, conf.get("spark.jars"))
     if merged:
         conf["spark.jars"] = merged

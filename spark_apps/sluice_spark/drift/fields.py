@@ -15,9 +15,12 @@ the values as they arrived; the row is still good. ``fail_on_new_columns`` lists
 :data:`NEW_FIELDS_COLUMN`; the writers refuse a batch with any (:func:`sluice_spark.targets.drift_failure`), and a
 misfit is a dead letter as under ``none``.
 
-Everything here is a column expression (no Python UDF). Under a nested schema most records are parsed once: only
-those whose text may hold more keys than their typed values, a misfit, or what the VARIANT's parser refuses are
-parsed again as a VARIANT (:func:`_may_drift`). Under a flat schema every record is parsed twice (measured cheaper).
+Everything here is a column expression (no Python UDF). Most records are parsed once: only those that may hold a
+key the schema does not declare, a misfit, or what the VARIANT's parser refuses are parsed again as a VARIANT. Which
+ones is found, where the session has Sluice's JVM classes (``python -m sluice jvm-classes``), by one streaming pass
+over each record's tokens on the JVM (``include/jvm/drift``: :func:`_jvm_may_drift`); without them, under a nested
+schema, by counting the key ends in the text against the typed values (:func:`_may_drift`), and under a flat schema
+every record is parsed twice (measured cheaper than that count).
 
 A typed source (a Delta table) has no text to parse: :mod:`sluice_spark.drift.typed` compares its columns with the
 declared ones.
@@ -26,12 +29,16 @@ declared ones.
 from __future__ import annotations
 
 import operator
+import os
 import re
 from collections.abc import Callable, Mapping
 from functools import reduce
 
-from pyspark.sql import Column, DataFrame
+from py4j.protocol import Py4JError
+from pyspark.errors import AnalysisException
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import BooleanType
 
 from sluice.constants import CORRUPT_COLUMN, RESCUED_COLUMN, FileFormat, SchemaEvolution
 from sluice.kinds.files import names_columns_by_header
@@ -58,7 +65,9 @@ _TEXT = "_sluice_text"
 _TYPED = "_sluice_typed"
 _SUSPECT = "_sluice_suspect"
 # Bigger records are parsed as a VARIANT whatever they hold: the VARIANT's size limit may refuse them.
-_ALWAYS_CHECKED_BYTES = 1 << 20
+_ALWAYS_CHECKED_BYTES = 1 << 20  # MayDrift.ALWAYS_CHECKED_BYTES
+#: ``0``: the JSON drift check as column expressions even where the session has Sluice's JVM classes.
+JVM_DRIFT_ENV = "SLUICE_JVM_DRIFT"
 
 
 def parse_json_text(frame: DataFrame, text: Column, schema: Schema, policy: SchemaEvolution,
@@ -83,7 +92,8 @@ def parse_json_text(frame: DataFrame, text: Column, schema: Schema, policy: Sche
     if policy is SchemaEvolution.NONE:
         return frame.select(*columns, rejected, *kept)
     declared = schema_struct(schema)
-    if any(_has_keys(field.type) for field in declared.fields):
+    jvm_check = _jvm_may_drift(frame.sparkSession)
+    if jvm_check or any(_has_keys(field.type) for field in declared.fields):
         # One parse for most records of a nested schema: Spark's typed one. The VARIANT (the second parse) is for the
         # records that may hold something the typed parse dropped or that the VARIANT's parser refuses
         # (:func:`_may_drift`). Each step names what it makes, so that no parse is planned twice.
@@ -93,7 +103,10 @@ def parse_json_text(frame: DataFrame, text: Column, schema: Schema, policy: Sche
         rejected = F.coalesce(typed_value[CORRUPT_COLUMN], F.when(typed_value.isNull(), record_text))
         flagged = parsed.select(*[typed_value[column.name].alias(column.name) for column in schema.columns],
                                 rejected.alias(CORRUPT_COLUMN), record_text, *kept_names)
-        flagged = flagged.withColumn(_SUSPECT, _may_drift(declared, record_text, F.col(CORRUPT_COLUMN)))
+        may_drift = F.col(CORRUPT_COLUMN).isNotNull() | F.call_function(
+            _MAY_DRIFT, record_text, F.lit(schema.ddl(nullable_only=True))) if jvm_check else \
+            _may_drift(declared, record_text, F.col(CORRUPT_COLUMN))
+        flagged = flagged.withColumn(_SUSPECT, may_drift)
         staged = flagged.withColumn(_RAW, F.when(F.col(_SUSPECT), F.try_parse_json(record_text)))
         parsed_again = F.col(_SUSPECT)
     else:
@@ -141,6 +154,24 @@ def parse_json_text(frame: DataFrame, text: Column, schema: Schema, policy: Sche
     names = [F.col(quote(column.name)) for column in schema.columns]
     return walked.select(*names, CORRUPT_COLUMN, added.alias(name), *([NEW_COLUMNS_COLUMN] if adds else []),
                          *map(F.col, keep))
+
+
+# Sluice's JVM drift check (include/jvm/drift/sluice/drift/MayDrift.java), as the session knows it.
+_MAY_DRIFT = "sluice_may_drift"
+_MAY_DRIFT_CLASS = "sluice.drift.MayDrift"
+
+
+def _jvm_may_drift(spark: SparkSession) -> bool:
+    """Whether the session has Sluice's JVM drift check (registered here as :data:`_MAY_DRIFT`): false when its jar
+    is not on the classpath (``python -m sluice jvm-classes`` never ran), and the check is then column expressions.
+    ``SLUICE_JVM_DRIFT=0`` turns it off, to compare both."""
+    if os.environ.get(JVM_DRIFT_ENV, "1") == "0":
+        return False
+    try:
+        spark.udf.registerJavaFunction(_MAY_DRIFT, _MAY_DRIFT_CLASS, BooleanType())
+    except (AnalysisException, Py4JError):
+        return False
+    return True
 
 
 def field_key(name: str) -> str:
