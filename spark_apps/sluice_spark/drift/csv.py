@@ -313,13 +313,14 @@ def conform(frame: DataFrame, source: SourceSpec) -> DataFrame:
                   new_names=F.col(_NEW_NAMES))
 
 
-def _typed(staged: DataFrame, source: SourceSpec, well_formed: Column, *, corrupt: Column, undeclared: Column,
-           new_names: Column, read: Mapping[str, Column] | None = None, typed_whole: Column | None = None
-           ) -> DataFrame:
+def _typed(staged: DataFrame, source: SourceSpec, well_formed: Column, *, corrupt: Column,
+           undeclared: Column | None, new_names: Column | None, read: Mapping[str, Column] | None = None,
+           typed_whole: Column | None = None) -> DataFrame:
     """Steps 5 to 7 of :func:`conform`: the declared fields (``_sluice_csv_value<i>``, text) typed, the misfits
     found, and the row as the file source gives it with the policy's columns. ``read`` are the values Spark's
     reader typed itself, taken where ``typed_whole`` (the rows it typed without a failure); the others are typed
-    here."""
+    here. ``undeclared`` and ``new_names`` are None for a header that is the declared names (nothing undeclared):
+    the policy's columns are then built without a map (:func:`_declared_policy_columns`)."""
     names = source.read_schema.names
     values = [f"{_VALUE}{index}" for index in range(len(names))]
     # 5. The declared fields typed by Spark's CSV conversions, from one canonical line: Spark's CSV writer quotes
@@ -344,12 +345,17 @@ def _typed(staged: DataFrame, source: SourceSpec, well_formed: Column, *, corrup
     staged = staged.withColumn(_MISFIT, reduce(operator.or_, unfit.values()))
     # 7. The row as the file source gives it, with the policy's columns.
     misfit = F.col(_MISFIT)
-    misfits = F.when(misfit, F.map_filter(F.create_map(*[part for value, name in zip(values, names, strict=True)
-                                                         for part in (F.lit(field_key(name)),
-                                                                      F.when(unfit[name], F.col(value)))]),
-                                          lambda _, found: found.isNotNull()))
-    empty = F.create_map().cast("map<string,string>")
-    policy_columns = _policy_columns(source.schema_evolution, undeclared, F.coalesce(misfits, empty), new_names)
+    if undeclared is None or new_names is None:
+        policy_columns = _declared_policy_columns(source.schema_evolution, misfit, F.to_json(F.struct(
+            *[F.when(unfit[name], F.col(value)).alias(field_key(name))
+              for value, name in zip(values, names, strict=True)]), {"ignoreNullFields": "true"}))
+    else:
+        misfits = F.when(misfit, F.map_filter(F.create_map(*[part for value, name in zip(values, names, strict=True)
+                                                             for part in (F.lit(field_key(name)),
+                                                                          F.when(unfit[name], F.col(value)))]),
+                                              lambda _, found: found.isNotNull()))
+        empty = F.create_map().cast("map<string,string>")
+        policy_columns = _policy_columns(source.schema_evolution, undeclared, F.coalesce(misfits, empty), new_names)
     text_fields = F.when(well_formed & misfit, F.struct(
         *[F.col(value).alias(name) for value, name in zip(values, names, strict=True)],
         F.lit(None).cast("string").alias(CORRUPT_COLUMN)))
@@ -366,26 +372,28 @@ def conform_checked(frame: DataFrame, source: SourceSpec) -> DataFrame:
     is split again by Spark's parser and goes through :func:`conform`'s steps 5 to 7, so that its misfits, its
     rescued data and its dead letter are :func:`conform`'s."""
     names = source.read_schema.names
-    width = len(names) + EXTRA_FIELDS
     split = _options(source, _SPLIT_OPTIONS)
     raw = F.col(CORRUPT_COLUMN)
-    staged = frame.withColumn(_RECORD_SPLIT, F.when(raw.isNotNull(), split_fields(raw, split, width)))
-    fields, count = fields_and_count(F.col(_RECORD_SPLIT), split, width)
-    # Guarded: the split's array of EXTRA_FIELDS more fields would otherwise be built for every row.
-    staged = staged.withColumns({_FIELDS: F.when(raw.isNotNull(), fields), _COUNT: F.when(raw.isNotNull(), count)})
+    # Split into the declared number of fields and one more: a record of the declared number of fields has the
+    # marker there and nowhere before (fields_and_count's count, without its arrays). Spark compiles a stage into
+    # one Java method, and the JVM compiles none of more than 8,000 bytes of bytecode: the arrays of
+    # EXTRA_FIELDS more fields made this stage's 23,000, run by the bytecode interpreter for every row.
+    staged = frame.withColumn(_RECORD_SPLIT, F.when(raw.isNotNull(), split_fields(raw, split, len(names))))
+    parts = [F.col(_RECORD_SPLIT)[f"f{index}"] for index in range(len(names) + 1)]
+    marker = F.lit(_marker(split))
+    declared_count = reduce(operator.and_, [F.coalesce(part != marker, F.lit(True)) for part in parts[:-1]],
+                            F.coalesce(parts[-1] == marker, F.lit(False)))
     # A record Spark's reader split into the declared number of fields, but could not type: conform's well-formed
     # record with a misfit, its dead letter the fields re-quoted.
-    well_formed = raw.isNull() | (F.col(_COUNT) == len(names))
+    well_formed = raw.isNull() | declared_count
     text = raw.isNotNull() & well_formed
     values = [f"{_VALUE}{index}" for index in range(len(names))]
-    staged = staged.withColumns({value: F.when(text, F.element_at(F.col(_FIELDS), index + 1))
-                                 for index, value in enumerate(values)})
+    staged = staged.withColumns({value: F.when(text, part) for value, part in zip(values, parts, strict=False)})
     requoted = F.concat_ws(delimiter(source.options),
                            *[_requoted(F.col(value), source.options) for value in values])
     return _typed(staged, source, well_formed, corrupt=F.when(well_formed, requoted).otherwise(raw),
-                  undeclared=F.create_map().cast("map<string,string>"),
-                  new_names=F.lit(None).cast("array<string>"),
-                  read={name: F.col(quote(name)) for name in names}, typed_whole=raw.isNull())
+                  undeclared=None, new_names=None, read={name: F.col(quote(name)) for name in names},
+                  typed_whole=raw.isNull())
 
 
 #: What Spark's reader says of a file whose header is not the declared names (``enforceSchema`` false).
@@ -436,6 +444,19 @@ def header_mismatch(error: BaseException | str) -> bool:
     (:func:`conform_checked`)."""
     text = str(error)
     return any(message in text for message in _MISMATCH)
+
+
+def _declared_policy_columns(policy: SchemaEvolution, misfit: Column, misfits: Column) -> list[Column]:
+    """:func:`_policy_columns` for a record whose header is the declared names, so that nothing is undeclared:
+    ``misfits`` is the JSON of a struct of the misfits (``to_json`` leaves out a NULL field, as ``_policy_columns``
+    leaves a NULL value out of its map), written where ``misfit``. The same columns, with no higher-order function
+    (``map_filter``, ``transform_keys``): Spark compiles none of them (``CodegenFallback``), and one keeps its whole
+    step, the stream's every row, out of whole-stage codegen."""
+    if policy is SchemaEvolution.FAIL_ON_NEW_COLUMNS:
+        return [F.lit(None).cast("array<string>").alias(NEW_FIELDS_COLUMN)]
+    extra = [F.lit(None).cast("string").alias(NEW_COLUMNS_COLUMN)] if policy is SchemaEvolution.ADD_NEW_COLUMNS \
+        else []
+    return [F.when(misfit, misfits).alias(RESCUED_COLUMN), *extra]
 
 
 def _policy_columns(policy: SchemaEvolution, undeclared: Column, misfits: Column, new_names: Column) -> list[Column]:
