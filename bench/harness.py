@@ -16,18 +16,21 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from sluice.operations.jars import spark_conf
+from sluice.operations.jvm import driver_java_options, submit_env
 from sluice.operations.loopback import driver_conf, driver_env
 from sluice_spark.session import configure_sluice, register_data_sources
 
 
 def local_spark() -> SparkSession:
-    """A local session with the jars `make venv` resolved and their Delta settings, as Sluice's runs have them, and
-    on loopback only, as the operators start a local driver (:mod:`sluice.operations.loopback`)."""
+    """A local session with the jars `make venv` resolved and their Delta settings, as Sluice's runs have them, on
+    loopback only, and with the driver JVM options of a large run, as the operators start a local driver
+    (:mod:`sluice.operations.loopback`, :func:`sluice.operations.jvm.driver_java_options`)."""
     master = "local[2]"
     builder = configure_sluice(SparkSession.builder).master(master).config("spark.ui.enabled", "false")
     for key, value in {**spark_conf(), **driver_conf(master)}.items():
         builder = builder.config(key, value)
-    os.environ.update(driver_env(master))  # read by the JVM that getOrCreate launches
+    # read by the JVM that getOrCreate launches
+    os.environ.update({**driver_env(master), **submit_env(driver_java_options(small=False))})
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register_data_sources(spark)

@@ -68,7 +68,7 @@ def test_the_archive_is_named_by_the_jvm_the_jars_and_the_classpath_environment(
 def test_only_a_whole_installed_archive_is_passed(fake_spark: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     archive = jvm.archive_path()
     assert archive is not None
-    assert jvm.usable_archive() is None and jvm.driver_java_options(small=False) == []
+    assert jvm.usable_archive() is None and jvm.driver_java_options(small=False) == [jvm.COMPILE_HUGE_METHODS]
     archive.parent.mkdir(parents=True)
     archive.write_bytes(b"x" * 64)
     assert jvm.usable_archive() is None, "no record: not installed by build_archive (a partial copy)"
@@ -76,8 +76,9 @@ def test_only_a_whole_installed_archive_is_passed(fake_spark: Path, monkeypatch:
     assert jvm.usable_archive() is None, "truncated since it was recorded: a JVM would crash on it"
     install(archive)
     assert jvm.usable_archive() == archive
-    assert jvm.driver_java_options(small=False) == [f"-XX:SharedArchiveFile={archive}"]
-    assert jvm.driver_java_options(small=True) == [f"-XX:SharedArchiveFile={archive}", jvm.LIGHT_JIT]
+    assert jvm.driver_java_options(small=False) == [f"-XX:SharedArchiveFile={archive}", jvm.COMPILE_HUGE_METHODS]
+    assert jvm.driver_java_options(small=True) == [f"-XX:SharedArchiveFile={archive}", jvm.COMPILE_HUGE_METHODS,
+                                                  jvm.LIGHT_JIT]
     monkeypatch.setenv("SLUICE_CACHE_DIR", str(archive.parent.parent / "a cache"))
     install(jvm.archive_path())  # type: ignore[arg-type]
     assert jvm.usable_archive() is None, "Spark splits the options on spaces: such a path is not passed"
@@ -291,13 +292,14 @@ def test_the_operator_starts_a_small_runs_driver_with_the_archive_and_the_light_
 
     arguments, options = launched(conf=user)
     logs = jvm.log_options()[0]  # Spark's own log at WARN
-    assert options == f"-XX:SharedArchiveFile={archive} {jvm.LIGHT_JIT} {logs} -Dmine=1"
+    assert options == f"-XX:SharedArchiveFile={archive} {jvm.COMPILE_HUGE_METHODS} {jvm.LIGHT_JIT} {logs} -Dmine=1"
     at = arguments.index("spark.driver.extraJavaOptions=-Dtheirs=1")
     assert arguments[at - 1] == "--conf", "the task's own options go to spark-submit as they were"
     assert user == {"spark.driver.extraJavaOptions": "-Dtheirs=1"}
     monkeypatch.setenv("SLUICE_JIT_SMALL_RUN_MAX_BYTES", "10")
     arguments, options = launched()
-    assert options == f"-XX:SharedArchiveFile={archive} {logs} -Dmine=1", "a large run keeps the full JIT"
+    assert options == f"-XX:SharedArchiveFile={archive} {jvm.COMPILE_HUGE_METHODS} {logs} -Dmine=1", \
+        "a large run keeps the full JIT"
     assert not any("extraJavaOptions" in argument for argument in arguments)
 
 
@@ -305,14 +307,14 @@ def test_a_refused_archive_is_named_in_the_log(fake_spark: Path, caplog: pytest.
     archive = jvm.archive_path()
     assert archive is not None
     with caplog.at_level(logging.INFO, logger=jvm.log.name):
-        assert jvm.driver_java_options(small=False) == []
+        assert jvm.driver_java_options(small=False) == [jvm.COMPILE_HUGE_METHODS]
     [note] = caplog.records
     assert note.levelno == logging.INFO and "there is none at" in note.getMessage(), "none recorded: a note"
     install(archive)
     archive.with_suffix(".json").chmod(0o666)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger=jvm.log.name):
-        assert jvm.driver_java_options(small=True) == [jvm.LIGHT_JIT]
+        assert jvm.driver_java_options(small=True) == [jvm.COMPILE_HUGE_METHODS, jvm.LIGHT_JIT]
     [warning] = caplog.records
     assert warning.levelno == logging.WARNING and "has mode 666: others can write to it" in warning.getMessage()
 

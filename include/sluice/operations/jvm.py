@@ -62,6 +62,11 @@ log = logging.getLogger(__name__)
 SUBMIT_OPTS = "SPARK_SUBMIT_OPTS"
 ARCHIVE_SWITCH = "SLUICE_JVM_ARCHIVE"
 LIGHT_JIT = "-XX:TieredStopAtLevel=1"
+#: HotSpot compiles no method of over 8,000 bytes of bytecode unless told to: Spark's generated function for a stage
+#: that checks a wide record's drift passes that (the CSV rescue of bench_csv_drift's six columns: 9,103 bytes), and
+#: then every row runs in the bytecode interpreter (rescue 1.56x none; 1.03x with this option, the same rows).
+#: Spark's own remedy (``spark.sql.codegen.hugeMethodLimit``) gives up on generated code for such a stage instead.
+COMPILE_HUGE_METHODS = "-XX:-DontCompileHugeMethods"
 LOG_LEVEL_ENV = "SLUICE_SPARK_LOG_LEVEL"
 LOG_CONFIG = Path(__file__).resolve().parents[1] / "spark-log4j2.properties"
 _LOG_LEVELS = ("OFF", "FATAL", "ERROR", "WARN", "INFO", "DEBUG", "TRACE", "ALL")
@@ -192,8 +197,10 @@ def _unquotable(archive: Path) -> bool:
 
 
 def driver_java_options(*, small: bool) -> list[str]:
-    """The driver JVM's options for a run: the archive when there is a usable one, and the light JIT for a small
-    run. An archive that cannot be looked up (no pyspark to find Spark's jars, no home folder) is left out."""
+    """The driver JVM's options for a run: the archive when there is a usable one, Spark's large generated functions
+    compiled (:data:`COMPILE_HUGE_METHODS`; on a local master the executors are the driver's threads), and the light
+    JIT for a small run. An archive that cannot be looked up (no pyspark to find Spark's jars, no home folder) is
+    left out."""
     archive: Path | None = None
     try:
         refusal = archive_refusal()
@@ -205,7 +212,8 @@ def driver_java_options(*, small: bool) -> list[str]:
                 "the Spark driver's class archive is not used: %s", refusal)
     except Exception as exc:  # a speed-up never fails a run
         log.warning("the Spark driver's class archive cannot be looked up (%s); the run starts without it", exc)
-    return [*([f"-XX:SharedArchiveFile={archive}"] if archive else []), *([LIGHT_JIT] if small else [])]
+    return [*([f"-XX:SharedArchiveFile={archive}"] if archive else []), COMPILE_HUGE_METHODS,
+            *([LIGHT_JIT] if small else [])]
 
 
 def submit_env(options: Iterable[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
