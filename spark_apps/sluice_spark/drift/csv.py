@@ -44,7 +44,6 @@ from contextvars import ContextVar
 from functools import lru_cache, reduce
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
@@ -177,9 +176,10 @@ def _header_of(uri: str, version: tuple[Any, Any], options: tuple[tuple[str, str
 
 def header_text(options: tuple[tuple[str, str], ...]) -> Any:
     """A pandas UDF: a file (its ``_metadata.file_path``) -> its header's text, each file read once per Python
-    worker."""
+    worker. pandas is imported here, not with the module: a third of a second that only a stream reading CSV headers
+    needs (every run imports this module)."""
+    import pandas as pd
 
-    @F.pandas_udf("string")  # type: ignore[call-overload]
     def header(files: pd.Series, modified: pd.Series, sizes: pd.Series) -> pd.Series:
         # A batch of rows holds a few files (each at one version): each is looked up once.
         versions = pd.DataFrame({"file": files, "modified": modified, "size": sizes}).drop_duplicates("file")
@@ -187,7 +187,9 @@ def header_text(options: tuple[tuple[str, str], ...]) -> Any:
                  for row in versions.itertuples(index=False)}
         return files.map(found)
 
-    return header
+    # Spark reads the UDF's kind from its type hints, which name the module-level ``pd`` as text: given as types.
+    header.__annotations__ = {"files": pd.Series, "modified": pd.Series, "sizes": pd.Series, "return": pd.Series}
+    return F.pandas_udf(header, "string")  # type: ignore[call-overload]
 
 
 # The escapes Spark's CSVExprUtils.toChar reads in a separator.
