@@ -19,9 +19,16 @@ landing folder's listing (1,000 files). The goal is aged / fresh <= 1.5.
 A third side, ``cleaned``, is the same stream with ``source.clean`` (delete, ``after: 1s``) and a longer history
 (``--clean-runs``, 10,000 by default: five-minute runs for five weeks): each run deletes the files it read, so the
 landing folder's listing stays the size of one run's files, and the clean keeps the checkpoint's file source log
-to Spark's ``maxFileAge`` horizon (7 days: 2,016 entries), which every query start reads. What still grows are the
-Delta logs' remove tombstones, which expire by the wall clock (7 days), so a history built in an hour keeps all of
-them. Its goal is ``after_10000_vs_fresh`` <= 1.2. The last line is the result as JSON.
+to Spark's ``maxFileAge`` horizon (7 days: 2,016 entries), which every query start reads. Its goal is
+``after_10000_vs_fresh`` <= 1.2. The last line is the result as JSON.
+
+The clock: a history is built hundreds of times faster than the five-minute runs it stands for, and the landed files
+carry the simulated clock's times. What Delta ages by the wall clock (its remove tombstones, which a log checkpoint
+keeps for ``delta.deletedFileRetentionDuration``, 7 days, and its commit files, kept for ``delta.logRetentionDuration``,
+30 days) is scaled the same way: before each nightly maintenance the build sets both retentions on the side's tables
+to the production defaults divided by the round's measured speed-up (:func:`scale_retentions`), so the aged tables
+hold a week of tombstones and a month of commits, as a production table does after five weeks. (Without it, a history
+built in an hour kept every tombstone of its five weeks: 16,637 checkpoint actions for 38 live files.)
 
 Building a history takes time (0.3-0.5 s a one-file batch: 10,000 take over an hour), so ``--work DIR`` keeps the
 built histories in DIR and reuses them (growing them to ``--runs``/``--clean-runs`` when they are shorter), and
@@ -57,6 +64,9 @@ from sluice.paths import Roots
 STREAM = "events_bronze"
 GOALS = {"aged_vs_fresh": 1.5, "after_10000_vs_fresh": 1.2}
 START = dt.datetime(2026, 8, 1, tzinfo=dt.timezone.utc)
+# Delta's defaults for what it ages by the wall clock: remove tombstones in log checkpoints, and commit files.
+PRODUCTION_RETENTIONS = {"delta.deletedFileRetentionDuration": dt.timedelta(days=7),
+                         "delta.logRetentionDuration": dt.timedelta(days=30)}
 
 
 def stream_catalog(landing: str, *, files_per_batch: int | None = None, clean: bool = False) -> Catalog:
@@ -164,14 +174,18 @@ class History:
         self.producer.sequence = self.built
 
     def build(self, spark: SparkSession, runs: int, maintain_every: int) -> dt.datetime:
-        """``runs`` one-file batches, in rounds of ``maintain_every`` each followed by the nightly maintenance."""
+        """``runs`` one-file batches, in rounds of ``maintain_every`` each followed by the nightly maintenance, with
+        Delta's retentions scaled to the round's speed-up over the clock it simulates."""
         started = time.perf_counter()
         while self.built < runs:
+            round_started, simulated_from = time.perf_counter(), self.moment
             for _ in range(min(maintain_every, runs - self.built)):
                 self.moment += dt.timedelta(minutes=5)
                 land(self.producer, self.moment)
             _, summary = run_once(spark, self.builder, self.roots)
             self.built += summary.batches
+            speed_up = (self.moment - simulated_from).total_seconds() / (time.perf_counter() - round_started)
+            scale_retentions(Path(self.roots.lake), speed_up)
             maintain(self.catalog, self.roots, [STREAM], run_id=f"nightly-{self.built}")
             self.save()
             print(f"{self.side} history: {self.built} runs in {time.perf_counter() - started:.0f}s, maintained, "
@@ -196,9 +210,20 @@ class History:
 def land(producer: DemoProducer, moment: dt.datetime) -> None:
     """One file of 30 events, written at ``moment``: its modification time is the simulated clock's, so that a history
     spans the weeks it stands for (Spark's ``maxFileAge`` horizon follows the files' times) although it is built in
-    an hour. What ages by the wall clock (Delta's retentions) does not follow."""
+    an hour. What ages by the wall clock (Delta's retentions) follows through :func:`scale_retentions`."""
     for path in producer.events_file(lines=30, now=moment).files:
         os.utime(path, (moment.timestamp(), moment.timestamp()))
+
+
+def scale_retentions(lake: Path, speed_up: float) -> None:
+    """Set Delta's wall-clock retentions on every table under ``lake`` (the stream's, its dead letters', the run
+    log's) to the production defaults divided by ``speed_up``, the simulated seconds per real second of the build."""
+    from deltalake import DeltaTable
+
+    properties = {key: f"interval {max(1, round(retention.total_seconds() / speed_up))} seconds"
+                  for key, retention in PRODUCTION_RETENTIONS.items()}
+    for log in sorted(lake.rglob("_delta_log")):
+        DeltaTable(str(log.parent)).alter.set_table_properties(properties)
 
 
 def _warm_up(work: Path) -> tuple[Catalog, Roots]:
