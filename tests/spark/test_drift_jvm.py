@@ -116,3 +116,33 @@ def test_the_check_passes_clean_records_and_catches_every_drifting_one(spark: An
     found = [row[0] for row in frame.select(F.call_function(fields._MAY_DRIFT, "value", F.lit(ddl))).collect()]
     assert [text for text, drifts in zip(CLEAN, found, strict=False) if drifts] == []
     assert [text for text, drifts in zip(DRIFTING, found[len(CLEAN):], strict=True) if not drifts] == []
+
+
+# Keys and values whose bytes in ``_rescued_data`` are the VARIANT's and Jackson's to write: escapes, unicode, number
+# forms, several new keys (the VARIANT's order), keys that need backticks, misfits at every depth.
+BYTES = [
+    '{"id": "a", "zeta": 1, "Alpha": 2, "beta\\u0000": "\\t\\"q\\"", "\\u00e9": [1.50, 1e3, -0.0, 123456789012345678]}',
+    '{"id": "a", "a.b": {"c`d": null}, " ": true, "items": [{"sku": "s", "x y": 1.0E-7}, 7, {"quantity": "2"}]}',
+    '{"id": "a", "tags": {"k.1": {"n": 1, "m": {"deep": [1, 2]}}, "`": {"n": "x"}}, "amount": "1,5", "x": {}}',
+    '{"id": "a", "payload": {"labels": {"z": 1, "a": [true]}, "commits": [{"sha": 1, "new": "\\ud83d\\ude42"}]}}',
+    '{"id": "a", "actor": {"id": 1.25, "login": {"nested": "obj"}, "x": []}, "created_at": 5}',
+]
+
+
+def test_rescue_is_one_java_call_per_flagged_record(spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``rescue`` with the JVM classes, ``_rescued_data`` comes from Sluice's JVM rescue (no VARIANT and no
+    higher-order function in the plan) and is the same, byte for byte, as the column expressions' walk."""
+    def rows(jvm: bool) -> tuple[list[tuple[Any, ...]], str]:
+        monkeypatch.setenv(JVM_DRIFT_ENV, "1" if jvm else "0")
+        frame = spark.createDataFrame(list(enumerate([*BYTES, *CORPUS])), "n INT, value STRING")
+        parsed = parse_json_text(frame, F.col("value"), parse_schema(SCHEMA, stream="s"), SchemaEvolution.RESCUE, {},
+                                 {"n": F.col("n")})
+        found = sorted(tuple(row) for row in parsed.select("n", RESCUED_COLUMN, "_corrupt_record").collect())
+        return found, parsed._jdf.queryExecution().executedPlan().toString()
+
+    with_jvm, jvm_plan = rows(True)
+    without, _ = rows(False)
+    assert fields._RESCUE in jvm_plan and "parseJson" not in jvm_plan and "lambda" not in jvm_plan
+    twice = CORPUS.index(MAP_KEY_TWICE) + len(BYTES)
+    assert [row for row in with_jvm if row[0] != twice] == [row for row in without if row[0] != twice]
+    assert all(row[1] for row in with_jvm[:len(BYTES)]), "every record of BYTES rescues something"

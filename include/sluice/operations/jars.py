@@ -11,9 +11,10 @@ Three sets, one Maven profile each:
 - ``iceberg-rest``: Apache Iceberg's REST catalog server (:mod:`sluice.cli.iceberg_rest`) for the tests; never on
   Spark's classpath.
 
-Beside them, Sluice's own JVM classes (``include/jvm/drift``: the JSON drift check of :mod:`sluice_spark.drift.fields`)
-are compiled by ``python -m sluice jvm-classes`` against pyspark's jars into :data:`SLUICE_SET`, which every Spark
-application gets with the ``spark`` set; without it the drift check runs as column expressions, only slower.
+Beside them, Sluice's own JVM classes (``include/jvm/drift``: the JSON drift check and rescue of
+:mod:`sluice_spark.drift.fields`) are compiled by ``python -m sluice jvm-classes`` against pyspark's jars into
+:data:`SLUICE_SET`, which every Spark application gets with the ``spark`` set; without it the drift check runs as
+column expressions, only slower.
 
 ``python -m sluice jars`` (run by ``make venv``) resolves both with ``mvn`` into :func:`jars_home`; the machine's Maven
 settings (mirrors, proxies, the local repository) apply, and Maven checks every artifact's checksum. Nothing is

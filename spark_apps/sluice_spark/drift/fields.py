@@ -20,7 +20,9 @@ key the schema does not declare, a misfit, or what the VARIANT's parser refuses 
 ones is found, where the session has Sluice's JVM classes (``python -m sluice jvm-classes``), by one streaming pass
 over each record's tokens on the JVM (``include/jvm/drift``: :func:`_jvm_may_drift`); without them, under a nested
 schema, by counting the key ends in the text against the typed values (:func:`_may_drift`), and under a flat schema
-every record is parsed twice (measured cheaper than that count).
+every record is parsed twice (measured cheaper than that count). Under ``rescue`` with the JVM classes, the flagged
+records' VARIANT parse and walk are one Java call each too (``Rescue.java``: :func:`_jvm_rescue`), the same steps
+and bytes as the column expressions, which the other policies keep.
 
 A typed source (a Delta table) has no text to parse: :mod:`sluice_spark.drift.typed` compares its columns with the
 declared ones.
@@ -38,7 +40,7 @@ from py4j.protocol import Py4JError
 from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import BooleanType
+from pyspark.sql.types import BooleanType, StringType
 
 from sluice.constants import CORRUPT_COLUMN, RESCUED_COLUMN, FileFormat, SchemaEvolution
 from sluice.kinds.files import names_columns_by_header
@@ -107,6 +109,8 @@ def parse_json_text(frame: DataFrame, text: Column, schema: Schema, policy: Sche
             _MAY_DRIFT, record_text, F.lit(schema.ddl(nullable_only=True))) if jvm_check else \
             _may_drift(declared, record_text, F.col(CORRUPT_COLUMN))
         flagged = flagged.withColumn(_SUSPECT, may_drift)
+        if jvm_check and policy is SchemaEvolution.RESCUE:
+            return _jvm_rescue(flagged, schema, keep)
         staged = flagged.withColumn(_RAW, F.when(F.col(_SUSPECT), F.try_parse_json(record_text)))
         parsed_again = F.col(_SUSPECT)
     else:
@@ -156,9 +160,29 @@ def parse_json_text(frame: DataFrame, text: Column, schema: Schema, policy: Sche
                          *map(F.col, keep))
 
 
-# Sluice's JVM drift check (include/jvm/drift/sluice/drift/MayDrift.java), as the session knows it.
+# Sluice's JVM drift check and rescue (include/jvm/drift/sluice/drift/), as the session knows them.
 _MAY_DRIFT = "sluice_may_drift"
 _MAY_DRIFT_CLASS = "sluice.drift.MayDrift"
+_RESCUE = "sluice_rescue"
+_RESCUE_CLASS = "sluice.drift.Rescue"
+_VERDICT = "_sluice_verdict"
+
+
+def _jvm_rescue(flagged: DataFrame, schema: Schema, keep: Mapping[str, Column]) -> DataFrame:
+    """``rescue``'s columns from the flagged records (:data:`_SUSPECT`) by Sluice's JVM rescue
+    (``include/jvm/drift/sluice/drift/Rescue.java``): the same VARIANT parse and walk as the column expressions of
+    :func:`parse_json_text`, in one Java call per flagged record, so that no projection holds a higher-order function
+    (which kept every record out of Spark's generated code). It returns NULL for a record the VARIANT's parser
+    refuses or that is no object (a dead letter, with its text), "" when nothing is rescued."""
+    typed = F.struct(*[F.col(quote(column.name)) for column in schema.columns])
+    suspect, text = F.col(_SUSPECT), F.col(_TEXT)
+    verdict = F.when(suspect, F.call_function(_RESCUE, text, typed, F.col(CORRUPT_COLUMN).isNotNull(),
+                                              F.lit(schema.ddl(nullable_only=True))))
+    staged = flagged.withColumn(_VERDICT, verdict)
+    found = F.col(_VERDICT)
+    return staged.select(*[F.col(quote(column.name)) for column in schema.columns],
+                         F.when(suspect & found.isNull(), text).otherwise(F.col(CORRUPT_COLUMN)).alias(CORRUPT_COLUMN),
+                         F.when(found != "", found).alias(RESCUED_COLUMN), *map(F.col, keep))
 
 
 def _jvm_may_drift(spark: SparkSession) -> bool:
@@ -169,6 +193,7 @@ def _jvm_may_drift(spark: SparkSession) -> bool:
         return False
     try:
         spark.udf.registerJavaFunction(_MAY_DRIFT, _MAY_DRIFT_CLASS, BooleanType())
+        spark.udf.registerJavaFunction(_RESCUE, _RESCUE_CLASS, StringType())
     except (AnalysisException, Py4JError):
         return False
     return True

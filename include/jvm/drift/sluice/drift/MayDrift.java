@@ -23,8 +23,8 @@ import org.apache.spark.sql.types.StructType;
  * JSON parser matches them), given once, inside one object that the VARIANT's parser reads as Spark's typed parser
  * does; true for anything else (a new key, a key given twice at any depth, text that is no single object, text that
  * this parser refuses, or too big for a VARIANT). Sluice parses only the records it is true for a second time, as a
- * VARIANT, and walks them (sluice_spark.drift.fields): a record it is false for has nothing to rescue but its
- * misfits, which Spark's typed parse flags itself.
+ * VARIANT, and walks them (sluice_spark.drift.fields; under {@code rescue}, {@link Rescue}): a record it is false for
+ * has nothing to rescue but its misfits, which Spark's typed parse flags itself.
  *
  * <p>One streaming pass over the record's tokens, which stops at the first doubt; a clean record allocates nothing
  * beyond its tokens. {@code ddl} is the declared schema as Spark's DDL, the same text for every row of a query: it is
