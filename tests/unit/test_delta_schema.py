@@ -83,4 +83,7 @@ def test_the_table_a_run_ensured_is_current_and_serves_its_later_commits(tmp_pat
     replay = DeltaTableFormat(path, loaded=table)
     assert replay.holds_batch("q", 3), "brought up to date before the check"
     assert replay.commit_batch(rows, query_id="q", batch_id=3, metadata={}) is False
-    assert brought_up_to_date(table).version() == DeltaTable(path).version() == 2
+    assert table.version() == 1
+    current = brought_up_to_date(path, table)
+    assert current.version() == DeltaTable(path).version() == 2
+    assert brought_up_to_date(path, current) is current, "no commit since: the same table"

@@ -182,7 +182,8 @@ class DeltaTableFormat(TableFormat):
         if self._table is None:
             from sluice.storage.delta import brought_up_to_date, open_table
 
-            self._table = open_table(self.path) if self._loaded is None else brought_up_to_date(self._loaded)
+            self._table = (open_table(self.path) if self._loaded is None
+                           else brought_up_to_date(self.path, self._loaded))
         return self._table
 
     @property

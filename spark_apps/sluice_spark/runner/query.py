@@ -157,7 +157,8 @@ def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: floa
     data, dead = sink_and_dead_letter(prepared.targets)
     # Each table's version and commits from one state of it: the one the run loaded, brought up to date, else a
     # load (a load replays the newest log checkpoint, and costs more as the table's history grows).
-    tables = {target.path: brought_up_to_date(prepared.tables[target.path]) if target.path in prepared.tables
+    loaded = prepared.tables
+    tables = {target.path: brought_up_to_date(target.path, loaded[target.path]) if target.path in loaded
               else open_if_table(target.path) for target in (data, dead) if target is not None}
     summary.delta_version_after = None if data is None else _version(tables[data.path])
     summary.dead_letter_version_after = _version(tables[dead.path])
