@@ -9,7 +9,14 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from sluice.storage.delta import DeltaSchemaMismatch, added_columns, ensure_table
+from sluice.storage.delta import (
+    DeltaSchemaMismatch,
+    added_columns,
+    brought_up_to_date,
+    ensure_table,
+    ensured_table,
+)
+from sluice.storage.tableformat import DeltaTableFormat
 
 STREAM = pa.schema([("id", pa.string()), ("amount", pa.float64())])
 
@@ -57,3 +64,26 @@ def test_a_column_renamed_by_its_case_alone_is_refused(tmp_path: Path) -> None:
     ensure_table(str(tmp_path), STREAM, (), name="t")
     with pytest.raises(DeltaSchemaMismatch, match=r"Amount \(the table has amount\).*case-insensitive"):
         ensure_table(str(tmp_path), pa.schema([("id", pa.string()), ("Amount", pa.float64())]), (), name="t")
+
+
+def test_the_table_a_run_ensured_is_current_and_serves_its_later_commits(tmp_path: Path) -> None:
+    """A run loads each table once, when it creates or checks it, and brings that one up to date where a fresh state
+    is needed: the exactly-once check of a later commit sees what another writer committed meanwhile."""
+    path = str(tmp_path)
+    created, was_created = ensured_table(path, STREAM, (), name="t")
+    assert was_created and created.version() == 0
+    table, was_created = ensured_table(path, pa.schema([*STREAM, ("_rescued_data", pa.string())]), (), name="t")
+    assert not was_created and table.version() == 1, "the table as the column's addition left it"
+    assert "_rescued_data" in table.schema().to_arrow().names
+    rows = pa.table({"id": ["a"], "amount": [1.0], "_rescued_data": [None]},
+                    schema=pa.schema([*STREAM, ("_rescued_data", pa.string())]))
+    elsewhere = DeltaTableFormat(path)  # another writer, after the run loaded its table
+    assert elsewhere.commit_batch(rows, query_id="q", batch_id=3, metadata={}) is True
+    assert table.version() == 1, "the run's loaded table is stale"
+    replay = DeltaTableFormat(path, loaded=table)
+    assert replay.holds_batch("q", 3), "brought up to date before the check"
+    assert replay.commit_batch(rows, query_id="q", batch_id=3, metadata={}) is False
+    assert table.version() == 1
+    current = brought_up_to_date(path, table)
+    assert current.version() == DeltaTable(path).version() == 2
+    assert brought_up_to_date(path, current) is current, "no commit since: the same table"

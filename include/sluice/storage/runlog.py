@@ -79,43 +79,47 @@ def _upsert(lake_root: str, table: str, columns: Mapping[str, str], key: Sequenc
     import pyarrow as pa
     from deltalake.exceptions import CommitFailedError
 
-    from sluice.storage.delta import ensure_table, open_table
+    from sluice.storage.delta import ensured_table
 
     if not rows:
         return
     path = join(lake_root, table)
     schema = _arrow_schema(columns)
     data = pa.Table.from_pylist([{column: row.get(column) for column in columns} for row in rows], schema=schema)
-    ensure_table(path, schema, (), name=name, description=f"Sluice's {name}: see sluice.storage.runlog")
+    # The table loaded once: merged into, then measured (a merge leaves it at its own commit).
+    delta, _ = ensured_table(path, schema, (), name=name, description=f"Sluice's {name}: see sluice.storage.runlog")
     condition = " AND ".join(f"t.{column} = s.{column}" for column in key)
     for attempt in range(_COMMIT_ATTEMPTS):
         try:
-            (open_table(path).merge(data, condition, source_alias="s", target_alias="t")
+            (delta.merge(data, condition, source_alias="s", target_alias="t")
              .when_matched_update_all().when_not_matched_insert_all().execute())
             break
         except CommitFailedError:
             if attempt == _COMMIT_ATTEMPTS - 1:
                 raise
             time.sleep(0.05 * 2**attempt)  # another run committed first: merge again on its version
-    keep_small(path)
+            delta.update_incremental()
+    keep_small(delta)
 
 
-def keep_small(path: str) -> bool:
-    """Compact a run log table past :data:`COMPACT_AFTER_FILES` files and vacuum what was removed over a week ago
-    (no reader keeps a version that long). True when it compacted. A run that loses this race to another leaves
-    the work to the next one."""
+def keep_small(table: Any) -> bool:
+    """Compact a run log table (a path, or a delta-rs table already loaded) past :data:`COMPACT_AFTER_FILES` files
+    and vacuum what was removed over a week ago (no reader keeps a version that long). True when it compacted. A run
+    that loses this race to another leaves the work to the next one."""
+    from deltalake import DeltaTable
     from deltalake.exceptions import CommitFailedError
 
     from sluice.storage.delta import open_table
 
-    table = open_table(path)
+    if not isinstance(table, DeltaTable):
+        table = open_table(table)
     if len(table.file_uris()) <= COMPACT_AFTER_FILES:
         return False
     try:
         table.optimize.compact()
         table.vacuum(retention_hours=VACUUM_RETENTION_HOURS, dry_run=False)
     except CommitFailedError as exc:
-        log.info("the run log %s was compacted by another run: %s", path, exc)
+        log.info("the run log %s was compacted by another run: %s", table.table_uri, exc)
         return False
     return True
 

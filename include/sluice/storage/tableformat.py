@@ -165,19 +165,25 @@ class DeltaTableFormat(TableFormat):
 
     format = "delta"
 
-    def __init__(self, path: str, *, partition_by: Iterable[str] = (), table_name: str | None = None) -> None:
+    def __init__(self, path: str, *, partition_by: Iterable[str] = (), table_name: str | None = None,
+                 loaded: Any = None) -> None:
+        """``loaded``: the delta-rs table at ``path`` as this run loaded it before (when it created the table), to be
+        brought up to date on first use instead of loaded again."""
         self.path = path
         self.partition_by = tuple(partition_by)
         self.table_name = table_name or path.rstrip("/").rsplit("/", 1)[-1]
         self._table: Any = None
+        self._loaded = loaded
 
     def _open(self) -> Any:
-        """The delta-rs table, opened once for this object's check and commit (as one writer's batch is: the
-        commit's conflict check covers what changed since); TableNotFoundError when there is none."""
+        """The delta-rs table, current as of this object's first use and kept for its check and commit (as one
+        writer's batch is: the commit's conflict check covers what changed since); TableNotFoundError when there is
+        none."""
         if self._table is None:
-            from sluice.storage.delta import open_table
+            from sluice.storage.delta import brought_up_to_date, open_table
 
-            self._table = open_table(self.path)
+            self._table = (open_table(self.path) if self._loaded is None
+                           else brought_up_to_date(self.path, self._loaded))
         return self._table
 
     @property
@@ -192,7 +198,7 @@ class DeltaTableFormat(TableFormat):
     def ensure(self, schema: Any, partition_by: Iterable[str] = (), *, description: str = "") -> bool:
         from sluice.storage.delta import ensure_table
 
-        self._table = None
+        self._table = self._loaded = None
         return ensure_table(self.path, schema, partition_by or self.partition_by, name=self.table_name,
                             description=description)
 

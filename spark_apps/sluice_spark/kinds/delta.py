@@ -158,5 +158,5 @@ def sink_writer(request: SinkRequest) -> DataStreamWriter:
                          commit_info=stream_commit_info(request.commit_info, stream=request.stream.name,
                                                         query_id=request.query_id),
                          example_column=RAW_COLUMN, collect=appends and request.collect,
-                         added=request.added_columns if adds else None)
+                         added=request.added_columns if adds else None, tables=request.tables)
     return request.frame.writeStream.foreachBatch(router).outputMode(OUTPUT_MODES[mode])

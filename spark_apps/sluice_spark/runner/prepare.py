@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -59,6 +60,9 @@ class PreparedStream:
     # What a stream with ``source.notifications`` reads: the notified files, or its landing folder listed.
     notified: NotifiedRead | None = None
     roots: Roots | None = None
+    # The delta-rs tables the run created or checked, by path: its commits and its summary bring them up to date
+    # rather than load them again (a load costs more as a table's history grows).
+    tables: dict[str, Any] = field(default_factory=dict)
 
 
 def build_routed_frame(spark: SparkSession, stream: StreamSpec, roots: Roots, *, path: str | None = None,
@@ -109,22 +113,26 @@ def prepare_stream(spark: SparkSession, stream: StreamSpec, roots: Roots, *, run
                                               path=None if notified is None else notified.path)
     targets = sink_targets(stream, roots, data_columns)
     kinds.sink(stream).check(spark, stream)
-    create_tables(stream, routed, tables_to_create(targets, resolved, change_feed=feeds_changes(stream)))
+    tables = create_tables(stream, routed, tables_to_create(targets, resolved, change_feed=feeds_changes(stream)))
     collect = collects_on_driver(stream, roots, resolved, targets)
     sink, dead = sink_and_dead_letter(targets)
+
+    def version(path: str) -> int | None:
+        return int(tables[path].version()) if path in tables else table_version(path)
+
     summary = StreamRunSummary(
         stream=stream.name,
         query_id=query_id,
         run_id=run_id,
         engine=resolved.value,
-        delta_version_before=None if sink is None else table_version(sink.path),
-        dead_letter_version_before=table_version(dead.path),
+        delta_version_before=None if sink is None else version(sink.path),
+        dead_letter_version_before=version(dead.path),
         snapshot_id_before=sink_snapshot_id(stream, roots),
     )
     summary.write_path = "driver" if collect else None
     summary.notified = None if notified is None else notified.to_dict()
     return PreparedStream(stream, query_id, resolved, routed, targets, checkpoint, summary, data_columns=data_columns,
-                          collect=collect, notified=notified, roots=roots)
+                          collect=collect, notified=notified, roots=roots, tables=tables)
 
 
 def sink_snapshot_id(stream: StreamSpec, roots: Roots) -> int | None:

@@ -15,7 +15,7 @@ from sluice.constants import CommitInfo, RunStatus
 from sluice.errors import SluiceError
 from sluice.kinds import sink_table_format
 from sluice.kinds.credentials import scrub_secrets
-from sluice.storage.delta import batch_commits, open_if_table
+from sluice.storage.delta import batch_commits, brought_up_to_date, open_if_table
 from sluice.storage.lock import HeldLock
 from sluice.summary import StreamRunSummary
 from sluice.times import iso_utc
@@ -47,7 +47,8 @@ def start_stream(prepared: PreparedStream) -> StreamingQuery:
     writer = kinds.sink(prepared.spec).writer(SinkRequest(
         prepared.frame, prepared.spec, prepared.targets, prepared.data_columns, prepared.engine, prepared.query_id,
         commit_info={CommitInfo.RUN: prepared.summary.run_id}, sent=prepared.sent_to_kafka,
-        collect=prepared.collect, added_columns=prepared.added_columns, roots=prepared.roots))
+        collect=prepared.collect, added_columns=prepared.added_columns, roots=prepared.roots,
+        tables=prepared.tables))
     query = (
         writer.queryName(prepared.spec.name)
         .option("checkpointLocation", prepared.checkpoint)
@@ -154,8 +155,11 @@ def finish_stream(prepared: PreparedStream, query: StreamingQuery, started: floa
     summary.rescued_rows = rescued_count(query.recentProgress, prepared.spec)
     summary.added_columns = dict(prepared.added_columns)
     data, dead = sink_and_dead_letter(prepared.targets)
-    # Each table loaded once for its version and its commits: a load costs more as the table's history grows.
-    tables = {target.path: open_if_table(target.path) for target in (data, dead) if target is not None}
+    # Each table's version and commits from one state of it: the one the run loaded, brought up to date, else a
+    # load (a load replays the newest log checkpoint, and costs more as the table's history grows).
+    loaded = prepared.tables
+    tables = {target.path: brought_up_to_date(target.path, loaded[target.path]) if target.path in loaded
+              else open_if_table(target.path) for target in (data, dead) if target is not None}
     summary.delta_version_after = None if data is None else _version(tables[data.path])
     summary.dead_letter_version_after = _version(tables[dead.path])
     if prepared.roots is not None:

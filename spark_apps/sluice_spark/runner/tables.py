@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -16,7 +17,7 @@ from sluice.model.sinks import CdcSpec
 from sluice.model.stream import StreamSpec
 from sluice.model.types import parse as parse_type
 from sluice.paths import Roots
-from sluice.storage.delta import added_columns, ensure_table, table_version
+from sluice.storage.delta import added_columns, ensured_table, table_version
 from sluice_spark.steps.route import DEAD_LETTER_FIELDS, fan_out_column, fan_out_columns
 from sluice_spark.targets import DEAD_LETTER_ROUTE, GOOD_ROUTE, TableTarget
 
@@ -74,10 +75,12 @@ def feeds_changes(stream: StreamSpec) -> bool:
     return isinstance(stream.sink, DeltaSink) and stream.sink.change_feed
 
 
-def create_tables(stream: StreamSpec, routed: DataFrame, targets: list[TableTarget]) -> None:
+def create_tables(stream: StreamSpec, routed: DataFrame, targets: list[TableTarget]) -> dict[str, Any]:
     """Create the targets' Delta tables with delta-rs from the routed frame's schema (the jvm engine creates its
-    own on first write); an existing table must have the same schema."""
+    own on first write); an existing table must have the same schema. The tables as delta-rs loaded them, by path:
+    the run's later reads and commits bring these up to date instead of loading them again."""
     arrow_schema = to_arrow_schema(routed.schema, timezone="UTC")
+    tables: dict[str, Any] = {}
     for target in targets:
         skipped = target.cdc.except_columns if target.cdc is not None else ()
         fields = [arrow_schema.field(source).with_name(name) for source, name in target.columns if name not in skipped]
@@ -88,8 +91,10 @@ def create_tables(stream: StreamSpec, routed: DataFrame, targets: list[TableTarg
             name = target.path.rstrip("/").rsplit("/", 1)[-1]
         else:
             name = stream.name if target.route == GOOD_ROUTE else f"{stream.name}_dead_letter"
-        ensure_table(target.path, pa.schema(fields), target.partition_by, name=name, description=stream.description,
-                     change_feed=feeds_changes(stream) and target.route == GOOD_ROUTE and not target.flag)
+        tables[target.path], _ = ensured_table(
+            target.path, pa.schema(fields), target.partition_by, name=name, description=stream.description,
+            change_feed=feeds_changes(stream) and target.route == GOOD_ROUTE and not target.flag)
+    return tables
 
 
 def with_added_columns(stream: StreamSpec, roots: Roots) -> StreamSpec:

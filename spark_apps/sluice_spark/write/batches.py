@@ -65,6 +65,8 @@ class SinkRequest:
     added_columns: dict[str, str] = field(default_factory=dict)
     # The run's roots: where a sink outside the lake's Delta tables finds its catalog (an Iceberg sink's).
     roots: Roots | None = None
+    # The delta-rs tables the run loaded when it created them, by path (:func:`sluice_spark.runner.create_tables`).
+    tables: dict[str, Any] = field(default_factory=dict)
 
 
 def sink_and_dead_letter(targets: Sequence[TableTarget]) -> tuple[TableTarget | None, TableTarget]:
@@ -122,15 +124,17 @@ class BatchRouter:
     :func:`stream_commit_info`). Batches a table already held are listed in ``replayed``. A batch with rows that
     broke a ``fail`` expectation (:data:`~sluice_spark.targets.FAILED_COLUMN`) raises before anything is written;
     ``example_column`` holds what the error shows of the first such row. With ``collect`` (the rs engine, appends
-    only, a small batch), the batch is collected to the driver once and cut into its tables there.
+    only, a small batch), the batch is collected to the driver once and cut into its tables there, each table
+    brought up to date from ``tables`` (delta-rs tables the run loaded before, by path) rather than loaded again.
     """
 
     def __init__(self, targets: Sequence[TableTarget], *, engine: DeltaEngine, route_column: str, query_id: str,
                  commit_info: CommitInfoOf, replace: Mapping[int, RowFilter | None] | None = None,
                  staging: Path | None = None, before: Callable[[DataFrame, int], bool] | None = None,
                  example_column: str | None = None, collect: bool = False,
-                 added: dict[str, str] | None = None) -> None:
+                 added: dict[str, str] | None = None, tables: Mapping[str, Any] | None = None) -> None:
         self.targets = list(targets)
+        self.tables = dict(tables or {})
         self.added = added
         self.collect = collect
         self.example_column = example_column
@@ -226,7 +230,7 @@ class BatchRouter:
             selected = rows.filter(mask).select([source for source, _ in target.columns])
             replayed |= not self.writer.append_arrow(
                 selected.rename_columns(target.table_columns), target, query_id=self.query_id, batch_id=batch_id,
-                metadata=self.commit_info(batch_id, target.route))
+                metadata=self.commit_info(batch_id, target.route), loaded=self.tables.get(target.path))
             faults.reach("between_commits", batch_id)
         faults.reach("after_commit", batch_id)
         if replayed:

@@ -123,11 +123,12 @@ class RsTableWriter(DeltaTableWriter):
 
     @staticmethod
     def append_arrow(rows: Any, target: TableTarget, *, query_id: str, batch_id: int,
-                     metadata: dict[str, Any]) -> bool:
+                     metadata: dict[str, Any], loaded: Any = None) -> bool:
         """Append an Arrow table already on the driver (a small batch collected once, see :class:`BatchRouter`),
         through the table-format seam, with the same once-only transaction as :meth:`write`. False when the table
-        already held the batch."""
-        return DeltaTableFormat(target.path, partition_by=target.partition_by).commit_batch(
+        already held the batch. ``loaded``: the table as the run loaded it before, brought up to date for the
+        check instead of loaded again."""
+        return DeltaTableFormat(target.path, partition_by=target.partition_by, loaded=loaded).commit_batch(
             rows, query_id=query_id, batch_id=batch_id, metadata=metadata)
 
 
