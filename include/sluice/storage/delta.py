@@ -125,8 +125,8 @@ def ensured_table(path: str, schema: Any, partition_by: Iterable[str], *, name: 
                   change_feed: bool = False) -> tuple[Any, bool]:
     """Create an empty Delta table with ``schema`` (an Arrow schema) unless one exists. The table as delta-rs loaded
     it (current, with any change made here), and True when created: a caller that reads or writes the table later
-    in the same run brings this one up to date (``update_incremental``) instead of loading it again, which replays
-    its newest log checkpoint and costs more as the table's history grows.
+    in the same run uses this one through :func:`brought_up_to_date` instead of loading it again, which replays its
+    newest log checkpoint and costs more as the table's history grows.
 
     With ``change_feed`` (another stream reads the table's changes), the table records them
     (``delta.enableChangeDataFeed``) from its first version, and an existing table from its next version on.
