@@ -33,3 +33,21 @@ def test_a_key_written_twice_is_one_row_and_the_table_stays_small(tmp_path: Path
     table = DeltaTable(str(Path(lake, runlog.RUNS_TABLE)))
     assert len(table.file_uris()) <= runlog.COMPACT_AFTER_FILES // 2, "compacted as it grew"
     assert runlog.latest_runs(lake)["events"]["run_id"] == "ingest_events/scheduled__68/run_stream"
+
+
+def test_a_merge_bounded_by_its_keys_still_replaces_rows_of_compacted_and_older_files(tmp_path: Path) -> None:
+    lake = str(tmp_path / "lake")
+
+    def batch(number: int, run_id: str, rows: int) -> dict[str, object]:
+        return {"stream": "events", "run_id": run_id, "query_id": "q'1", "batch_id": number, "input_rows": rows}
+
+    for number in range(runlog.COMPACT_AFTER_FILES + 3):  # compacted once, then three files of one row
+        runlog.record_batches(lake, [batch(number, f"run-{number:03d}", 1)])
+    # One merge whose keys span the compacted file, a small file and a new row: each bound is the rows' own.
+    runlog.record_batches(lake, [batch(2, "run-002", 20), batch(runlog.COMPACT_AFTER_FILES + 1, "run-065", 21),
+                                 batch(500, "run-500", 22), batch(7, "run-'7", 23)])
+
+    rows = {(row["run_id"], row["batch_id"]): row["input_rows"] for row in runlog.batches(lake, "events")}
+    assert len(rows) == runlog.COMPACT_AFTER_FILES + 5
+    assert rows[("run-002", 2)] == 20 and rows[("run-065", 65)] == 21
+    assert rows[("run-500", 500)] == 22 and rows[("run-'7", 7)] == 23 and rows[("run-007", 7)] == 1

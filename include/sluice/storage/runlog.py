@@ -88,7 +88,7 @@ def _upsert(lake_root: str, table: str, columns: Mapping[str, str], key: Sequenc
     data = pa.Table.from_pylist([{column: row.get(column) for column in columns} for row in rows], schema=schema)
     # The table loaded once: merged into, then measured (a merge leaves it at its own commit).
     delta, _ = ensured_table(path, schema, (), name=name, description=f"Sluice's {name}: see sluice.storage.runlog")
-    condition = " AND ".join(f"t.{column} = s.{column}" for column in key)
+    condition = " AND ".join([*(f"t.{column} = s.{column}" for column in key), *_key_bounds(data, key)])
     for attempt in range(_COMMIT_ATTEMPTS):
         try:
             (delta.merge(data, condition, source_alias="s", target_alias="t")
@@ -100,6 +100,26 @@ def _upsert(lake_root: str, table: str, columns: Mapping[str, str], key: Sequenc
             time.sleep(0.05 * 2**attempt)  # another run committed first: merge again on its version
             delta.update_incremental()
     keep_small(delta)
+
+
+def _key_bounds(rows: Any, key: Sequence[str]) -> list[str]:
+    """The MERGE's key columns bounded by the rows' own values, as literals: a target row that a row matches equals it
+    on every key column, so it lies within these bounds and the condition selects the same rows. delta-rs reads only
+    the files whose statistics fall within them: the run log adds a file per run until it is compacted, and a merge
+    that read them all cost twice a fresh table's after 10,000 runs (80 ms against 40 ms)."""
+    import pyarrow.compute as pc
+
+    from sluice.model.predicates import DATAFUSION
+
+    bounds = []
+    for column in key:
+        low, high = (bound.as_py() for bound in pc.min_max(rows.column(column)).values())
+        if isinstance(low, str):
+            low, high = DATAFUSION.string(low), DATAFUSION.string(high)
+        elif not isinstance(low, int) or isinstance(low, bool):
+            continue  # no row has a value (and NULL matches nothing), or a type the keys do not use
+        bounds += [f"t.{column} = {low}"] if low == high else [f"t.{column} >= {low}", f"t.{column} <= {high}"]
+    return bounds
 
 
 def keep_small(table: Any) -> bool:
