@@ -30,9 +30,9 @@ to the production defaults divided by the round's measured speed-up (:func:`scal
 hold a week of tombstones and a month of commits, as a production table does after five weeks. (Without it, a history
 built in an hour kept every tombstone of its five weeks: 16,637 checkpoint actions for 38 live files.) The simulated
 clock stops with the build, so the build ends by setting the production retentions back: otherwise the wall clock
-between the build and a measurement counted hundreds of times over, and the first log checkpoint of a measurement
-(every ten commits) an hour and a half after the build expired the month of commits and the week of tombstones
-(8,471 ``_delta_log`` files and 2,731 checkpoint actions down to 27 and 70, measured).
+between the build and a measurement counted hundreds of times over, and the first commit of a measurement two hours
+after the build expired the month of commits, and its next log checkpoint the week of tombstones (8,471
+``_delta_log`` files and 2,731 checkpoint actions down to 27 and 70, measured).
 
 Building a history takes time (0.3-0.5 s a one-file batch: 10,000 take over an hour), so ``--work DIR`` keeps the
 built histories in DIR and reuses them (growing them to ``--runs``/``--clean-runs`` when they are shorter), and

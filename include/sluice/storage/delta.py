@@ -56,6 +56,23 @@ def brought_up_to_date(path: str, table: Any) -> Any:
     return open_table(path)
 
 
+# delta-rs's checkpoint interval for a table that does not set ``delta.checkpointInterval``.
+DELTA_RS_CHECKPOINT_INTERVAL = 100
+
+
+def commit_hooks(table: Any) -> Any:
+    """delta-rs's post-commit hook for the next commit to ``table`` (delta-rs, at its current version): a log checkpoint
+    when the table's ``delta.checkpointInterval`` says, and the expired commit files deleted with that checkpoint only,
+    as delta-spark deletes them (unless the table sets ``delta.enableExpiredLogCleanup`` to false). delta-rs's default
+    cleans after every commit, and a cleanup lists the whole ``_delta_log`` even when nothing has expired: on a month of
+    five-minute commits (8,500 files on a disk) a commit took 80 to 130 ms with it, 22 ms without."""
+    from deltalake.transaction import PostCommitHookProperties
+
+    interval = int(table.metadata().configuration.get("delta.checkpointInterval") or DELTA_RS_CHECKPOINT_INTERVAL)
+    checkpoints = (table.version() + 2) % interval == 0  # delta-rs checkpoints a version v when (v + 1) % interval == 0
+    return PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=None if checkpoints else False)
+
+
 def table_version(path: str) -> int | None:
     """The table's current version, or None when there is no Delta table at ``path``."""
     table = open_if_table(path)

@@ -79,7 +79,7 @@ def _upsert(lake_root: str, table: str, columns: Mapping[str, str], key: Sequenc
     import pyarrow as pa
     from deltalake.exceptions import CommitFailedError
 
-    from sluice.storage.delta import ensured_table
+    from sluice.storage.delta import commit_hooks, ensured_table
 
     if not rows:
         return
@@ -91,7 +91,8 @@ def _upsert(lake_root: str, table: str, columns: Mapping[str, str], key: Sequenc
     condition = " AND ".join([*(f"t.{column} = s.{column}" for column in key), *_key_bounds(data, key)])
     for attempt in range(_COMMIT_ATTEMPTS):
         try:
-            (delta.merge(data, condition, source_alias="s", target_alias="t")
+            (delta.merge(data, condition, source_alias="s", target_alias="t",
+                         post_commithook_properties=commit_hooks(delta))
              .when_matched_update_all().when_not_matched_insert_all().execute())
             break
         except CommitFailedError:

@@ -257,9 +257,13 @@ class DeltaTableFormat(TableFormat):
     def _commit(self, rows: Any, *, overwrite: bool, properties: dict[str, Any]) -> None:
         from deltalake import CommitProperties, Transaction, write_deltalake
 
-        write_deltalake(self._open(), rows, mode="overwrite" if overwrite else "append",
+        from sluice.storage.delta import commit_hooks
+
+        table = self._open()
+        write_deltalake(table, rows, mode="overwrite" if overwrite else "append",
                         partition_by=list(self.partition_by) or None,
                         commit_properties=CommitProperties(
                             custom_metadata=properties,
                             app_transactions=[Transaction(properties[CommitInfo.QUERY],
-                                                          int(properties[CommitInfo.BATCH]))]))
+                                                          int(properties[CommitInfo.BATCH]))]),
+                        post_commithook_properties=commit_hooks(table))

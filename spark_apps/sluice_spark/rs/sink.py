@@ -28,7 +28,7 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 from sluice.constants import (
     CommitInfo,
 )
-from sluice.storage.delta import commit_metadata, holds_batch
+from sluice.storage.delta import commit_hooks, commit_metadata, holds_batch
 from sluice_spark import faults
 from sluice_spark.rs.stats import file_stats, partition_string
 from sluice_spark.targets import TableTarget, drift_failure, expectation_failure, failed_in, new_fields_in
@@ -181,7 +181,7 @@ class DeltaRsStreamWriter(DataSourceStreamArrowWriter):
     def commit_tables(self, files: list[AddedFile], batchId: int) -> None:
         """One Delta transaction per table of the batch's files (none for a table that holds the batch already)."""
         from deltalake import CommitProperties, DeltaTable, Transaction
-        from deltalake.transaction import AddAction, PostCommitHookProperties, RemoveAction
+        from deltalake.transaction import AddAction, RemoveAction
 
         for index, target in enumerate(self.targets):
             table_files = [f for f in files if f.table == index]
@@ -208,7 +208,7 @@ class DeltaRsStreamWriter(DataSourceStreamArrowWriter):
                 commit_properties=CommitProperties(
                     custom_metadata=metadata, app_transactions=[Transaction(self.app_id, batchId)]
                 ),
-                post_commithook_properties=PostCommitHookProperties(create_checkpoint=True),
+                post_commithook_properties=commit_hooks(table),
             )
             faults.reach("between_commits", batchId)
 

@@ -26,7 +26,7 @@ from pyspark.sql import functions as F
 from sluice.constants import ADDED_COLUMN_KEY, CommitInfo, DeltaEngine, SinkMode
 from sluice.model.predicates import DATAFUSION, SPARK_SQL, RowFilter, render
 from sluice.model.types import quote
-from sluice.storage.delta import holds_batch
+from sluice.storage.delta import commit_hooks, holds_batch
 from sluice.storage.tableformat import DeltaTableFormat
 from sluice_spark import faults
 from sluice_spark.targets import TableTarget
@@ -107,7 +107,8 @@ class RsTableWriter(DeltaTableWriter):
             # Spark's Arrow types as the table has them.
             data = _in_schema(latest_per_key(rows, target.keys, target.sequence_by).toArrow(), schema)
             merger = table.merge(data, _merge_condition(target.keys, "IS NOT DISTINCT FROM"), source_alias="s",
-                                 target_alias="t", commit_properties=properties)
+                                 target_alias="t", commit_properties=properties,
+                                 post_commithook_properties=commit_hooks(table))
             merger.when_matched_update_all(predicate=_newer(target.sequence_by)).when_not_matched_insert_all().execute()
             return True
         data = _staged(rows, schema, staging) if staging is not None else _in_schema(rows.toArrow(), schema)
@@ -115,10 +116,10 @@ class RsTableWriter(DeltaTableWriter):
         if replace is not None or target.mode is SinkMode.COMPLETE:
             write_deltalake(table, data, mode="overwrite", partition_by=partition_by, commit_properties=properties,
                             predicate=render(replace, DATAFUSION) if replace is not None else None,
-                            schema_mode="merge" if added else None)
+                            schema_mode="merge" if added else None, post_commithook_properties=commit_hooks(table))
         else:
             write_deltalake(table, data, mode="append", partition_by=partition_by, commit_properties=properties,
-                            schema_mode="merge" if added else None)
+                            schema_mode="merge" if added else None, post_commithook_properties=commit_hooks(table))
         return True
 
     @staticmethod
