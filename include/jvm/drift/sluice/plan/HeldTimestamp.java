@@ -28,6 +28,9 @@ import scala.collection.immutable.Seq$;
  *
  * <p>Otherwise it is the literal: the same value, type, result and text in a plan's explanation; deterministic and
  * never null. It is not foldable, so no rule folds it back: it is made after the optimizer, for code generation only.
+ * It extends {@link Expression} with no children rather than {@code LeafExpression}, which javac cannot extend (the
+ * Scala trait's generic signatures clash in Java); so subexpression elimination may take it for a candidate, where
+ * it costs a local variable.
  */
 public final class HeldTimestamp extends Expression implements Serializable {
   private static final long serialVersionUID = 1L;
