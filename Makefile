@@ -10,8 +10,9 @@ STAMP := $(VENV)/.sluice-installed
 # hadoop-aws, and the Kafka broker and the Iceberg REST catalog server of the tests. Resolved again only when the
 # project file changes.
 JARS_STAMP := $(VENV)/share/sluice/jars/.pom-sha256
-# Sluice's own JVM classes (include/jvm/drift: the JSON drift check), compiled against pyspark's jars; built again only
-# when a source changes. Without a JDK the command says so and builds nothing: the check then runs slower.
+# Sluice's own JVM classes (include/jvm/drift: the JSON drift check, the session extension that holds a batch's timestamp
+# out of its generated code), compiled against pyspark's jars; built again only when a source changes. Without a JDK the
+# command says so and builds nothing: the check and every batch then run slower.
 CLASSES_JAR := $(VENV)/share/sluice/jars/sluice/sluice-drift.jar
 INSTALLED := $(STAMP) $(JARS_STAMP) $(CLASSES_JAR)
 
@@ -59,7 +60,7 @@ $(JARS_STAMP): include/jvm/pom.xml $(STAMP)
 	@# Without Maven it says what needs the jars and writes no stamp, so that a later make (with Maven) resolves them.
 	$(BIN)/python -m sluice jars && { test ! -f $@ || touch $@; }
 
-$(CLASSES_JAR): $(wildcard include/jvm/drift/sluice/drift/*.java) $(STAMP)
+$(CLASSES_JAR): $(wildcard include/jvm/drift/sluice/*/*.java) $(STAMP)
 	$(BIN)/python -m sluice jvm-classes
 
 .PHONY: venv

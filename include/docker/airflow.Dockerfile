@@ -52,7 +52,8 @@ RUN pip install --no-cache-dir --no-deps -e /opt/sluice
 # submits gets them as spark.jars, and the executors fetch them from the driver. Maven is removed again below.
 ENV SLUICE_JARS_DIR=/opt/sluice/jars
 RUN python -m sluice jars --with object-stores && rm -rf /home/airflow/.m2
-# Sluice's own JVM classes (include/jvm/drift: the JSON drift check), compiled beside them; the JDK goes with Maven.
+# Sluice's own JVM classes (include/jvm/drift: the JSON drift check, the session extension), compiled beside them; the
+# JDK goes with Maven.
 RUN python -m sluice jvm-classes
 # Bytecode in the PySpark zip that Spark puts first on its Python processes' path (docs/performance/cost.md); without it, each
 # of those processes compiles PySpark as it starts.

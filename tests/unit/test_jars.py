@@ -73,6 +73,18 @@ def test_spark_conf_adds_the_jars_and_delta_settings_under_the_callers_own() -> 
     assert jars.submit_args({"spark.x": "1"})[:2] == ["--conf", "spark.x=1"]
 
 
+
+def test_spark_conf_adds_sluices_extension_when_its_jar_is_there_beside_the_callers_own() -> None:
+    ours = f"/j/sluice/{jars.SLUICE_JAR}"
+    conf = jars.spark_conf({"spark.sql.extensions": "my.Extension"}, jars=["/j/delta-spark_2.13-4.4.0.jar", ours])
+    assert conf["spark.sql.extensions"] == f"{jars.DELTA_EXTENSION},{jars.SLUICE_EXTENSION},my.Extension"
+    alone = jars.spark_conf({}, jars=[ours])
+    assert alone["spark.sql.extensions"] == jars.SLUICE_EXTENSION
+    assert "spark.sql.catalog.spark_catalog" not in alone, "no delta-spark: no Delta catalog"
+    assert "spark.sql.extensions" not in jars.spark_conf({}, jars=["/j/kafka-clients-3.9.2.jar"])
+    assert jars.spark_conf({"spark.sql.extensions": jars.SLUICE_EXTENSION}, jars=[ours])[
+        "spark.sql.extensions"] == jars.SLUICE_EXTENSION, "named once"
+
 def test_the_jars_folder_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv(jars.JARS_ENV, str(tmp_path))
     assert jars.jars_home() == tmp_path

@@ -2,8 +2,8 @@
 into the jar every Sluice Spark application gets (see :func:`sluice.operations.jars.compile_classes`). ``make venv``
 runs it when a source changes.
 
-Exits 0 when the jar is built, and also when no ``javac`` is installed (it then says that the JSON drift check runs
-without it, slower); 1 when javac fails, with its last lines.
+Exits 0 when the jar is built, and also when no ``javac`` is installed (it then says that the JSON drift check and
+every micro-batch run without it, slower); 1 when javac fails, with its last lines.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if shutil.which(args.javac) is None:
         print(f"sluice: no Java compiler ({args.javac}), so Sluice's JVM classes were not built: the JSON drift check "
-              "runs as column expressions, slower. Install a JDK 17+, then run `make venv` again", file=sys.stderr)
+              "runs as column expressions and every micro-batch compiles its generated code again, slower. Install a "
+              "JDK 17+, then run `make venv` again", file=sys.stderr)
         return 0
     try:
         jar = compile_classes(jars_home(), spark_jars_dir=spark_home() / "jars", javac=args.javac)

@@ -12,9 +12,10 @@ Three sets, one Maven profile each:
   Spark's classpath.
 
 Beside them, Sluice's own JVM classes (``include/jvm/drift``: the JSON drift check and rescue of
-:mod:`sluice_spark.drift.fields`) are compiled by ``python -m sluice jvm-classes`` against pyspark's jars into
-:data:`SLUICE_SET`, which every Spark application gets with the ``spark`` set; without it the drift check runs as
-column expressions, only slower.
+:mod:`sluice_spark.drift.fields`, and the session extension :data:`SLUICE_EXTENSION`) are compiled by ``python -m
+sluice jvm-classes`` against pyspark's jars into :data:`SLUICE_SET`, which every Spark application gets with the
+``spark`` set; without it the drift check runs as column expressions and each micro-batch compiles its generated code
+again, only slower.
 
 ``python -m sluice jars`` (run by ``make venv``) resolves both with ``mvn`` into :func:`jars_home`; the machine's Maven
 settings (mirrors, proxies, the local repository) apply, and Maven checks every artifact's checksum. Nothing is
@@ -95,20 +96,27 @@ def compile_classes(home: Path, *, spark_jars_dir: Path, javac: str = "javac",
 
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+# include/jvm/drift/sluice/plan/SluiceExtensions.java: a micro-batch's timestamp held out of its generated code.
+SLUICE_EXTENSION = "sluice.plan.SluiceExtensions"
 
 
 def spark_conf(conf: dict[str, str] | None = None, jars: list[str] | None = None) -> dict[str, str]:
-    """``conf`` with the resolved jars and Sluice's own classes added to ``spark.jars`` and, when delta-spark is among
-    them, the session extension and catalog delta-spark 4 asks for before any Delta operation. What ``conf`` sets
-    already stays: an extension of its own is kept beside Delta's, a catalog of its own wins."""
+    """``conf`` with the resolved jars and Sluice's own classes added to ``spark.jars``; when delta-spark is among
+    them, the session extension and catalog delta-spark 4 asks for before any Delta operation, and when Sluice's jar
+    is, Sluice's session extension. What ``conf`` sets already stays: an extension of its own is kept beside these,
+    a catalog of its own wins."""
     conf = dict(conf or {})
     jars = [*spark_jars(), *jar_paths(SLUICE_SET)] if jars is None else jars
     merged = join_jars(jars, conf.get("spark.jars"))
     if merged:
         conf["spark.jars"] = merged
-    if any(Path(jar).name.startswith("delta-spark") for jar in jars):
-        extensions = [item for item in conf.get("spark.sql.extensions", "").split(",") if item.strip()]
-        conf["spark.sql.extensions"] = ",".join(dict.fromkeys([DELTA_EXTENSION, *extensions]))
+    ours = [DELTA_EXTENSION] if any(Path(jar).name.startswith("delta-spark") for jar in jars) else []
+    if any(Path(jar).name == SLUICE_JAR for jar in jars):
+        ours.append(SLUICE_EXTENSION)
+    if ours:
+        extensions = [item.strip() for item in conf.get("spark.sql.extensions", "").split(",") if item.strip()]
+        conf["spark.sql.extensions"] = ",".join(dict.fromkeys([*ours, *extensions]))
+    if DELTA_EXTENSION in ours:
         conf.setdefault("spark.sql.catalog.spark_catalog", DELTA_CATALOG)
     return conf
 
