@@ -11,7 +11,10 @@ time, each of these ways, in one run of this script:
   equal terms;
 - ``bare``: ``spark-submit spark_apps/stream_runner.py --stream events_bronze`` as the operator launches it: the
   driver JVM with the class archive of ``python -m sluice jvm-archive`` and, for this small run, the light JIT
-  (:mod:`sluice.operations.jvm`). A small run: its batch is collected to the driver and appended there;
+  (:mod:`sluice.operations.jvm`), and Sluice's own JVM classes with their session extension (``spark_conf`` of the
+  ``sluice`` jar set: the drift check the bundled stream's ``rescue`` runs in Java, without which it falls back to
+  column expressions). Not the connectors' jars (delta-spark, Kafka, s3a), which this stream on the rs engine does
+  not use. A small run: its batch is collected to the driver and appended there;
 - ``bare_executors``: the same with ``SLUICE_DRIVER_WRITE_MAX_BYTES=0``: the executors' Python data source writes
   it, as for a large run (for comparison; no goal);
 - ``dag``: ``airflow dags test ingest_events_bronze`` (the health gate, then the run through the operator);
@@ -65,6 +68,7 @@ from sluice.catalog import DEFAULT_CATALOG, load_catalog
 from sluice.cli.demo_producer import EVENT_SCHEMA, DemoProducer
 from sluice.cli.devserver import warm_jvm_environment
 from sluice.constants import SUMMARY_MARKER
+from sluice.operations.jars import SLUICE_SET, jar_paths, spark_conf
 from sluice.operations.jvm import archive_refusal, driver_java_options, small_run, submit_env
 from sluice.paths import Roots
 
@@ -74,6 +78,9 @@ STREAM = "events_bronze"
 DAG_ID = f"ingest_{STREAM}"
 INLINE_STREAM = f"{STREAM}_inline"  # the same stream with the health check in its run task
 FILES, LINES = 3, 3270
+# What the operator gives every application of Sluice's own (its drift classes and session extension), as arguments.
+SLUICE_CONF = [arg for key, value in spark_conf(jars=jar_paths(SLUICE_SET)).items()
+               for arg in ("--conf", f"{key}={value}")]
 # Never: Feb 29 at midnight, last before the DAGs' start date, next in 2028. Only the bench triggers the DAG.
 NO_SCHEDULE = "0 0 29 2 *"
 # The scheduler's sleep between idle loops, as Sluice deploys it (the Makefile and the compose file;
@@ -360,7 +367,7 @@ def main() -> None:
                 assert root is not None
                 env = world.env if side == "bare" else {**world.env, "SLUICE_DRIVER_WRITE_MAX_BYTES": "0"}
                 outputs[side] = world.spark_submit(
-                    str(PROJECT / "spark_apps" / "stream_runner.py"), "--catalog", str(world.catalog),
+                    *SLUICE_CONF, str(PROJECT / "spark_apps" / "stream_runner.py"), "--catalog", str(world.catalog),
                     "--stream", STREAM, "--landing-root", str(world.landing), "--lake-root", str(root / "lake"),
                     "--checkpoint-root", str(root / "checkpoints"), env=env, java_options=java_options)
             elif side == "dag":
